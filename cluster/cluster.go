@@ -1,0 +1,338 @@
+// Package cluster is sluice's membership: who is in the cluster, at which
+// addresses, in which region. It wraps hashicorp/memberlist (SWIM gossip:
+// Das, Gupta and Motivala, "SWIM: Scalable Weakly-consistent Infection-style
+// Process Group Membership Protocol", 2002) and lets none of its types out:
+// callers see [Member] snapshots from [Cluster.Members] and a coalescing
+// signal on [Cluster.Changes] that tells them to take a new snapshot.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// Profile selects memberlist's timing.
+type Profile string
+
+// Profiles.
+const (
+	// LAN: memberlist.DefaultLANConfig, failure detection in about a
+	// second or two. The default.
+	LAN Profile = "lan"
+	// WAN: memberlist.DefaultWANConfig, for links with high latency.
+	WAN Profile = "wan"
+	// Local: memberlist.DefaultLocalConfig, for one host (tests).
+	Local Profile = "local"
+)
+
+// Config configures a Cluster. Build a new one for every Cluster.
+type Config struct {
+	// Name is this node's name, unique and stable in the cluster; the ring
+	// places keys by it. (Required)
+	Name string
+	// BindAddr is the gossip address to listen on (TCP and UDP), host:port;
+	// port 0 lets the OS pick. Default "127.0.0.1:7946". (Optional)
+	BindAddr string
+	// AdvertiseHost is the host other members reach this node's gossip at;
+	// default: the host of BindAddr (required when that is a wildcard
+	// address such as 0.0.0.0). (Optional)
+	AdvertiseHost string
+	// GRPCAddr is the host:port other members reach this node's gRPC
+	// server at; it travels in the node's metadata. (Required)
+	GRPCAddr string
+	// Region is a free-form region label carried in the metadata, e.g.
+	// "eu-west-1". Default "local". (Optional)
+	Region string
+	// Version is the sluice version carried in the metadata. (Optional)
+	Version string
+	// Profile selects memberlist timings. Default LAN. (Optional)
+	Profile Profile
+	// Logger receives membership events and memberlist's own log lines.
+	// Default: slog.Default(). (Optional)
+	Logger *slog.Logger
+	// Transport replaces memberlist's network transport, e.g. with a
+	// memberlist.MockNetwork transport in tests; BindAddr is then ignored.
+	// (Optional)
+	Transport memberlist.Transport
+}
+
+// State is a member's liveness as this node sees it.
+type State string
+
+// States.
+const (
+	Alive   State = "alive"
+	Suspect State = "suspect"
+)
+
+// Member is one node of the cluster, as gossiped.
+type Member struct {
+	// Name is the node's unique name.
+	Name string
+	// GRPCAddr is the host:port of the node's gRPC server.
+	GRPCAddr string
+	// GossipAddr is the host:port of the node's gossip listener.
+	GossipAddr string
+	// Region is the node's region label.
+	Region string
+	// Version is the node's sluice version.
+	Version string
+	// State is Alive or Suspect (dead and departed nodes are not members).
+	State State
+}
+
+// Errors.
+var (
+	// ErrConfig wraps every error that refuses a Config.
+	ErrConfig = errors.New("cluster: invalid config")
+	// ErrJoin: no seed could be joined.
+	ErrJoin = errors.New("cluster: join failed")
+)
+
+// Cluster is this node's membership in a cluster. It is safe for
+// concurrent use.
+type Cluster struct {
+	list    *memberlist.Memberlist
+	log     *slog.Logger
+	changes chan struct{}
+	closed  atomic.Bool
+	mu      sync.Mutex // serializes Leave and Shutdown
+}
+
+// New starts gossip on cfg.BindAddr as a cluster of one. Join others with
+// [Cluster.Join]. It returns an error wrapping [ErrConfig] for a bad cfg,
+// or memberlist's error when it cannot listen.
+func New(cfg Config) (*Cluster, error) {
+	if cfg.Name == "" {
+		return nil, fmt.Errorf("%w: name: required", ErrConfig)
+	}
+	if cfg.GRPCAddr == "" {
+		return nil, fmt.Errorf("%w: grpc_addr: required", ErrConfig)
+	}
+	if cfg.Region == "" {
+		cfg.Region = "local"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	meta, err := encodeMeta(metadata{GRPCAddr: cfg.GRPCAddr, Region: cfg.Region, Version: cfg.Version})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	var mc *memberlist.Config
+	switch cfg.Profile {
+	case LAN, "":
+		mc = memberlist.DefaultLANConfig()
+	case WAN:
+		mc = memberlist.DefaultWANConfig()
+	case Local:
+		mc = memberlist.DefaultLocalConfig()
+	default:
+		return nil, fmt.Errorf("%w: profile: unknown %q (want lan, wan or local)", ErrConfig, cfg.Profile)
+	}
+	mc.Name = cfg.Name
+	if cfg.Transport != nil {
+		mc.Transport = cfg.Transport
+	} else {
+		if cfg.BindAddr == "" {
+			cfg.BindAddr = "127.0.0.1:7946"
+		}
+		host, port, err := splitHostPort(cfg.BindAddr)
+		if err != nil {
+			return nil, fmt.Errorf("%w: gossip_addr: %v", ErrConfig, err)
+		}
+		mc.BindAddr, mc.BindPort = host, port
+		mc.AdvertisePort = port
+		adv := cfg.AdvertiseHost
+		if adv == "" {
+			adv = host
+		}
+		if ip := net.ParseIP(adv); ip == nil || ip.IsUnspecified() {
+			return nil, fmt.Errorf("%w: advertise_addr: %q is not an IP address other members can reach (set it when gossip_addr binds all interfaces)", ErrConfig, adv)
+		}
+		mc.AdvertiseAddr = adv
+	}
+	c := &Cluster{log: cfg.Logger.With("node", cfg.Name), changes: make(chan struct{}, 1)}
+	mc.Delegate = &delegate{meta: meta}
+	mc.Events = &events{c: c}
+	mc.Logger = newStdLogger(c.log.With("component", "memberlist"))
+	list, err := memberlist.Create(mc)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: start gossip on %s: %w", cfg.BindAddr, err)
+	}
+	c.list = list
+	return c, nil
+}
+
+// Join contacts the seeds (host:port gossip addresses) and merges their view
+// of the cluster into this node's, retrying every second until at least one
+// seed answers or ctx is done. It returns the number of seeds reached, or an
+// error wrapping [ErrJoin] with the last failure when ctx ends first.
+func (c *Cluster) Join(ctx context.Context, seeds []string) (int, error) {
+	if len(seeds) == 0 {
+		return 0, nil
+	}
+	for attempt := 1; ; attempt++ {
+		n, err := c.list.Join(seeds)
+		if n > 0 {
+			c.log.Info("joined cluster", "seeds_reached", n, "members", c.list.NumMembers())
+			return n, nil
+		}
+		c.log.Warn("join failed, retrying", "seeds", seeds, "attempt", attempt, "error", err)
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("%w: %v (last error: %v)", ErrJoin, ctx.Err(), err)
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// LocalName returns this node's name.
+func (c *Cluster) LocalName() string { return c.list.LocalNode().Name }
+
+// GossipAddr returns the host:port this node advertises for gossip.
+func (c *Cluster) GossipAddr() string {
+	n := c.list.LocalNode()
+	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
+}
+
+// Members returns a snapshot of the live members (alive or suspect), this
+// node included, sorted by name. A member whose metadata cannot be decoded
+// is left out (and logged): it cannot be forwarded to.
+func (c *Cluster) Members() []Member {
+	nodes := c.list.Members()
+	out := make([]Member, 0, len(nodes))
+	for _, n := range nodes {
+		m, err := toMember(n)
+		if err != nil {
+			c.log.Warn("ignoring member with bad metadata", "member", n.Name, "error", err)
+			continue
+		}
+		out = append(out, m)
+	}
+	slices.SortFunc(out, func(a, b Member) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// Changes returns a channel that receives a value after the member set or a
+// member's metadata changed. Signals coalesce (capacity 1): on each, take a
+// fresh [Cluster.Members] snapshot. It is never closed.
+func (c *Cluster) Changes() <-chan struct{} { return c.changes }
+
+func (c *Cluster) signal() {
+	select {
+	case c.changes <- struct{}{}:
+	default:
+	}
+}
+
+// Leave tells the other members that this node is leaving, waiting up to
+// timeout for the message to spread, then stops gossip. It is idempotent.
+func (c *Cluster) Leave(timeout time.Duration) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed.Load() {
+		return nil
+	}
+	err := c.list.Leave(timeout)
+	c.closed.Store(true)
+	if serr := c.list.Shutdown(); err == nil {
+		err = serr
+	}
+	return err
+}
+
+// Shutdown stops gossip without a leave message (others will see this node
+// fail). It is idempotent.
+func (c *Cluster) Shutdown() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed.Swap(true) {
+		return nil
+	}
+	return c.list.Shutdown()
+}
+
+func splitHostPort(addr string) (string, int, error) {
+	host, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("bad port %q in %q", p, addr)
+	}
+	if host == "" {
+		host = "0.0.0.0"
+	}
+	return host, port, nil
+}
+
+func toMember(n *memberlist.Node) (Member, error) {
+	md, err := decodeMeta(n.Meta)
+	if err != nil {
+		return Member{}, err
+	}
+	st := Alive
+	if n.State == memberlist.StateSuspect {
+		st = Suspect
+	}
+	return Member{
+		Name:       n.Name,
+		GRPCAddr:   md.GRPCAddr,
+		GossipAddr: net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port))),
+		Region:     md.Region,
+		Version:    md.Version,
+		State:      st,
+	}, nil
+}
+
+// delegate serves this node's metadata; sluice gossips no user data.
+type delegate struct{ meta []byte }
+
+func (d *delegate) NodeMeta(limit int) []byte {
+	if len(d.meta) > limit {
+		return nil // cannot happen: encodeMeta bounds the size
+	}
+	return d.meta
+}
+func (d *delegate) NotifyMsg([]byte)                    {}
+func (d *delegate) GetBroadcasts(int, int) [][]byte     { return nil }
+func (d *delegate) LocalState(bool) []byte              { return nil }
+func (d *delegate) MergeRemoteState(buf []byte, _ bool) {}
+
+// events turns memberlist's callbacks into a log line and a coalesced
+// signal. memberlist calls them with its node lock held, so they must not
+// block.
+type events struct{ c *Cluster }
+
+func (e *events) NotifyJoin(n *memberlist.Node) {
+	e.c.log.Info("member joined", "member", n.Name, "addr", n.Address())
+	e.c.signal()
+}
+
+func (e *events) NotifyLeave(n *memberlist.Node) {
+	e.c.log.Info("member left", "member", n.Name, "addr", n.Address(), "state", n.State)
+	e.c.signal()
+}
+
+func (e *events) NotifyUpdate(n *memberlist.Node) {
+	e.c.log.Info("member updated", "member", n.Name, "addr", n.Address())
+	e.c.signal()
+}
+
+var (
+	_ memberlist.Delegate      = (*delegate)(nil)
+	_ memberlist.EventDelegate = (*events)(nil)
+)

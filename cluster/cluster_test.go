@@ -1,0 +1,146 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// eventually polls cond every 10 ms until it holds or 10 s pass. Gossip
+// runs on its own timers, so this is the one place a test waits.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// startMock starts n nodes on one in-memory memberlist network: no ports.
+func startMock(t *testing.T, n int) ([]*Cluster, []string) {
+	t.Helper()
+	net := &memberlist.MockNetwork{}
+	transports := make([]*memberlist.MockTransport, n)
+	for i := range transports {
+		transports[i] = net.NewTransport(fmt.Sprintf("n%d", i+1))
+	}
+	var cs []*Cluster
+	var addrs []string
+	for i := 0; i < n; i++ {
+		c, err := New(Config{
+			Name:      fmt.Sprintf("n%d", i+1),
+			GRPCAddr:  fmt.Sprintf("127.0.0.1:%d", 7070+i),
+			Region:    "r1",
+			Version:   "test",
+			Profile:   Local,
+			Transport: transports[i],
+			Logger:    slog.New(slog.DiscardHandler),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Shutdown() })
+		cs = append(cs, c)
+		addrs = append(addrs, c.GossipAddr())
+	}
+	return cs, addrs
+}
+
+func TestJoinMembersAndChanges(t *testing.T) {
+	cs, addrs := startMock(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// Drain the signal of the node's own join.
+	select {
+	case <-cs[0].Changes():
+	default:
+	}
+	for _, c := range cs[1:] {
+		if n, err := c.Join(ctx, addrs[:1]); err != nil || n != 1 {
+			t.Fatalf("join: %d, %v", n, err)
+		}
+	}
+	for _, c := range cs {
+		eventually(t, "3 members on "+c.LocalName(), func() bool { return len(c.Members()) == 3 })
+	}
+	select {
+	case <-cs[0].Changes():
+	case <-time.After(5 * time.Second):
+		t.Fatal("no change signal after joins")
+	}
+	ms := cs[2].Members()
+	for i, m := range ms {
+		want := Member{Name: fmt.Sprintf("n%d", i+1), GRPCAddr: fmt.Sprintf("127.0.0.1:%d", 7070+i), GossipAddr: addrs[i], Region: "r1", Version: "test", State: Alive}
+		if m != want {
+			t.Errorf("member %d = %+v, want %+v", i, m, want)
+		}
+	}
+	// A graceful leave is seen by the others.
+	if err := cs[2].Leave(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs[2].Leave(time.Second); err != nil { // idempotent
+		t.Fatal(err)
+	}
+	eventually(t, "n3 gone from n1's view", func() bool { return len(cs[0].Members()) == 2 })
+}
+
+func TestConfigErrors(t *testing.T) {
+	cases := []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{GRPCAddr: "127.0.0.1:1"}, "name"},
+		{Config{Name: "a"}, "grpc_addr"},
+		{Config{Name: "a", GRPCAddr: "x:1", BindAddr: "nope"}, "gossip_addr"},
+		{Config{Name: "a", GRPCAddr: "x:1", BindAddr: "0.0.0.0:0"}, "advertise_addr"},
+		{Config{Name: "a", GRPCAddr: "x:1", Profile: "moon"}, "profile"},
+		{Config{Name: "a", GRPCAddr: strings.Repeat("x", 500)}, "metadata"},
+	}
+	for _, c := range cases {
+		_, err := New(c.cfg)
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("New(%+v) = %v, want ErrConfig naming %q", c.cfg, err, c.want)
+		}
+	}
+}
+
+func TestMetaRoundTripAndRefusal(t *testing.T) {
+	b, err := encodeMeta(metadata{GRPCAddr: "10.0.0.1:7070", Region: "eu", Version: "v1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := decodeMeta(b)
+	if err != nil || m.GRPCAddr != "10.0.0.1:7070" || m.Region != "eu" || m.V != metaVersion {
+		t.Fatalf("decode = %+v, %v", m, err)
+	}
+	for _, bad := range []string{``, `{}`, `{"v":2,"grpc":"a:1"}`, `{"v":1}`, `nope`} {
+		if _, err := decodeMeta([]byte(bad)); !errors.Is(err, errMeta) {
+			t.Errorf("decodeMeta(%q) = %v, want errMeta", bad, err)
+		}
+	}
+}
+
+func TestStdLoggerLevels(t *testing.T) {
+	var buf bytes.Buffer
+	l := newStdLogger(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	l.Printf("[WARN] memberlist: something odd")
+	l.Printf("[DEBUG] memberlist: detail")
+	l.Printf("no prefix")
+	out := buf.String()
+	for _, want := range []string{`level=WARN msg="something odd"`, `level=DEBUG msg=detail`, `level=INFO msg="no prefix"`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log output lacks %q:\n%s", want, out)
+		}
+	}
+}

@@ -1,0 +1,170 @@
+package rpc
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/rpc/sluicev1"
+	"github.com/sluicehq/sluice/window"
+)
+
+// windowStart is a Unix time that is a whole multiple of every window the
+// tests use (1 s, 1 min, 1 h).
+var windowStart = time.Unix(3600*500_000, 0)
+
+// testLogger logs warnings and errors to stderr when SLUICE_TEST_LOG is
+// set, and nothing otherwise.
+func testLogger() *slog.Logger {
+	if os.Getenv("SLUICE_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// eventually polls cond every 10 ms until it holds or 15 s pass: gossip
+// runs on its own timers, so this is the one place these tests wait.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// testNode is a running node and a client connected to it.
+type testNode struct {
+	*Node
+	client sluicev1.RateLimitServiceClient
+}
+
+// startNode starts one node on 127.0.0.1 with OS-picked ports, joined to
+// join (if any), using clock, and stops it (gracefully) when the test ends.
+func startNode(t *testing.T, name string, clock window.Clock, join ...string) *testNode {
+	t.Helper()
+	n, err := StartNode(NodeConfig{
+		Name:           name,
+		GRPCAddr:       "127.0.0.1:0",
+		GossipAddr:     "127.0.0.1:0",
+		Join:           join,
+		Profile:        cluster.Local,
+		Clock:          clock,
+		Logger:         testLogger(),
+		ForwardTimeout: 2 * time.Second,
+		LeaveTimeout:   time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = n.Close(ctx)
+	})
+	return &testNode{Node: n, client: dial(t, n.GRPCAddr())}
+}
+
+func dial(t *testing.T, addr string) sluicev1.RateLimitServiceClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return sluicev1.NewRateLimitServiceClient(conn)
+}
+
+// startCluster starts n nodes named node1..nodeN, all sharing clock, joined
+// through node1, and waits until every node's ring has all n members and
+// the same fingerprint.
+func startCluster(t *testing.T, n int, clock window.Clock) []*testNode {
+	t.Helper()
+	nodes := []*testNode{startNode(t, "node1", clock)}
+	for i := 2; i <= n; i++ {
+		nodes = append(nodes, startNode(t, fmt.Sprintf("node%d", i), clock, nodes[0].GossipAddr()))
+	}
+	waitRingAgrees(t, nodes)
+	return nodes
+}
+
+// waitRingAgrees waits until every node sees all the nodes and their rings
+// have one fingerprint.
+func waitRingAgrees(t *testing.T, nodes []*testNode) {
+	t.Helper()
+	eventually(t, "the rings to agree", func() bool {
+		fp := ""
+		for _, n := range nodes {
+			resp, err := n.client.Members(context.Background(), &sluicev1.MembersRequest{})
+			if err != nil || len(resp.Members) != len(nodes) {
+				return false
+			}
+			if fp == "" {
+				fp = resp.RingFingerprint
+			} else if resp.RingFingerprint != fp {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// check sends one check and fails the test on an RPC or per-check error.
+func check(t *testing.T, c sluicev1.RateLimitServiceClient, rc *sluicev1.RateLimitCheck) *sluicev1.Decision {
+	t.Helper()
+	resp, err := c.Check(context.Background(), &sluicev1.CheckRequest{Checks: []*sluicev1.RateLimitCheck{rc}})
+	if err != nil {
+		t.Fatalf("Check(%v): %v", rc, err)
+	}
+	if len(resp.Decisions) != 1 {
+		t.Fatalf("Check: %d decisions for 1 check", len(resp.Decisions))
+	}
+	if d := resp.Decisions[0]; d.Error != "" {
+		t.Fatalf("Check(%v): per-check error %s", rc, d.Error)
+	}
+	return resp.Decisions[0]
+}
+
+// keyOwnedBy returns a key of limit name that owner owns on n's ring.
+func keyOwnedBy(t *testing.T, n *testNode, name, owner string) string {
+	t.Helper()
+	for i := 0; i < 10000; i++ {
+		k := "user:" + strconv.Itoa(i)
+		if n.Server().Owner(name, k) == owner {
+			return k
+		}
+	}
+	t.Fatalf("no key of %s is owned by %s", name, owner)
+	return ""
+}
+
+// boundAddr returns the address n's gRPC server actually listens on.
+func boundAddr(n *Node) string { return n.lis.Addr().(*net.TCPAddr).String() }
+
+var algorithms = []sluicev1.Algorithm{
+	sluicev1.Algorithm_ALGORITHM_FIXED_WINDOW,
+	sluicev1.Algorithm_ALGORITHM_SLIDING_WINDOW,
+	sluicev1.Algorithm_ALGORITHM_TOKEN_BUCKET,
+	sluicev1.Algorithm_ALGORITHM_LEAKY_BUCKET,
+}
+
+func dialPeer(t *testing.T, addr string) sluicev1.PeerServiceClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return sluicev1.NewPeerServiceClient(conn)
+}

@@ -1,0 +1,250 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/rpc/sluicev1"
+	"github.com/sluicehq/sluice/window"
+)
+
+// NodeConfig configures a whole node: gRPC server, gossip and windows.
+type NodeConfig struct {
+	// Name is the node's unique, stable member name. (Required)
+	Name string
+	// GRPCAddr is the host:port the gRPC server listens on; port 0 lets the
+	// OS pick. Default "127.0.0.1:7070". (Optional)
+	GRPCAddr string
+	// GossipAddr is the host:port gossip listens on (TCP and UDP); port 0
+	// lets the OS pick. Default "127.0.0.1:7946". (Optional)
+	GossipAddr string
+	// AdvertiseHost is the IP other members use to reach this node, for
+	// gRPC and gossip alike; default the listening hosts. Required when a
+	// listen address is a wildcard (0.0.0.0, ::). (Optional)
+	AdvertiseHost string
+	// Region labels the node, e.g. "eu-west-1". Default "local". (Optional)
+	Region string
+	// Join lists gossip addresses (host:port) of members to join; empty
+	// starts a cluster of one. Joining retries in the background until one
+	// answers. (Optional)
+	Join []string
+	// Profile selects memberlist timings. Default cluster.LAN. (Optional)
+	Profile cluster.Profile
+	// Ring shapes the ring; every node must use the same. (Optional)
+	Ring ring.Config
+	// ForwardTimeout bounds a forward to a peer. Default 2 s. (Optional)
+	ForwardTimeout time.Duration
+	// LeaveTimeout bounds the graceful leave in Close. Default 5 s. (Optional)
+	LeaveTimeout time.Duration
+	// SweepInterval is how often idle keys are removed. Default 5 s. (Optional)
+	SweepInterval time.Duration
+	// Clock is the owner's clock, the only one decisions use. Default the
+	// system clock. (Optional)
+	Clock window.Clock
+	// Version is the sluice version gossiped in metadata. (Optional)
+	Version string
+	// Logger receives the node's logs. Default slog.Default(). (Optional)
+	Logger *slog.Logger
+}
+
+// Node is a running sluice node. Stop it with [Node.Close] (graceful) or
+// [Node.Kill] (abrupt, as a crash looks to the others).
+type Node struct {
+	cfg      NodeConfig
+	lis      net.Listener
+	grpcAddr string // advertised
+	grpc     *grpc.Server
+	health   *health.Server
+	cluster  *cluster.Cluster
+	server   *Server
+	store    *window.Store
+	log      *slog.Logger
+
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// StartNode listens on cfg.GRPCAddr and cfg.GossipAddr, starts serving
+// sluice.v1, gRPC health (SERVING once started) and server reflection, and
+// starts joining cfg.Join in the background. It returns an error naming the
+// setting when cfg is invalid or an address cannot be bound.
+func StartNode(cfg NodeConfig) (*Node, error) {
+	if cfg.Name == "" {
+		return nil, errors.New("name: required (a unique, stable member name)")
+	}
+	if cfg.GRPCAddr == "" {
+		cfg.GRPCAddr = "127.0.0.1:7070"
+	}
+	if cfg.GossipAddr == "" {
+		cfg.GossipAddr = "127.0.0.1:7946"
+	}
+	if cfg.LeaveTimeout <= 0 {
+		cfg.LeaveTimeout = 5 * time.Second
+	}
+	if cfg.SweepInterval <= 0 {
+		cfg.SweepInterval = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	log := cfg.Logger.With("node", cfg.Name)
+	advertised, err := advertise(cfg.GRPCAddr, cfg.AdvertiseHost)
+	if err != nil {
+		return nil, err
+	}
+	lis, err := net.Listen("tcp", cfg.GRPCAddr)
+	if err != nil {
+		return nil, fmt.Errorf("grpc_addr: %w", err)
+	}
+	// The advertised port is the bound one (the OS may have picked it).
+	advertised = net.JoinHostPort(advertised, strconv.Itoa(lis.Addr().(*net.TCPAddr).Port))
+
+	store := window.NewStore(cfg.Clock)
+	srv, err := NewServer(ServerConfig{
+		Name: cfg.Name, Store: store, Ring: cfg.Ring,
+		ForwardTimeout: cfg.ForwardTimeout, Logger: log.With("component", "rpc"),
+	})
+	if err != nil {
+		lis.Close()
+		return nil, err
+	}
+	cl, err := cluster.New(cluster.Config{
+		Name: cfg.Name, BindAddr: cfg.GossipAddr, AdvertiseHost: cfg.AdvertiseHost,
+		GRPCAddr: advertised, Region: cfg.Region, Version: cfg.Version,
+		Profile: cfg.Profile, Logger: cfg.Logger,
+	})
+	if err != nil {
+		lis.Close()
+		return nil, err
+	}
+	gs := grpc.NewServer()
+	hs := health.NewServer()
+	sluicev1.RegisterRateLimitServiceServer(gs, srv)
+	sluicev1.RegisterPeerServiceServer(gs, srv)
+	healthpb.RegisterHealthServer(gs, hs)
+	reflection.Register(gs)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	n := &Node{cfg: cfg, lis: lis, grpcAddr: advertised, grpc: gs, health: hs,
+		cluster: cl, server: srv, store: store, log: log, cancel: cancel}
+	_ = srv.SetMembers(cl.Members())
+	n.wg.Go(func() { n.watchMembers(ctx) })
+	n.wg.Go(func() { store.RunSweeper(ctx, cfg.SweepInterval) })
+	if len(cfg.Join) > 0 {
+		n.wg.Go(func() {
+			if _, err := cl.Join(ctx, cfg.Join); err != nil && ctx.Err() == nil {
+				log.Error("could not join the cluster", "error", err)
+			}
+		})
+	}
+	n.wg.Go(func() {
+		if err := gs.Serve(lis); err != nil {
+			log.Error("grpc server stopped", "error", err)
+		}
+	})
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(sluicev1.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	log.Info("node started", "grpc_addr", advertised, "gossip_addr", cl.GossipAddr(), "region", cfg.Region)
+	return n, nil
+}
+
+// advertise returns the host other members should dial for a server bound
+// to bind, given an optional advertise host.
+func advertise(bind, host string) (string, error) {
+	bh, _, err := net.SplitHostPort(bind)
+	if err != nil {
+		return "", fmt.Errorf("grpc_addr: %w", err)
+	}
+	if host != "" {
+		if net.ParseIP(host) == nil {
+			return "", fmt.Errorf("advertise_addr: %q is not an IP address", host)
+		}
+		return host, nil
+	}
+	if ip := net.ParseIP(bh); bh == "" || (ip != nil && ip.IsUnspecified()) {
+		return "", fmt.Errorf("advertise_addr: required when grpc_addr %q listens on all interfaces", bind)
+	}
+	return bh, nil
+}
+
+// watchMembers rebuilds the ring on every membership change.
+func (n *Node) watchMembers(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.cluster.Changes():
+			_ = n.server.SetMembers(n.cluster.Members())
+		}
+	}
+}
+
+// Name returns the node's member name.
+func (n *Node) Name() string { return n.cfg.Name }
+
+// GRPCAddr returns the host:port this node advertises for gRPC.
+func (n *Node) GRPCAddr() string { return n.grpcAddr }
+
+// GossipAddr returns the host:port this node advertises for gossip.
+func (n *Node) GossipAddr() string { return n.cluster.GossipAddr() }
+
+// Server returns the node's gRPC service implementation.
+func (n *Node) Server() *Server { return n.server }
+
+// Store returns the node's windows.
+func (n *Node) Store() *window.Store { return n.store }
+
+// Close stops the node gracefully: health turns NOT_SERVING, the node
+// leaves the gossip (telling the others, bounded by LeaveTimeout), the gRPC
+// server finishes the calls in flight (bounded by ctx), and background work
+// stops. It is idempotent and returns the first error.
+func (n *Node) Close(ctx context.Context) error {
+	n.closeOnce.Do(func() {
+		n.health.Shutdown()
+		n.log.Info("leaving the cluster")
+		err := n.cluster.Leave(n.cfg.LeaveTimeout)
+		done := make(chan struct{})
+		go func() { n.grpc.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			n.grpc.Stop()
+			<-done
+		}
+		n.stop()
+		n.closeErr = err
+		n.log.Info("node stopped")
+	})
+	return n.closeErr
+}
+
+// Kill stops the node at once, without a leave message: to the others it
+// looks like a crash. It is idempotent.
+func (n *Node) Kill() {
+	n.closeOnce.Do(func() {
+		_ = n.cluster.Shutdown()
+		n.grpc.Stop()
+		n.stop()
+	})
+}
+
+func (n *Node) stop() {
+	n.cancel()
+	n.wg.Wait()
+	n.server.Close()
+}

@@ -1,0 +1,101 @@
+package rpc
+
+import (
+	"context"
+	"math"
+	"strings"
+	"testing"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice/rpc/sluicev1"
+	"github.com/sluicehq/sluice/window"
+)
+
+// C12 and the bad-input list: every bad check is refused with
+// INVALID_ARGUMENT naming the field, nothing is counted, and the node keeps
+// serving.
+func TestBadInputIsRefusedByField(t *testing.T) {
+	clock := window.NewManualClock(windowStart)
+	n := startNode(t, "solo", clock)
+	good := func() *sluicev1.RateLimitCheck {
+		return &sluicev1.RateLimitCheck{Name: "api", Key: "user:1", Hits: 1, Limit: 10, WindowMs: 60000}
+	}
+	with := func(f func(*sluicev1.RateLimitCheck)) []*sluicev1.RateLimitCheck {
+		c := good()
+		f(c)
+		return []*sluicev1.RateLimitCheck{c}
+	}
+	many := make([]*sluicev1.RateLimitCheck, MaxBatch+1)
+	for i := range many {
+		many[i] = good()
+	}
+	cases := []struct {
+		name   string
+		checks []*sluicev1.RateLimitCheck
+		field  string
+	}{
+		{"limit 0", with(func(c *sluicev1.RateLimitCheck) { c.Limit = 0 }), "checks[0].limit"},
+		{"limit -1", with(func(c *sluicev1.RateLimitCheck) { c.Limit = -1 }), "checks[0].limit"},
+		{"limit over 2^53", with(func(c *sluicev1.RateLimitCheck) { c.Limit = 1<<53 + 1 }), "checks[0].limit"},
+		{"window 0", with(func(c *sluicev1.RateLimitCheck) { c.WindowMs = 0 }), "checks[0].window_ms"},
+		{"window -5s", with(func(c *sluicev1.RateLimitCheck) { c.WindowMs = -5000 }), "checks[0].window_ms"},
+		{"window over 366 days", with(func(c *sluicev1.RateLimitCheck) { c.WindowMs = math.MaxInt64 }), "checks[0].window_ms"},
+		{"hits -1", with(func(c *sluicev1.RateLimitCheck) { c.Hits = -1 }), "checks[0].hits"},
+		{"burst -1", with(func(c *sluicev1.RateLimitCheck) { c.Burst = -1 }), "checks[0].burst"},
+		{"unknown algorithm", with(func(c *sluicev1.RateLimitCheck) { c.Algorithm = 9 }), "checks[0].algorithm"},
+		{"negative algorithm", with(func(c *sluicev1.RateLimitCheck) { c.Algorithm = -1 }), "checks[0].algorithm"},
+		{"empty key", with(func(c *sluicev1.RateLimitCheck) { c.Key = "" }), "checks[0].key"},
+		{"empty name", with(func(c *sluicev1.RateLimitCheck) { c.Name = "" }), "checks[0].name"},
+		{"key over 1 KiB", with(func(c *sluicev1.RateLimitCheck) { c.Key = strings.Repeat("k", MaxKeyBytes+1) }), "checks[0].key"},
+		{"name over 256 B", with(func(c *sluicev1.RateLimitCheck) { c.Name = strings.Repeat("n", MaxNameBytes+1) }), "checks[0].name"},
+		{"nil check", []*sluicev1.RateLimitCheck{good(), nil}, "checks[1].name"},
+		{"empty batch", nil, "checks"},
+		{"batch over 1000", many, "checks"},
+		{"bad second check", []*sluicev1.RateLimitCheck{good(), with(func(c *sluicev1.RateLimitCheck) { c.Limit = 0 })[0]}, "checks[1].limit"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := n.client.Check(context.Background(), &sluicev1.CheckRequest{Checks: c.checks})
+			st, _ := status.FromError(err)
+			if st.Code() != codes.InvalidArgument || !strings.HasPrefix(st.Message(), c.field+": ") {
+				t.Fatalf("got %v, want InvalidArgument starting %q", err, c.field+": ")
+			}
+			var br *errdetails.BadRequest
+			for _, d := range st.Details() {
+				if b, ok := d.(*errdetails.BadRequest); ok {
+					br = b
+				}
+			}
+			if br == nil || len(br.FieldViolations) != 1 || br.FieldViolations[0].Field != c.field {
+				t.Fatalf("details %v, want a BadRequest for %s", st.Details(), c.field)
+			}
+		})
+	}
+	// Nothing of the refused batches was counted, and the node still serves:
+	// the first good hit sees the full budget.
+	d := check(t, n.client, good())
+	if !d.Allowed || d.Remaining != 9 || d.Limit != 10 || d.ResetTime <= 0 || d.RetryAfter != 0 {
+		t.Fatalf("after bad input: %v, want allowed with remaining 9", d)
+	}
+	// The peer API validates too.
+	_, err := dialPeer(t, n.GRPCAddr()).Forward(context.Background(), &sluicev1.ForwardRequest{Checks: with(func(c *sluicev1.RateLimitCheck) { c.Limit = 0 })})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("Forward with limit 0: %v, want InvalidArgument", err)
+	}
+}
+
+// Hits above the capacity are over limit with retry_after -1, not an error,
+// and nothing in any answer is negative except that -1.
+func TestCapacityExceeded(t *testing.T) {
+	clock := window.NewManualClock(windowStart)
+	n := startNode(t, "solo", clock)
+	for _, alg := range algorithms {
+		d := check(t, n.client, &sluicev1.RateLimitCheck{Name: "api", Key: "k", Hits: 11, Limit: 10, WindowMs: 60000, Algorithm: alg})
+		if d.Allowed || d.RetryAfter != -1 || d.Remaining != 10 || d.Limit != 10 || d.ResetTime != windowStart.UnixMilli() || d.Delay != 0 {
+			t.Errorf("%s: %v, want denied, retry_after -1, remaining 10, reset_time now", alg, d)
+		}
+	}
+}

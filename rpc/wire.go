@@ -1,0 +1,151 @@
+package rpc
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice/rpc/sluicev1"
+	"github.com/sluicehq/sluice/window"
+)
+
+// Bounds on a request, beyond the window package's bounds on the numbers.
+const (
+	// MaxBatch is the most checks one Check or Forward call may carry.
+	MaxBatch = 1000
+	// MaxNameBytes is the longest limit name, in bytes.
+	MaxNameBytes = 256
+	// MaxKeyBytes is the longest key, in bytes (1 KiB).
+	MaxKeyBytes = 1024
+)
+
+// maxWindowMs is window.MaxWindow in milliseconds.
+const maxWindowMs = int64(window.MaxWindow / time.Millisecond)
+
+// fieldError is a bad field of one request, named as on the wire, e.g.
+// "checks[2].limit".
+type fieldError struct {
+	field, reason string
+}
+
+func (e *fieldError) Error() string { return e.field + ": " + e.reason }
+
+// invalidArgument turns a fieldError into an INVALID_ARGUMENT status whose
+// message names the field and whose details carry a BadRequest.
+func invalidArgument(fe *fieldError) error {
+	st := status.New(codes.InvalidArgument, fe.Error())
+	if d, err := st.WithDetails(&errdetails.BadRequest{
+		FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: fe.field, Description: fe.reason}},
+	}); err == nil {
+		st = d
+	}
+	return st.Err()
+}
+
+// request is one validated check: the window's numbers plus where it goes.
+type request struct {
+	name, key string
+	check     window.Check
+}
+
+// parseChecks validates a batch and converts it. It returns a *fieldError
+// for the first bad field.
+func parseChecks(pbs []*sluicev1.RateLimitCheck) ([]request, *fieldError) {
+	switch {
+	case len(pbs) == 0:
+		return nil, &fieldError{"checks", "at least one check is required"}
+	case len(pbs) > MaxBatch:
+		return nil, &fieldError{"checks", fmt.Sprintf("at most %d checks per call, got %d", MaxBatch, len(pbs))}
+	}
+	out := make([]request, len(pbs))
+	for i, pb := range pbs {
+		r, fe := parseCheck(pb)
+		if fe != nil {
+			fe.field = fmt.Sprintf("checks[%d].%s", i, fe.field)
+			return nil, fe
+		}
+		out[i] = r
+	}
+	return out, nil
+}
+
+// parseCheck validates one check; the fieldError names the field alone.
+func parseCheck(pb *sluicev1.RateLimitCheck) (request, *fieldError) {
+	if pb == nil {
+		return request{}, &fieldError{"name", "must not be empty"}
+	}
+	switch {
+	case pb.Name == "":
+		return request{}, &fieldError{"name", "must not be empty"}
+	case len(pb.Name) > MaxNameBytes:
+		return request{}, &fieldError{"name", fmt.Sprintf("must be at most %d bytes, got %d", MaxNameBytes, len(pb.Name))}
+	case pb.Key == "":
+		return request{}, &fieldError{"key", "must not be empty"}
+	case len(pb.Key) > MaxKeyBytes:
+		return request{}, &fieldError{"key", fmt.Sprintf("must be at most %d bytes, got %d", MaxKeyBytes, len(pb.Key))}
+	case pb.WindowMs > maxWindowMs:
+		return request{}, &fieldError{"window_ms", fmt.Sprintf("must be <= %d (366 days), got %d", maxWindowMs, pb.WindowMs)}
+	}
+	alg := window.Algorithm(pb.Algorithm)
+	switch {
+	case pb.Algorithm == sluicev1.Algorithm_ALGORITHM_UNSPECIFIED:
+		alg = window.FixedWindow
+	case pb.Algorithm < 0 || pb.Algorithm > sluicev1.Algorithm_ALGORITHM_LEAKY_BUCKET:
+		return request{}, &fieldError{"algorithm", fmt.Sprintf("unknown algorithm %d", pb.Algorithm)}
+	}
+	c := window.Check{
+		Algorithm: alg,
+		Limit:     pb.Limit,
+		Window:    time.Duration(pb.WindowMs) * time.Millisecond,
+		Burst:     pb.Burst,
+		Hits:      pb.Hits,
+	}
+	if err := c.Validate(); err != nil {
+		var fe *window.FieldError
+		if !errors.As(err, &fe) {
+			return request{}, &fieldError{"checks", err.Error()}
+		}
+		if fe.Field == "window" {
+			return request{}, &fieldError{"window_ms", fmt.Sprintf("must be > 0, got %d", pb.WindowMs)}
+		}
+		return request{}, &fieldError{fe.Field, fe.Reason}
+	}
+	return request{name: pb.Name, key: pb.Key, check: c}, nil
+}
+
+// toProto converts a window decision to the wire, rounding times up to
+// whole milliseconds.
+func toProto(d window.Decision, owner string) *sluicev1.Decision {
+	return &sluicev1.Decision{
+		Allowed:    d.Allowed,
+		Limit:      d.Limit,
+		Remaining:  d.Remaining,
+		ResetTime:  unixMsCeil(d.ResetTime),
+		RetryAfter: msCeil(d.RetryAfter),
+		Delay:      msCeil(d.Delay),
+		Owner:      owner,
+	}
+}
+
+// msCeil returns d in whole milliseconds rounded up; window.RetryNever (and
+// any negative duration) becomes -1.
+func msCeil(d time.Duration) int64 {
+	if d < 0 {
+		return -1
+	}
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// unixMsCeil returns t as Unix milliseconds rounded up.
+func unixMsCeil(t time.Time) int64 {
+	ns := t.UnixNano()
+	ms := ns / int64(time.Millisecond)
+	if ns%int64(time.Millisecond) > 0 {
+		ms++
+	}
+	return ms
+}

@@ -1,0 +1,194 @@
+package window
+
+// state is one key's rate-limit state. It is a plain value, not safe for
+// concurrent use: the Store's shard lock guards it. Times are Unix ns.
+//
+// The fields mean, per algorithm:
+//
+//	fixed_window:   at = window start, a = count in it
+//	sliding_window: at = current window start, a = its count, b = previous window's count
+//	token_bucket,
+//	leaky_bucket:   at = last update, (a, b) = debt as a 128-bit number (hi, lo),
+//	                the hits consumed and not yet refilled, scaled by W (ns):
+//	                debt = consumed * W; it drains by L every ns.
+type state struct {
+	expires   int64 // Unix ns when the key is back at full capacity; the sweep removes it after
+	at        int64
+	window    int64 // ns: the window this state was built for
+	a, b      uint64
+	algorithm Algorithm
+}
+
+// result is a decision in exact ns, before it becomes a Decision.
+type result struct {
+	allowed   bool
+	remaining int64
+	reset     int64 // Unix ns
+	retry     int64 // ns, or -1
+	delay     int64 // ns
+}
+
+// apply runs check c (valid, per Check.Validate) on st at now (Unix ns) and
+// updates st. It is a pure function of (st, c, now).
+func (st *state) apply(c Check, now int64) result {
+	w := int64(c.Window)
+	if st.algorithm != c.Algorithm || st.window != w {
+		*st = state{algorithm: c.Algorithm, window: w, at: now}
+		if c.Algorithm == FixedWindow || c.Algorithm == SlidingWindow {
+			st.at = floorDiv(now, w) * w
+		}
+	}
+	var r result
+	switch c.Algorithm {
+	case FixedWindow:
+		r = st.fixed(c, now)
+	case SlidingWindow:
+		r = st.sliding(c, now)
+	default:
+		r = st.bucket(c, now)
+	}
+	st.expires = r.reset
+	return r
+}
+
+// need returns the hits a check must fit: its hits, or 1 for a peek.
+func need(c Check) uint64 {
+	if c.Hits == 0 {
+		return 1
+	}
+	return uint64(c.Hits)
+}
+
+func (st *state) fixed(c Check, now int64) result {
+	w := st.window
+	if now < st.at {
+		now = st.at // time went backwards: stay in the stored window
+	}
+	if start := floorDiv(now, w) * w; start != st.at {
+		st.at, st.a = start, 0
+	}
+	limit := uint64(c.Limit)
+	end := satAdd(st.at, w)
+	var r result
+	switch {
+	case uint64(c.Hits) > limit:
+		r.retry = -1
+	case st.a+need(c) <= limit:
+		r.allowed = true
+		st.a += uint64(c.Hits)
+	default:
+		r.retry = end - now
+	}
+	if st.a < limit {
+		r.remaining = int64(limit - st.a)
+	}
+	r.reset = now
+	if st.a > 0 {
+		r.reset = end
+	}
+	return r
+}
+
+func (st *state) sliding(c Check, now int64) result {
+	w := st.window
+	if now < st.at {
+		now = st.at
+	}
+	if start := floorDiv(now, w) * w; start != st.at {
+		if start == st.at+w {
+			st.b, st.a = st.a, 0
+		} else {
+			st.b, st.a = 0, 0
+		}
+		st.at = start
+	}
+	uw := uint64(w)
+	limit := uint64(c.Limit)
+	p, cur := st.b, st.a
+	e := uint64(now - st.at)
+	capacity := mul64(limit, uw)     // L*W
+	decayed := mul64(p, uw-e)        // p*(W-e)
+	fits := func(cur, n uint64) bool { // p*(W-e) + (cur+n)*W <= L*W
+		return !capacity.less(decayed.add(mul64(cur+n, uw)))
+	}
+	var r result
+	switch {
+	case uint64(c.Hits) > limit:
+		r.retry = -1
+	case fits(cur, need(c)):
+		r.allowed = true
+		cur += uint64(c.Hits)
+		st.a = cur
+	default:
+		r.retry = st.slidingRetry(limit, need(c), p, cur, now)
+	}
+	// remaining = floor((L*W - p*(W-e) - c*W) / W), floored at 0.
+	r.remaining = capacity.subFloor(decayed.add(mul64(cur, uw))).div(uw)
+	switch {
+	case cur > 0:
+		r.reset = satAdd(st.at, 2*w)
+	case p > 0:
+		r.reset = satAdd(st.at, w)
+	default:
+		r.reset = now
+	}
+	return r
+}
+
+// slidingRetry returns the ns until a check needing n hits (n <= limit) fits,
+// given previous count p and current count cur, at now. The estimate only
+// decays as time passes, so the answer is the first of: a point later in the
+// current window, a point in the next one (previous = cur), or the start of
+// the one after (both counts 0).
+func (st *state) slidingRetry(limit, n, p, cur uint64, now int64) int64 {
+	w := st.window
+	uw := uint64(w)
+	// In the current window: p*(W-e') <= (L-cur-n)*W, so
+	// e' >= W - floor((L-cur-n)*W/p).
+	if p > 0 && cur+n <= limit {
+		q, _ := mul64(limit-cur-n, uw).divmod(p)
+		if q.hi == 0 && q.lo > 0 && q.lo < uw {
+			return st.at + (w - int64(q.lo)) - now
+		}
+	}
+	next := st.at + w
+	// In the next window, with previous = cur and current = 0.
+	if cur == 0 {
+		return next - now
+	}
+	q, _ := mul64(limit-n, uw).divmod(cur)
+	if q.hi != 0 || q.lo >= uw {
+		return next - now
+	}
+	return next + (w - int64(q.lo)) - now
+}
+
+func (st *state) bucket(c Check, now int64) result {
+	if now < st.at {
+		now = st.at // time went backwards: no refill
+	}
+	w := uint64(st.window)
+	rate := uint64(c.Limit) // debt drains by L per ns
+	debt := u128{st.a, st.b}.subFloor(mul64(uint64(now-st.at), rate))
+	st.at = now
+	capacity := uint64(c.Capacity())
+	full := mul64(capacity, w) // B*W
+	var r result
+	switch {
+	case uint64(c.Hits) > capacity:
+		r.retry = -1
+	case !full.less(debt.add(mul64(need(c), w))):
+		r.allowed = true
+		if c.Algorithm == LeakyBucket && c.Hits > 0 {
+			r.delay = debt.divCeil(rate)
+		}
+		debt = debt.add(mul64(uint64(c.Hits), w))
+	default:
+		// debt - d*L <= B*W - n*W  =>  d >= (debt - (B-n)*W) / L
+		r.retry = debt.sub(mul64(capacity-need(c), w)).divCeil(rate)
+	}
+	st.a, st.b = debt.hi, debt.lo
+	r.remaining = full.subFloor(debt).div(w)
+	r.reset = satAdd(now, debt.divCeil(rate))
+	return r
+}
