@@ -106,8 +106,8 @@ func (st *state) sliding(c Check, now int64) result {
 	limit := uint64(c.Limit)
 	p, cur := st.b, st.a
 	e := uint64(now - st.at)
-	capacity := mul64(limit, uw)     // L*W
-	decayed := mul64(p, uw-e)        // p*(W-e)
+	capacity := mul64(limit, uw)       // L*W
+	decayed := mul64(p, uw-e)          // p*(W-e)
 	fits := func(cur, n uint64) bool { // p*(W-e) + (cur+n)*W <= L*W
 		return !capacity.less(decayed.add(mul64(cur+n, uw)))
 	}

@@ -1,0 +1,175 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v3"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice/rpc/sluicev1"
+	"github.com/sluicehq/sluice/window"
+)
+
+// checkLine is one answer of `sluice check --json`: exactly these fields.
+type checkLine struct {
+	Name       string `json:"name"`
+	Key        string `json:"key"`
+	Allowed    bool   `json:"allowed"`
+	Limit      int64  `json:"limit"`
+	Remaining  int64  `json:"remaining"`
+	ResetTime  int64  `json:"reset_time"`  // Unix ms
+	RetryAfter int64  `json:"retry_after"` // ms; -1: never
+	Owner      string `json:"owner"`
+}
+
+// clientFlags are the flags every client command has.
+func clientFlags(e env) []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "addr", Value: "127.0.0.1:7070", Usage: "host:port of any node's gRPC server", Sources: e.of("addr")},
+		&cli.DurationFlag{Name: "timeout", Value: 5 * time.Second, Usage: "bound on each call", Sources: e.of("timeout")},
+	}
+}
+
+func checkCommand(e env) *cli.Command {
+	return &cli.Command{
+		Name:  "check",
+		Usage: "send a check to a node, --count times in a row",
+		Description: "Prints one answer per call. Exit status: 0 when every call was answered,\n" +
+			"2 on invalid input (the message names the flag), 1 on any other error.",
+		Flags: append(clientFlags(e),
+			&cli.StringFlag{Name: "name", Usage: "the limit's name, e.g. api (required)"},
+			&cli.StringFlag{Name: "key", Usage: "who is limited, e.g. user:42 (required)"},
+			&cli.Int64Flag{Name: "limit", Value: 10, Usage: "hits allowed per window"},
+			&cli.DurationFlag{Name: "window", Value: time.Minute, Usage: "the window, whole milliseconds (e.g. 1m, 1500ms)"},
+			&cli.StringFlag{Name: "algorithm", Value: "fixed_window", Usage: "fixed_window, sliding_window, token_bucket or leaky_bucket"},
+			&cli.Int64Flag{Name: "burst", Usage: "bucket capacity for the bucket algorithms (0: the limit)"},
+			&cli.Int64Flag{Name: "hits", Value: 1, Usage: "hits to consume (0: peek)"},
+			&cli.IntFlag{Name: "count", Value: 1, Usage: "how many times to send the check"},
+			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per answer"},
+		),
+		Action: runCheck,
+	}
+}
+
+func runCheck(ctx context.Context, cmd *cli.Command) error {
+	name, key := cmd.String("name"), cmd.String("key")
+	w := cmd.Duration("window")
+	switch {
+	case name == "":
+		return usagef("name", "required")
+	case key == "":
+		return usagef("key", "required")
+	case w <= 0:
+		return usagef("window", "must be > 0, got %s", w)
+	case w%time.Millisecond != 0:
+		return usagef("window", "must be a whole number of milliseconds, got %s", w)
+	case cmd.Int("count") < 1:
+		return usagef("count", "must be >= 1, got %d", cmd.Int("count"))
+	case cmd.Duration("timeout") <= 0:
+		return usagef("timeout", "must be > 0, got %s", cmd.Duration("timeout"))
+	}
+	alg, err := window.ParseAlgorithm(cmd.String("algorithm"))
+	if err != nil {
+		return usagef("algorithm", "%s", strings.TrimPrefix(err.Error(), "algorithm: "))
+	}
+	rc := &sluicev1.RateLimitCheck{
+		Name: name, Key: key, Hits: cmd.Int64("hits"), Limit: cmd.Int64("limit"),
+		WindowMs: w.Milliseconds(), Burst: cmd.Int64("burst"), Algorithm: sluicev1.Algorithm(alg),
+	}
+	conn, err := dialNode(cmd.String("addr"))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	client := sluicev1.NewRateLimitServiceClient(conn)
+	out := cmd.Root().Writer
+	failed := 0
+	for i := 0; i < cmd.Int("count"); i++ {
+		callCtx, cancel := context.WithTimeout(ctx, cmd.Duration("timeout"))
+		resp, err := client.Check(callCtx, &sluicev1.CheckRequest{Checks: []*sluicev1.RateLimitCheck{rc}})
+		cancel()
+		if err != nil {
+			return callError(cmd.String("addr"), err)
+		}
+		if len(resp.Decisions) != 1 {
+			return fmt.Errorf("node %s answered %d decisions for 1 check", cmd.String("addr"), len(resp.Decisions))
+		}
+		d := resp.Decisions[0]
+		if d.Error != "" {
+			fmt.Fprintf(cmd.Root().ErrWriter, "check %d: not decided: %s\n", i+1, d.Error)
+			failed++
+			continue
+		}
+		if cmd.Bool("json") {
+			b, _ := json.Marshal(checkLine{Name: name, Key: key, Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
+				ResetTime: d.ResetTime, RetryAfter: d.RetryAfter, Owner: d.Owner})
+			fmt.Fprintf(out, "%s\n", b)
+			continue
+		}
+		verdict := "allowed"
+		if !d.Allowed {
+			verdict = "over limit"
+		}
+		fmt.Fprintf(out, "%-10s remaining=%d limit=%d reset_time=%s retry_after=%s owner=%s\n",
+			verdict, d.Remaining, d.Limit, time.UnixMilli(d.ResetTime).UTC().Format(time.RFC3339Nano),
+			retryString(d.RetryAfter), d.Owner)
+	}
+	if failed > 0 {
+		return cli.Exit(fmt.Sprintf("%d of %d checks were not decided", failed, cmd.Int("count")), exitFailure)
+	}
+	return nil
+}
+
+func retryString(ms int64) string {
+	if ms < 0 {
+		return "never"
+	}
+	return (time.Duration(ms) * time.Millisecond).String()
+}
+
+// dialNode opens a plaintext gRPC connection to addr (no I/O until the
+// first call).
+func dialNode(addr string) (*grpc.ClientConn, error) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, usagef("addr", "%v", err)
+	}
+	return conn, nil
+}
+
+// callError turns a failed call into an error: a usageError naming the
+// flag for INVALID_ARGUMENT, a plain error otherwise.
+func callError(addr string, err error) error {
+	st, _ := status.FromError(err)
+	if st.Code() != codes.InvalidArgument {
+		return fmt.Errorf("node %s: %s: %s", addr, st.Code(), st.Message())
+	}
+	for _, d := range st.Details() {
+		if br, ok := d.(*errdetails.BadRequest); ok && len(br.FieldViolations) > 0 {
+			fv := br.FieldViolations[0]
+			return usagef(flagOf(fv.Field), "%s", fv.Description)
+		}
+	}
+	return usageError{errors.New(st.Message())}
+}
+
+// flagOf maps a wire field such as "checks[0].window_ms" to its flag,
+// "window".
+func flagOf(field string) string {
+	if i := strings.LastIndexByte(field, '.'); i >= 0 {
+		field = field[i+1:]
+	}
+	if field == "window_ms" {
+		return "window"
+	}
+	return strings.ReplaceAll(field, "_", "-")
+}

@@ -1,0 +1,129 @@
+// Command sluice is the one binary of sluice, a distributed rate limiter:
+//
+//	sluice serve    run a node
+//	sluice check    send a check to a node
+//	sluice members  show the cluster as a node sees it
+//
+// Every flag of serve, and --addr and --timeout of the client commands, can
+// also come from the environment as SLUICE_<FLAG> (upper case, dashes as
+// underscores), e.g. SLUICE_GRPC_ADDR; a flag on the command line wins.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/urfave/cli/v3"
+)
+
+// version is the sluice version, set at build time with
+// -ldflags "-X main.version=...".
+var version = "dev"
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailure = 1 // a call failed or a check went unanswered
+	exitUsage   = 2 // invalid input: a flag or a field of a check
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args, os.LookupEnv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run runs the command line args (args[0] is the program name) with the
+// environment lookup getenv and returns the exit code. It never exits the
+// process itself.
+func run(ctx context.Context, args []string, getenv func(string) (string, bool), stdout, stderr io.Writer) int {
+	e := env{getenv: getenv}
+	root := &cli.Command{
+		Name:            "sluice",
+		Usage:           "a distributed rate limiter",
+		Version:         version,
+		Writer:          stdout,
+		ErrWriter:       stderr,
+		HideHelpCommand: true,
+		Commands:        []*cli.Command{serveCommand(e), checkCommand(e), membersCommand(e)},
+		// Return errors to run instead of exiting inside the library.
+		ExitErrHandler: func(context.Context, *cli.Command, error) {},
+		OnUsageError: func(_ context.Context, _ *cli.Command, err error, _ bool) error {
+			return usageError{err}
+		},
+	}
+	for _, c := range root.Commands {
+		c.OnUsageError = root.OnUsageError
+	}
+	err := root.Run(ctx, args)
+	if err == nil {
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "sluice: %v\n", err)
+	var ue usageError
+	var ec cli.ExitCoder
+	switch {
+	case errors.As(err, &ue):
+		return exitUsage
+	case errors.As(err, &ec):
+		return ec.ExitCode()
+	case strings.Contains(err.Error(), "flag provided but not defined"),
+		strings.Contains(err.Error(), "invalid value"),
+		strings.Contains(err.Error(), "Required flag"):
+		return exitUsage
+	}
+	return exitFailure
+}
+
+// usageError is invalid input on the command line: exit code 2.
+type usageError struct{ err error }
+
+func (u usageError) Error() string { return u.err.Error() }
+func (u usageError) Unwrap() error { return u.err }
+
+// usagef returns a usageError naming the flag.
+func usagef(flag, format string, a ...any) error {
+	return usageError{fmt.Errorf("invalid --%s: %s", flag, fmt.Sprintf(format, a...))}
+}
+
+// env makes SLUICE_<FLAG> sources from an injected lookup, so tests need not
+// touch the process environment.
+type env struct {
+	getenv func(string) (string, bool)
+}
+
+// of returns the source for flag: SLUICE_ and the flag in upper case with
+// dashes as underscores, e.g. "grpc-addr" -> SLUICE_GRPC_ADDR.
+func (e env) of(flag string) cli.ValueSourceChain {
+	return cli.NewValueSourceChain(&envSource{key: EnvName(flag), getenv: e.getenv})
+}
+
+// EnvName returns the environment variable that sets flag, e.g.
+// "grpc-addr" -> "SLUICE_GRPC_ADDR".
+func EnvName(flag string) string {
+	return "SLUICE_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// envSource is a cli.ValueSource reading one environment variable.
+type envSource struct {
+	key    string
+	getenv func(string) (string, bool)
+}
+
+func (s *envSource) Lookup() (string, bool) { return s.getenv(s.key) }
+func (s *envSource) IsFromEnv() bool        { return true }
+func (s *envSource) Key() string            { return s.key }
+func (s *envSource) String() string         { return "environment variable " + s.key }
+func (s *envSource) GoString() string       { return fmt.Sprintf("&envSource{key:%q}", s.key) }
+
+var (
+	_ cli.ValueSource    = (*envSource)(nil)
+	_ cli.EnvValueSource = (*envSource)(nil)
+)

@@ -1,0 +1,259 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/rpc"
+)
+
+// noEnv is an empty environment.
+func noEnv(string) (string, bool) { return "", false }
+
+// startNode runs a real node on 127.0.0.1 with OS-picked ports.
+func startNode(t *testing.T, name string) *rpc.Node {
+	t.Helper()
+	n, err := rpc.StartNode(rpc.NodeConfig{
+		Name: name, GRPCAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
+		Profile: cluster.Local, Logger: slog.New(slog.DiscardHandler), LeaveTimeout: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	return n
+}
+
+// sluice runs the CLI in-process and returns its exit code and output.
+func sluice(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), append([]string{"sluice"}, args...), noEnv, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func TestCheckJSON(t *testing.T) {
+	n := startNode(t, "cli-node")
+	code, out, errOut := sluice(t, "check", "--addr", n.GRPCAddr(), "--name", "api", "--key", "user:42",
+		"--limit", "3", "--window", "1h", "--algorithm", "token_bucket", "--count", "4", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %s", code, errOut)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 4 {
+		t.Fatalf("%d lines, want 4:\n%s", len(lines), out)
+	}
+	wantKeys := []string{"name", "key", "allowed", "limit", "remaining", "reset_time", "retry_after", "owner"}
+	for i, l := range lines {
+		// Exactly these fields, in this order.
+		keys := regexp.MustCompile(`"([a-z_]+)":`).FindAllStringSubmatch(l, -1)
+		var got []string
+		for _, k := range keys {
+			got = append(got, k[1])
+		}
+		if strings.Join(got, ",") != strings.Join(wantKeys, ",") {
+			t.Fatalf("line %d fields %v, want %v", i, got, wantKeys)
+		}
+		var cl checkLine
+		if err := json.Unmarshal([]byte(l), &cl); err != nil {
+			t.Fatal(err)
+		}
+		wantRemaining := int64(max(2-i, 0))
+		if cl.Name != "api" || cl.Key != "user:42" || cl.Allowed != (i < 3) || cl.Limit != 3 ||
+			cl.Remaining != wantRemaining || cl.Owner != "cli-node" {
+			t.Fatalf("line %d: %+v", i, cl)
+		}
+		nowMs := time.Now().UnixMilli()
+		if cl.ResetTime < nowMs || cl.ResetTime > nowMs+3600_000 {
+			t.Fatalf("line %d: reset_time %d not within the hour after %d", i, cl.ResetTime, nowMs)
+		}
+		// A token bucket refills one hit every 20 minutes.
+		if i < 3 && cl.RetryAfter != 0 || i == 3 && (cl.RetryAfter <= 0 || cl.RetryAfter > 1200_000) {
+			t.Fatalf("line %d: retry_after %d", i, cl.RetryAfter)
+		}
+	}
+}
+
+func TestCheckExitCodes(t *testing.T) {
+	n := startNode(t, "cli-node")
+	addr := n.GRPCAddr()
+	cases := []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{[]string{"check", "--addr", addr, "--name", "api", "--key", "k", "--limit", "0"}, 2, "--limit"},
+		{[]string{"check", "--addr", addr, "--name", "api", "--key", "k", "--limit", "-1"}, 2, "--limit"},
+		{[]string{"check", "--addr", addr, "--name", "api", "--key", "k", "--window", "0s"}, 2, "--window"},
+		{[]string{"check", "--addr", addr, "--name", "api", "--key", "k", "--window", "-5s"}, 2, "--window"},
+		{[]string{"check", "--addr", addr, "--name", "api", "--key", "k", "--window", "1500us"}, 2, "--window"},
+		{[]string{"check", "--addr", addr, "--name", "api", "--key", "k", "--hits", "-1"}, 2, "--hits"},
+		{[]string{"check", "--addr", addr, "--name", "api", "--key", "k", "--burst", "-1"}, 2, "--burst"},
+		{[]string{"check", "--addr", addr, "--name", "api", "--key", "k", "--algorithm", "leaky"}, 2, "--algorithm"},
+		{[]string{"check", "--addr", addr, "--name", "api", "--key", strings.Repeat("k", 1025)}, 2, "--key"},
+		{[]string{"check", "--addr", addr, "--name", "api"}, 2, "--key"},
+		{[]string{"check", "--addr", addr, "--key", "k"}, 2, "--name"},
+		{[]string{"check", "--addr", addr, "--name", "api", "--key", "k", "--count", "0"}, 2, "--count"},
+		{[]string{"check", "--addr", addr, "--name", "api", "--key", "k", "--limit", "ten"}, 2, "limit"},
+		{[]string{"check", "--addr", addr, "--name", "api", "--key", "k", "--no-such-flag"}, 2, "no-such-flag"},
+		{[]string{"check", "--addr", "127.0.0.1:1", "--timeout", "500ms", "--name", "api", "--key", "k"}, 1, "127.0.0.1:1"},
+		{[]string{"members", "--addr", "127.0.0.1:1", "--timeout", "500ms"}, 1, "127.0.0.1:1"},
+		{[]string{"check", "--addr", addr, "--name", "api", "--key", "k", "--hits", "11"}, 0, ""}, // over capacity is an answer
+	}
+	for _, c := range cases {
+		code, _, errOut := sluice(t, c.args...)
+		if code != c.code || !strings.Contains(errOut, c.msg) {
+			t.Errorf("sluice %s: exit %d, stderr %q; want exit %d naming %q", strings.Join(c.args, " "), code, errOut, c.code, c.msg)
+		}
+	}
+}
+
+func TestMembersJSON(t *testing.T) {
+	n1 := startNode(t, "m1")
+	n2, err := rpc.StartNode(rpc.NodeConfig{
+		Name: "m2", GRPCAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0", Region: "eu",
+		Join: []string{n1.GossipAddr()}, Profile: cluster.Local, Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n2.Close(context.Background())
+	var mj membersJSON
+	deadline := time.Now().Add(15 * time.Second)
+	for len(mj.Members) != 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("m1 never saw m2")
+		}
+		time.Sleep(20 * time.Millisecond)
+		code, out, errOut := sluice(t, "members", "--addr", n1.GRPCAddr(), "--json")
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, errOut)
+		}
+		mj = membersJSON{}
+		if err := json.Unmarshal([]byte(out), &mj); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+	}
+	want := []memberJSON{
+		{Name: "m1", GRPCAddr: n1.GRPCAddr(), GossipAddr: n1.GossipAddr(), Region: "local", State: "alive"},
+		{Name: "m2", GRPCAddr: n2.GRPCAddr(), GossipAddr: n2.GossipAddr(), Region: "eu", State: "alive"},
+	}
+	sum := 0.0
+	for i, m := range mj.Members {
+		if m.RingShare <= 0.2 || m.RingShare >= 0.8 {
+			t.Errorf("%s ring_share %f, want a fair part of 2 members", m.Name, m.RingShare)
+		}
+		sum += m.RingShare
+		m.RingShare = 0
+		if m != want[i] {
+			t.Errorf("member %d = %+v, want %+v", i, m, want[i])
+		}
+	}
+	if sum < 0.999 || sum > 1.001 {
+		t.Errorf("ring shares add up to %f", sum)
+	}
+	code, out, _ := sluice(t, "members", "--addr", n1.GRPCAddr())
+	if code != 0 || !strings.Contains(out, "m1 (answering)") || !strings.Contains(out, "m2") {
+		t.Fatalf("table output (exit %d):\n%s", code, out)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for a writer and a reader goroutine.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// serve reads its flags from SLUICE_<FLAG>, answers checks, and exits 0
+// after a graceful leave when its context ends (as on SIGTERM).
+func TestServeFromEnvAndGracefulStop(t *testing.T) {
+	env := map[string]string{
+		"SLUICE_NAME":        "env-node",
+		"SLUICE_GRPC_ADDR":   "127.0.0.1:0",
+		"SLUICE_GOSSIP_ADDR": "127.0.0.1:0",
+		"SLUICE_REGION":      "env-region",
+		"SLUICE_PROFILE":     "local",
+	}
+	getenv := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	ctx, cancel := context.WithCancel(context.Background())
+	var out, errOut lockedBuffer
+	done := make(chan int)
+	go func() { done <- run(ctx, []string{"sluice", "serve"}, getenv, &out, &errOut) }()
+	addrRe := regexp.MustCompile(`msg="node started" node=env-node grpc_addr=(\S+)`)
+	var addr string
+	deadline := time.Now().Add(10 * time.Second)
+	for addr == "" {
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("no start line:\n%s", errOut.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+		if m := addrRe.FindStringSubmatch(errOut.String()); m != nil {
+			addr = m[1]
+		}
+	}
+	code, jsonOut, stderr := sluice(t, "members", "--addr", addr, "--json")
+	if code != 0 || !strings.Contains(jsonOut, `"name":"env-node"`) || !strings.Contains(jsonOut, `"region":"env-region"`) {
+		t.Fatalf("members: exit %d %s %s", code, jsonOut, stderr)
+	}
+	if code, _, stderr := sluice(t, "check", "--addr", addr, "--name", "api", "--key", "k"); code != 0 {
+		t.Fatalf("check: exit %d %s", code, stderr)
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("serve exited %d:\n%s", code, errOut.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+	if !strings.Contains(errOut.String(), `msg="node stopped"`) {
+		t.Fatalf("no graceful stop in the log:\n%s", errOut.String())
+	}
+}
+
+func TestServeRefusesBadFlags(t *testing.T) {
+	cases := []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"serve", "--profile", "moon"}, "--profile"},
+		{[]string{"serve", "--grpc-addr", "0.0.0.0:0", "--gossip-addr", "127.0.0.1:0"}, "advertise_addr"},
+		{[]string{"serve", "--log-level", "loud"}, "--log-level"},
+		{[]string{"serve", "--forward-timeout", "0s"}, "--forward-timeout"},
+		{[]string{"serve", "--name", ""}, "--name"},
+	}
+	for _, c := range cases {
+		code, _, errOut := sluice(t, c.args...)
+		if code == 0 || !strings.Contains(errOut, c.msg) {
+			t.Errorf("sluice %s: exit %d, stderr %q; want a failure naming %q", strings.Join(c.args, " "), code, errOut, c.msg)
+		}
+	}
+}
+
+func TestEnvName(t *testing.T) {
+	if got := EnvName("grpc-addr"); got != "SLUICE_GRPC_ADDR" {
+		t.Fatalf("EnvName = %s", got)
+	}
+}

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v3"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/rpc"
+)
+
+func serveCommand(e env) *cli.Command {
+	host, _ := os.Hostname()
+	return &cli.Command{
+		Name:  "serve",
+		Usage: "run a sluice node",
+		Description: "Runs a node: it answers checks on --grpc-addr, gossips membership on --gossip-addr,\n" +
+			"and joins the members listed in --join (none: a cluster of one). SIGINT or SIGTERM\n" +
+			"makes it leave the cluster gracefully and exit.",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "name", Value: host, Usage: "unique, stable member name (default: the host name)", Sources: e.of("name")},
+			&cli.StringFlag{Name: "grpc-addr", Value: "127.0.0.1:7070", Usage: "host:port to serve gRPC on; port 0 lets the OS pick", Sources: e.of("grpc-addr")},
+			&cli.StringFlag{Name: "gossip-addr", Value: "127.0.0.1:7946", Usage: "host:port to gossip on (TCP and UDP)", Sources: e.of("gossip-addr")},
+			&cli.StringFlag{Name: "join", Usage: "gossip addresses of members to join, H:P[,H:P...]", Sources: e.of("join")},
+			&cli.StringFlag{Name: "advertise-addr", Usage: "IP other members reach this node at (default: the listening host)", Sources: e.of("advertise-addr")},
+			&cli.StringFlag{Name: "region", Value: "local", Usage: "region label of this node", Sources: e.of("region")},
+			&cli.StringFlag{Name: "profile", Value: "lan", Usage: "gossip timings: lan, wan or local", Sources: e.of("profile")},
+			&cli.DurationFlag{Name: "forward-timeout", Value: rpc.DefaultForwardTimeout, Usage: "bound on a forward to a key's owner", Sources: e.of("forward-timeout")},
+			&cli.DurationFlag{Name: "leave-timeout", Value: 5 * time.Second, Usage: "bound on the graceful leave at shutdown", Sources: e.of("leave-timeout")},
+			&cli.DurationFlag{Name: "sweep-interval", Value: 5 * time.Second, Usage: "how often idle keys are removed", Sources: e.of("sweep-interval")},
+			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", Sources: e.of("log-level")},
+			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json", Sources: e.of("log-format")},
+		},
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			logger, err := newLogger(cmd.String("log-level"), cmd.String("log-format"), cmd.Root().ErrWriter)
+			if err != nil {
+				return err
+			}
+			cfg := rpc.NodeConfig{
+				Name:           cmd.String("name"),
+				GRPCAddr:       cmd.String("grpc-addr"),
+				GossipAddr:     cmd.String("gossip-addr"),
+				AdvertiseHost:  cmd.String("advertise-addr"),
+				Region:         cmd.String("region"),
+				Join:           splitList(cmd.String("join")),
+				Profile:        cluster.Profile(cmd.String("profile")),
+				ForwardTimeout: cmd.Duration("forward-timeout"),
+				LeaveTimeout:   cmd.Duration("leave-timeout"),
+				SweepInterval:  cmd.Duration("sweep-interval"),
+				Version:        version,
+				Logger:         logger,
+			}
+			for _, d := range []struct {
+				flag string
+				v    time.Duration
+			}{{"forward-timeout", cfg.ForwardTimeout}, {"leave-timeout", cfg.LeaveTimeout}, {"sweep-interval", cfg.SweepInterval}} {
+				if d.v <= 0 {
+					return usagef(d.flag, "must be > 0, got %s", d.v)
+				}
+			}
+			if cfg.Name == "" {
+				return usagef("name", "required (the host name is unknown)")
+			}
+			switch cfg.Profile {
+			case cluster.LAN, cluster.WAN, cluster.Local:
+			default:
+				return usagef("profile", "want lan, wan or local, got %q", cfg.Profile)
+			}
+			node, err := rpc.StartNode(cfg)
+			if err != nil {
+				return cli.Exit(err.Error(), exitFailure)
+			}
+			<-ctx.Done()
+			logger.Info("shutting down", "reason", "signal")
+			stopCtx, cancel := context.WithTimeout(context.Background(), cfg.LeaveTimeout+cfg.ForwardTimeout)
+			defer cancel()
+			if err := node.Close(stopCtx); err != nil {
+				logger.Warn("graceful leave incomplete", "error", err)
+			}
+			return nil
+		},
+	}
+}
+
+// newLogger builds the node's slog logger.
+func newLogger(level, format string, w io.Writer) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, usagef("log-level", "want debug, info, warn or error, got %q", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, usagef("log-format", "want text or json, got %q", format)
+}
+
+// splitList splits a comma-separated list, dropping empty entries and
+// surrounding spaces.
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

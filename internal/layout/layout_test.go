@@ -1,0 +1,35 @@
+// Package layout holds tests of the repository's shape: which package may
+// import what (DESIGN.md, "Packages").
+package layout
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestImportDirections fails when window or ring gains network, logging or
+// other non-allowed dependencies, or cluster depends on anything of ours.
+func TestImportDirections(t *testing.T) {
+	allowed := map[string][]string{
+		// the package: prefixes of the non-standard imports it may have (transitively)
+		"github.com/sluicehq/sluice/window":  {"github.com/sluicehq/sluice/window"},
+		"github.com/sluicehq/sluice/ring":    {"github.com/sluicehq/sluice/ring", "github.com/buraksezer/consistent", "github.com/cespare/xxhash/v2"},
+		"github.com/sluicehq/sluice/cluster": {"github.com/sluicehq/sluice/cluster", "github.com/hashicorp/", "github.com/armon/", "github.com/google/btree", "github.com/miekg/dns", "github.com/sean-/seed", "golang.org/x/"},
+	}
+	for pkg, prefixes := range allowed {
+		out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list %s: %v\n%s", pkg, err, out)
+		}
+		for _, dep := range strings.Fields(string(out)) {
+			ok := false
+			for _, p := range prefixes {
+				ok = ok || strings.HasPrefix(dep, p)
+			}
+			if !ok {
+				t.Errorf("%s depends on %s, which it may not", pkg, dep)
+			}
+		}
+	}
+}

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Starts a local three-node sluice cluster on loopback and stops all three
+# on Ctrl-C (or when any of them exits).
+#   node1: gRPC 127.0.0.1:7070, gossip 127.0.0.1:7946
+#   node2: gRPC 127.0.0.1:7071, gossip 127.0.0.1:7947
+#   node3: gRPC 127.0.0.1:7072, gossip 127.0.0.1:7948
+set -euo pipefail
+bin=${1:-bin/sluice}
+base_grpc=${SLUICE_RUN_GRPC_PORT:-7070}
+base_gossip=${SLUICE_RUN_GOSSIP_PORT:-7946}
+pids=()
+
+stop() {
+  trap - INT TERM EXIT
+  echo
+  echo "stopping the cluster..."
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  echo "stopped."
+}
+trap stop INT TERM EXIT
+
+seeds=""
+for i in 1 2 3; do
+  grpc=127.0.0.1:$((base_grpc + i - 1))
+  gossip=127.0.0.1:$((base_gossip + i - 1))
+  "$bin" serve --name "node$i" --grpc-addr "$grpc" --gossip-addr "$gossip" \
+    --join "$seeds" --log-level "${SLUICE_LOG_LEVEL:-warn}" --leave-timeout 1s &
+  pids+=($!)
+  seeds="127.0.0.1:$base_gossip"
+done
+
+# Wait until all three nodes see three members and agree on the ring
+# (bounded: 20 s), so the first checks already go to the final owners.
+for _ in $(seq 1 100); do
+  rings=""
+  for i in 1 2 3; do
+    t=$("$bin" members --addr "127.0.0.1:$((base_grpc + i - 1))" --timeout 1s 2>/dev/null || true)
+    [ "$(grep -c ' alive ' <<<"$t")" = 3 ] && rings+="$(grep '^ring ' <<<"$t")"$'\n'
+  done
+  [ "$(sort -u <<<"${rings%$'\n'}" | grep -c '^ring ')" = 1 ] && [ "$(grep -c '^ring ' <<<"$rings")" = 3 ] && break
+  sleep 0.2
+done
+"$bin" members --addr "127.0.0.1:$base_grpc"
+
+cat <<MSG
+
+sluice is running: three nodes on 127.0.0.1:$base_grpc, $((base_grpc + 1)) and $((base_grpc + 2)) (gRPC).
+In another terminal, send a check to any of them, e.g.:
+
+  $bin check --addr 127.0.0.1:$((base_grpc + 1)) --name api --key user:42 --limit 10 --window 1m --count 12
+  $bin members --addr 127.0.0.1:$base_grpc
+
+Ctrl-C stops all three.
+MSG
+wait -n "${pids[@]}" || true
