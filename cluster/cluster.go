@@ -98,16 +98,25 @@ var (
 	ErrConfig = errors.New("cluster: invalid config")
 	// ErrJoin: no seed could be joined.
 	ErrJoin = errors.New("cluster: join failed")
+	// ErrNameTaken: the cluster already has a live member of this node's
+	// name at another address. The node must not take part: names decide
+	// ownership.
+	ErrNameTaken = errors.New("cluster: name taken")
 )
 
 // Cluster is this node's membership in a cluster. It is safe for
 // concurrent use.
 type Cluster struct {
+	name    string
 	list    *memberlist.Memberlist
 	log     *slog.Logger
 	changes chan struct{}
 	closed  atomic.Bool
 	mu      sync.Mutex // serializes Leave and Shutdown
+	// joined is set once a join succeeded; until then a name conflict
+	// means this node is the newcomer (conflict holds the other's address).
+	joined   atomic.Bool
+	conflict atomic.Pointer[string]
 }
 
 // New starts gossip on cfg.BindAddr as a cluster of one. Join others with
@@ -163,9 +172,10 @@ func New(cfg Config) (*Cluster, error) {
 		}
 		mc.AdvertiseAddr = adv
 	}
-	c := &Cluster{log: cfg.Logger.With("node", cfg.Name), changes: make(chan struct{}, 1)}
+	c := &Cluster{name: cfg.Name, log: cfg.Logger.With("node", cfg.Name), changes: make(chan struct{}, 1)}
 	mc.Delegate = &delegate{meta: meta}
 	mc.Events = &events{c: c}
+	mc.Conflict = &conflicts{c: c}
 	mc.Logger = newStdLogger(c.log.With("component", "memberlist"))
 	list, err := memberlist.Create(mc)
 	if err != nil {
@@ -177,15 +187,23 @@ func New(cfg Config) (*Cluster, error) {
 
 // Join contacts the seeds (host:port gossip addresses) and merges their view
 // of the cluster into this node's, retrying every second until at least one
-// seed answers or ctx is done. It returns the number of seeds reached, or an
-// error wrapping [ErrJoin] with the last failure when ctx ends first.
+// seed answers or ctx is done. It returns the number of seeds reached, an
+// error wrapping [ErrNameTaken] when the cluster already has a live member
+// of this node's name (the caller must then stop without a leave message,
+// which would remove the other), or an error wrapping [ErrJoin] with the
+// last failure when ctx ends first.
 func (c *Cluster) Join(ctx context.Context, seeds []string) (int, error) {
 	if len(seeds) == 0 {
+		c.joined.Store(true)
 		return 0, nil
 	}
 	for attempt := 1; ; attempt++ {
 		n, err := c.list.Join(seeds)
+		if other := c.conflict.Load(); other != nil {
+			return 0, fmt.Errorf("%w: a member named %q is already alive at %s; every node needs a unique name", ErrNameTaken, c.name, *other)
+		}
 		if n > 0 {
+			c.joined.Store(true)
 			c.log.Info("joined cluster", "seeds_reached", n, "members", c.list.NumMembers())
 			return n, nil
 		}
@@ -332,7 +350,25 @@ func (e *events) NotifyUpdate(n *memberlist.Node) {
 	e.c.signal()
 }
 
+// conflicts hears of two live nodes with one name at different addresses.
+type conflicts struct{ c *Cluster }
+
+func (d *conflicts) NotifyConflict(existing, other *memberlist.Node) {
+	if existing.Name != d.c.name {
+		d.c.log.Error("two members claim one name; the later one is ignored", "member", existing.Name,
+			"addr", existing.Address(), "other_addr", other.Address())
+		return
+	}
+	addr := other.Address()
+	if !d.c.joined.Load() {
+		d.c.conflict.Store(&addr) // this node is the newcomer: Join fails
+		return
+	}
+	d.c.log.Error("another node claims this node's name; it is refused", "other_addr", addr)
+}
+
 var (
-	_ memberlist.Delegate      = (*delegate)(nil)
-	_ memberlist.EventDelegate = (*events)(nil)
+	_ memberlist.Delegate         = (*delegate)(nil)
+	_ memberlist.EventDelegate    = (*events)(nil)
+	_ memberlist.ConflictDelegate = (*conflicts)(nil)
 )

@@ -2,12 +2,15 @@ package rpc
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
@@ -221,5 +224,44 @@ func TestConcurrentHitsUnderLimitAllCounted(t *testing.T) {
 		if d := check(t, n.client, rc(0)); !d.Allowed || d.Remaining != 99000 {
 			t.Fatalf("peek via %s: %v, want allowed with remaining 99000", n.Name(), d)
 		}
+	}
+}
+
+// A second node under a name the cluster already has refuses to take part,
+// stops without a leave message, and the rightful member stays.
+func TestDuplicateNameIsRefused(t *testing.T) {
+	clock := window.NewManualClock(windowStart)
+	nodes := startCluster(t, 2, clock)
+	impostor, err := StartNode(NodeConfig{
+		Name: "node2", GRPCAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
+		Join: []string{nodes[0].GossipAddr()}, Profile: "local", Clock: clock, Logger: testLogger(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer impostor.Close(context.Background())
+	select {
+	case err := <-impostor.Failed():
+		if !errors.Is(err, cluster.ErrNameTaken) || !strings.Contains(err.Error(), nodes[1].GossipAddr()) {
+			t.Fatalf("impostor failed with %v, want ErrNameTaken naming %s", err, nodes[1].GossipAddr())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the impostor was not refused")
+	}
+	if err := impostor.Close(context.Background()); err != nil {
+		t.Fatalf("close after refusal: %v", err)
+	}
+	// The rightful node2 is still a member of node1's view, at its address,
+	// and checks still flow between the two.
+	resp, err := nodes[0].client.Members(context.Background(), &sluicev1.MembersRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Members) != 2 || resp.Members[1].Name != "node2" || resp.Members[1].GrpcAddr != nodes[1].GRPCAddr() {
+		t.Fatalf("after the impostor: members %v", resp.Members)
+	}
+	k := keyOwnedBy(t, nodes[0], "api", "node2")
+	if d := check(t, nodes[0].client, &sluicev1.RateLimitCheck{Name: "api", Key: k, Hits: 1, Limit: 2, WindowMs: 60000}); d.Owner != "node2" {
+		t.Fatalf("decided by %s, want node2", d.Owner)
 	}
 }

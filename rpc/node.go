@@ -51,6 +51,9 @@ type NodeConfig struct {
 	LeaveTimeout time.Duration
 	// SweepInterval is how often idle keys are removed. Default 5 s. (Optional)
 	SweepInterval time.Duration
+	// MaxKeys caps the keys this node holds state for; 0 means no cap (see
+	// window.StoreConfig.MaxKeys). (Optional)
+	MaxKeys int
 	// Clock is the owner's clock, the only one decisions use. Default the
 	// system clock. (Optional)
 	Clock window.Clock
@@ -77,6 +80,7 @@ type Node struct {
 	wg        sync.WaitGroup
 	closeOnce sync.Once
 	closeErr  error
+	failed    chan error // receives the error that made the node give up
 }
 
 // StartNode listens on cfg.GRPCAddr and cfg.GossipAddr, starts serving
@@ -114,7 +118,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	// The advertised port is the bound one (the OS may have picked it).
 	advertised = net.JoinHostPort(advertised, strconv.Itoa(lis.Addr().(*net.TCPAddr).Port))
 
-	store := window.NewStore(cfg.Clock)
+	store := window.NewStore(window.StoreConfig{Clock: cfg.Clock, MaxKeys: cfg.MaxKeys})
 	srv, err := NewServer(ServerConfig{
 		Name: cfg.Name, Store: store, Ring: cfg.Ring,
 		ForwardTimeout: cfg.ForwardTimeout, Logger: log.With("component", "rpc"),
@@ -141,17 +145,24 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &Node{cfg: cfg, lis: lis, grpcAddr: advertised, grpc: gs, health: hs,
-		cluster: cl, server: srv, store: store, log: log, cancel: cancel}
+		cluster: cl, server: srv, store: store, log: log, cancel: cancel, failed: make(chan error, 1)}
 	_ = srv.SetMembers(cl.Members())
 	n.wg.Go(func() { n.watchMembers(ctx) })
 	n.wg.Go(func() { store.RunSweeper(ctx, cfg.SweepInterval) })
-	if len(cfg.Join) > 0 {
-		n.wg.Go(func() {
-			if _, err := cl.Join(ctx, cfg.Join); err != nil && ctx.Err() == nil {
-				log.Error("could not join the cluster", "error", err)
-			}
-		})
-	}
+	n.wg.Go(func() {
+		_, err := cl.Join(ctx, cfg.Join)
+		switch {
+		case errors.Is(err, cluster.ErrNameTaken):
+			// Stop gossip without a leave message: a leave under this
+			// name would remove the other, rightful member.
+			log.Error("refusing to take part in the cluster", "error", err)
+			hs.Shutdown()
+			_ = cl.Shutdown()
+			n.failed <- err
+		case err != nil && ctx.Err() == nil:
+			log.Error("could not join the cluster", "error", err)
+		}
+	})
 	n.wg.Go(func() {
 		if err := gs.Serve(lis); err != nil {
 			log.Error("grpc server stopped", "error", err)
@@ -193,6 +204,11 @@ func (n *Node) watchMembers(ctx context.Context) {
 		}
 	}
 }
+
+// Failed returns a channel that receives the error that made the node give
+// up (e.g. cluster.ErrNameTaken); the node has then stopped gossip and
+// health says NOT_SERVING. Close it still.
+func (n *Node) Failed() <-chan error { return n.failed }
 
 // Name returns the node's member name.
 func (n *Node) Name() string { return n.cfg.Name }

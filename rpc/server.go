@@ -267,7 +267,7 @@ func (s *Server) route(ctx context.Context, v *view, reqs []request, idx []int, 
 		buf = ring.Key(buf[:0], r.name, r.key)
 		owner := v.ring.Owner(buf)
 		if owner == s.name {
-			out[i] = s.decide(string(buf), r.check)
+			out[i] = s.decide(buf, r.check)
 			s.stats.localChecks.Add(1)
 			continue
 		}
@@ -337,8 +337,8 @@ func (s *Server) forward(ctx context.Context, p *peer, owner string, reqs []requ
 
 // decide applies one validated check to this node's store at the store's
 // clock.
-func (s *Server) decide(storeKey string, c window.Check) *sluicev1.Decision {
-	d, err := s.store.Apply(storeKey, c, s.store.Now())
+func (s *Server) decide(storeKey []byte, c window.Check) *sluicev1.Decision {
+	d, err := s.store.ApplyBytes(storeKey, c, s.store.Now())
 	if err != nil { // cannot happen: checks are validated on entry
 		return &sluicev1.Decision{Limit: c.Limit, Owner: s.name, Error: err.Error()}
 	}
@@ -359,7 +359,7 @@ func (s *Server) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sl
 	var buf []byte
 	for i, r := range reqs {
 		buf = ring.Key(buf[:0], r.name, r.key)
-		out[i] = s.decide(string(buf), r.check)
+		out[i] = s.decide(buf, r.check)
 	}
 	return &sluicev1.ForwardResponse{Decisions: out}, nil
 }

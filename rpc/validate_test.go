@@ -42,6 +42,8 @@ func TestBadInputIsRefusedByField(t *testing.T) {
 		{"limit over 2^53", with(func(c *sluicev1.RateLimitCheck) { c.Limit = 1<<53 + 1 }), "checks[0].limit"},
 		{"window 0", with(func(c *sluicev1.RateLimitCheck) { c.WindowMs = 0 }), "checks[0].window_ms"},
 		{"window -5s", with(func(c *sluicev1.RateLimitCheck) { c.WindowMs = -5000 }), "checks[0].window_ms"},
+		{"window wrapping to positive ns", with(func(c *sluicev1.RateLimitCheck) { c.WindowMs = -18446744073709 }), "checks[0].window_ms"},
+		{"window min int64", with(func(c *sluicev1.RateLimitCheck) { c.WindowMs = math.MinInt64 }), "checks[0].window_ms"},
 		{"window over 366 days", with(func(c *sluicev1.RateLimitCheck) { c.WindowMs = math.MaxInt64 }), "checks[0].window_ms"},
 		{"hits -1", with(func(c *sluicev1.RateLimitCheck) { c.Hits = -1 }), "checks[0].hits"},
 		{"burst -1", with(func(c *sluicev1.RateLimitCheck) { c.Burst = -1 }), "checks[0].burst"},

@@ -87,6 +87,10 @@ func parseCheck(pb *sluicev1.RateLimitCheck) (request, *fieldError) {
 		return request{}, &fieldError{"key", "must not be empty"}
 	case len(pb.Key) > MaxKeyBytes:
 		return request{}, &fieldError{"key", fmt.Sprintf("must be at most %d bytes, got %d", MaxKeyBytes, len(pb.Key))}
+	// Range-check window_ms before it is scaled to ns, where a large
+	// negative value would wrap around to a positive one.
+	case pb.WindowMs <= 0:
+		return request{}, &fieldError{"window_ms", fmt.Sprintf("must be > 0, got %d", pb.WindowMs)}
 	case pb.WindowMs > maxWindowMs:
 		return request{}, &fieldError{"window_ms", fmt.Sprintf("must be <= %d (366 days), got %d", maxWindowMs, pb.WindowMs)}
 	}
@@ -109,9 +113,6 @@ func parseCheck(pb *sluicev1.RateLimitCheck) (request, *fieldError) {
 		if !errors.As(err, &fe) {
 			return request{}, &fieldError{"checks", err.Error()}
 		}
-		if fe.Field == "window" {
-			return request{}, &fieldError{"window_ms", fmt.Sprintf("must be > 0, got %d", pb.WindowMs)}
-		}
 		return request{}, &fieldError{fe.Field, fe.Reason}
 	}
 	return request{name: pb.Name, key: pb.Key, check: c}, nil
@@ -132,12 +133,17 @@ func toProto(d window.Decision, owner string) *sluicev1.Decision {
 }
 
 // msCeil returns d in whole milliseconds rounded up; window.RetryNever (and
-// any negative duration) becomes -1.
+// any negative duration) becomes -1. It does not overflow: the longest
+// duration (window saturates waits at about 292 years) gives its ms.
 func msCeil(d time.Duration) int64 {
 	if d < 0 {
 		return -1
 	}
-	return int64((d + time.Millisecond - 1) / time.Millisecond)
+	ms := int64(d / time.Millisecond)
+	if d%time.Millisecond != 0 {
+		ms++
+	}
+	return ms
 }
 
 // unixMsCeil returns t as Unix milliseconds rounded up.

@@ -42,7 +42,10 @@
 //     nanosecond, rounded up (callers that speak milliseconds round up again).
 //   - A change of limit or burst on a live key keeps what was consumed and
 //     applies the new numbers (remaining = new capacity - consumed, floored at
-//     0). A change of window or algorithm starts the key afresh.
+//     0); a bucket refills at the limit of the last check that consumed
+//     hits. A change of window or algorithm starts the key afresh, but only
+//     once a check under the new numbers consumes hits: a check that
+//     consumes nothing (a peek, a refused check) never changes a key's state.
 //   - Time going backwards (a now earlier than the key's last update) is
 //     treated as no time passing: it never refills a bucket or reopens a
 //     window.

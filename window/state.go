@@ -1,7 +1,8 @@
 package window
 
-// state is one key's rate-limit state. It is a plain value, not safe for
-// concurrent use: the Store's shard lock guards it. Times are Unix ns.
+// state is one key's rate-limit state: 40 bytes. It is a plain value, not
+// safe for concurrent use: the Store's shard lock guards it. Times are Unix
+// ns.
 //
 // The fields mean, per algorithm:
 //
@@ -10,13 +11,43 @@ package window
 //	token_bucket,
 //	leaky_bucket:   at = last update, (a, b) = debt as a 128-bit number (hi, lo),
 //	                the hits consumed and not yet refilled, scaled by W (ns):
-//	                debt = consumed * W; it drains by L every ns.
+//	                debt = consumed * W; it drains by rate every ns, rate being
+//	                the limit of the last check that consumed hits.
 type state struct {
-	expires   int64 // Unix ns when the key is back at full capacity; the sweep removes it after
-	at        int64
-	window    int64 // ns: the window this state was built for
-	a, b      uint64
-	algorithm Algorithm
+	at   int64
+	a, b uint64
+	spec uint64 // window in ns << 8 | algorithm; 0 for no state
+	rate uint64 // buckets: the limit (hits per window) the debt drains at since at
+}
+
+func makeSpec(alg Algorithm, window int64) uint64 { return uint64(window)<<8 | uint64(alg) }
+
+func (st *state) algorithm() Algorithm { return Algorithm(st.spec & 0xff) }
+func (st *state) window() int64        { return int64(st.spec >> 8) }
+
+// expires returns the Unix ns at which the key is back at full capacity if
+// nothing hits it; from then on the state changes no decision and may be
+// dropped.
+func (st *state) expires() int64 {
+	w := st.window()
+	switch st.algorithm() {
+	case FixedWindow:
+		if st.a > 0 {
+			return satAdd(st.at, w)
+		}
+	case SlidingWindow:
+		if st.a > 0 {
+			return satAdd(st.at, 2*w)
+		}
+		if st.b > 0 {
+			return satAdd(st.at, w)
+		}
+	case TokenBucket, LeakyBucket:
+		if st.rate > 0 {
+			return satAdd(st.at, u128{st.a, st.b}.divCeil(st.rate))
+		}
+	}
+	return st.at
 }
 
 // result is a decision in exact ns, before it becomes a Decision.
@@ -29,26 +60,24 @@ type result struct {
 }
 
 // apply runs check c (valid, per Check.Validate) on st at now (Unix ns) and
-// updates st. It is a pure function of (st, c, now).
+// updates st. It is a pure function of (st, c, now). A state built for
+// another algorithm or window starts afresh.
 func (st *state) apply(c Check, now int64) result {
 	w := int64(c.Window)
-	if st.algorithm != c.Algorithm || st.window != w {
-		*st = state{algorithm: c.Algorithm, window: w, at: now}
+	if spec := makeSpec(c.Algorithm, w); st.spec != spec {
+		*st = state{spec: spec, at: now, rate: uint64(c.Limit)}
 		if c.Algorithm == FixedWindow || c.Algorithm == SlidingWindow {
 			st.at = floorDiv(now, w) * w
 		}
 	}
-	var r result
 	switch c.Algorithm {
 	case FixedWindow:
-		r = st.fixed(c, now)
+		return st.fixed(c, now)
 	case SlidingWindow:
-		r = st.sliding(c, now)
+		return st.sliding(c, now)
 	default:
-		r = st.bucket(c, now)
+		return st.bucket(c, now)
 	}
-	st.expires = r.reset
-	return r
 }
 
 // need returns the hits a check must fit: its hits, or 1 for a peek.
@@ -60,7 +89,7 @@ func need(c Check) uint64 {
 }
 
 func (st *state) fixed(c Check, now int64) result {
-	w := st.window
+	w := st.window()
 	if now < st.at {
 		now = st.at // time went backwards: stay in the stored window
 	}
@@ -90,7 +119,7 @@ func (st *state) fixed(c Check, now int64) result {
 }
 
 func (st *state) sliding(c Check, now int64) result {
-	w := st.window
+	w := st.window()
 	if now < st.at {
 		now = st.at
 	}
@@ -141,7 +170,7 @@ func (st *state) sliding(c Check, now int64) result {
 // current window, a point in the next one (previous = cur), or the start of
 // the one after (both counts 0).
 func (st *state) slidingRetry(limit, n, p, cur uint64, now int64) int64 {
-	w := st.window
+	w := st.window()
 	uw := uint64(w)
 	// In the current window: p*(W-e') <= (L-cur-n)*W, so
 	// e' >= W - floor((L-cur-n)*W/p).
@@ -167,10 +196,12 @@ func (st *state) bucket(c Check, now int64) result {
 	if now < st.at {
 		now = st.at // time went backwards: no refill
 	}
-	w := uint64(st.window)
-	rate := uint64(c.Limit) // debt drains by L per ns
-	debt := u128{st.a, st.b}.subFloor(mul64(uint64(now-st.at), rate))
+	w := uint64(st.window())
+	// The debt drains at the limit of the last check that consumed hits
+	// (st.rate); a check that consumes switches it to its own limit.
+	debt := u128{st.a, st.b}.subFloor(mul64(uint64(now-st.at), st.rate))
 	st.at = now
+	rate := st.rate
 	capacity := uint64(c.Capacity())
 	full := mul64(capacity, w) // B*W
 	var r result
@@ -179,12 +210,16 @@ func (st *state) bucket(c Check, now int64) result {
 		r.retry = -1
 	case !full.less(debt.add(mul64(need(c), w))):
 		r.allowed = true
-		if c.Algorithm == LeakyBucket && c.Hits > 0 {
-			r.delay = debt.divCeil(rate)
+		if c.Hits > 0 {
+			rate = uint64(c.Limit)
+			st.rate = rate
+			if c.Algorithm == LeakyBucket {
+				r.delay = debt.divCeil(rate)
+			}
+			debt = debt.add(mul64(uint64(c.Hits), w))
 		}
-		debt = debt.add(mul64(uint64(c.Hits), w))
 	default:
-		// debt - d*L <= B*W - n*W  =>  d >= (debt - (B-n)*W) / L
+		// debt - d*rate <= B*W - n*W  =>  d >= (debt - (B-n)*W) / rate
 		r.retry = debt.sub(mul64(capacity-need(c), w)).divCeil(rate)
 	}
 	st.a, st.b = debt.hi, debt.lo

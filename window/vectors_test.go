@@ -74,7 +74,7 @@ func TestVectors(t *testing.T) {
 				t.Fatal(err)
 			}
 			clock := NewManualClock(time.UnixMilli(0))
-			s := NewStore(clock)
+			s := NewStore(StoreConfig{Clock: clock})
 			c := Check{Algorithm: alg, Limit: vc.Limit, Window: time.Duration(vc.WindowMs) * time.Millisecond, Burst: vc.Burst}
 			for j, st := range vc.Steps {
 				clock.Set(time.UnixMilli(st.T))

@@ -29,6 +29,7 @@ type checkLine struct {
 	ResetTime  int64  `json:"reset_time"`  // Unix ms
 	RetryAfter int64  `json:"retry_after"` // ms; -1: never
 	Owner      string `json:"owner"`
+	Delay      int64  `json:"delay"` // ms; leaky_bucket: until the queue ahead has drained
 }
 
 // clientFlags are the flags every client command has.
@@ -49,7 +50,7 @@ func checkCommand(e env) *cli.Command {
 			&cli.StringFlag{Name: "name", Usage: "the limit's name, e.g. api (required)"},
 			&cli.StringFlag{Name: "key", Usage: "who is limited, e.g. user:42 (required)"},
 			&cli.Int64Flag{Name: "limit", Value: 10, Usage: "hits allowed per window"},
-			&cli.DurationFlag{Name: "window", Value: time.Minute, Usage: "the window, whole milliseconds (e.g. 1m, 1500ms)"},
+			&cli.DurationFlag{Name: "window", Value: time.Minute, Usage: "the window, whole milliseconds, at most 8784h (366 days), e.g. 1m, 1500ms"},
 			&cli.StringFlag{Name: "algorithm", Value: "fixed_window", Usage: "fixed_window, sliding_window, token_bucket or leaky_bucket"},
 			&cli.Int64Flag{Name: "burst", Usage: "bucket capacity for the bucket algorithms (0: the limit)"},
 			&cli.Int64Flag{Name: "hits", Value: 1, Usage: "hits to consume (0: peek)"},
@@ -61,6 +62,9 @@ func checkCommand(e env) *cli.Command {
 }
 
 func runCheck(ctx context.Context, cmd *cli.Command) error {
+	if err := noArgs(cmd); err != nil {
+		return err
+	}
 	name, key := cmd.String("name"), cmd.String("key")
 	w := cmd.Duration("window")
 	switch {
@@ -80,6 +84,9 @@ func runCheck(ctx context.Context, cmd *cli.Command) error {
 	alg, err := window.ParseAlgorithm(cmd.String("algorithm"))
 	if err != nil {
 		return usagef("algorithm", "%s", strings.TrimPrefix(err.Error(), "algorithm: "))
+	}
+	if cmd.IsSet("burst") && alg != window.TokenBucket && alg != window.LeakyBucket {
+		fmt.Fprintf(cmd.Root().ErrWriter, "sluice: note: --burst applies to token_bucket and leaky_bucket only; %s ignores it\n", alg)
 	}
 	rc := &sluicev1.RateLimitCheck{
 		Name: name, Key: key, Hits: cmd.Int64("hits"), Limit: cmd.Int64("limit"),
@@ -111,7 +118,7 @@ func runCheck(ctx context.Context, cmd *cli.Command) error {
 		}
 		if cmd.Bool("json") {
 			b, _ := json.Marshal(checkLine{Name: name, Key: key, Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
-				ResetTime: d.ResetTime, RetryAfter: d.RetryAfter, Owner: d.Owner})
+				ResetTime: d.ResetTime, RetryAfter: d.RetryAfter, Owner: d.Owner, Delay: d.Delay})
 			fmt.Fprintf(out, "%s\n", b)
 			continue
 		}
@@ -119,9 +126,13 @@ func runCheck(ctx context.Context, cmd *cli.Command) error {
 		if !d.Allowed {
 			verdict = "over limit"
 		}
-		fmt.Fprintf(out, "%-10s remaining=%d limit=%d reset_time=%s retry_after=%s owner=%s\n",
+		delay := ""
+		if alg == window.LeakyBucket {
+			delay = " delay=" + (time.Duration(d.Delay) * time.Millisecond).String()
+		}
+		fmt.Fprintf(out, "%-10s remaining=%d limit=%d reset_time=%s retry_after=%s%s owner=%s\n",
 			verdict, d.Remaining, d.Limit, time.UnixMilli(d.ResetTime).UTC().Format(time.RFC3339Nano),
-			retryString(d.RetryAfter), d.Owner)
+			retryString(d.RetryAfter), delay, d.Owner)
 	}
 	if failed > 0 {
 		return cli.Exit(fmt.Sprintf("%d of %d checks were not decided", failed, cmd.Int("count")), exitFailure)

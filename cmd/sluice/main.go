@@ -46,13 +46,18 @@ func main() {
 func run(ctx context.Context, args []string, getenv func(string) (string, bool), stdout, stderr io.Writer) int {
 	e := env{getenv: getenv}
 	root := &cli.Command{
-		Name:            "sluice",
-		Usage:           "a distributed rate limiter",
-		Version:         version,
-		Writer:          stdout,
-		ErrWriter:       stderr,
-		HideHelpCommand: true,
-		Commands:        []*cli.Command{serveCommand(e), checkCommand(e), membersCommand(e)},
+		Name:      "sluice",
+		Usage:     "a distributed rate limiter",
+		Version:   version,
+		Writer:    stdout,
+		ErrWriter: stderr,
+		Commands:  []*cli.Command{serveCommand(e), checkCommand(e), membersCommand(e)},
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			if cmd.Args().Len() > 0 {
+				return usageError{fmt.Errorf("unknown command %q (want serve, check or members; see sluice --help)", cmd.Args().First())}
+			}
+			return cli.ShowAppHelp(cmd)
+		},
 		// Return errors to run instead of exiting inside the library.
 		ExitErrHandler: func(context.Context, *cli.Command, error) {},
 		OnUsageError: func(_ context.Context, _ *cli.Command, err error, _ bool) error {
@@ -76,6 +81,7 @@ func run(ctx context.Context, args []string, getenv func(string) (string, bool),
 		return ec.ExitCode()
 	case strings.Contains(err.Error(), "flag provided but not defined"),
 		strings.Contains(err.Error(), "invalid value"),
+		strings.Contains(err.Error(), "from environment variable"),
 		strings.Contains(err.Error(), "Required flag"):
 		return exitUsage
 	}
@@ -87,6 +93,14 @@ type usageError struct{ err error }
 
 func (u usageError) Error() string { return u.err.Error() }
 func (u usageError) Unwrap() error { return u.err }
+
+// noArgs refuses positional arguments: every input of sluice is a flag.
+func noArgs(cmd *cli.Command) error {
+	if cmd.Args().Len() > 0 {
+		return usageError{fmt.Errorf("unexpected argument %q (every input is a --flag; see sluice %s --help)", cmd.Args().First(), cmd.Name)}
+	}
+	return nil
+}
 
 // usagef returns a usageError naming the flag.
 func usagef(flag, format string, a ...any) error {

@@ -51,7 +51,7 @@ func TestCheckJSON(t *testing.T) {
 	if len(lines) != 4 {
 		t.Fatalf("%d lines, want 4:\n%s", len(lines), out)
 	}
-	wantKeys := []string{"name", "key", "allowed", "limit", "remaining", "reset_time", "retry_after", "owner"}
+	wantKeys := []string{"name", "key", "allowed", "limit", "remaining", "reset_time", "retry_after", "owner", "delay"}
 	for i, l := range lines {
 		// Exactly these fields, in this order.
 		keys := regexp.MustCompile(`"([a-z_]+)":`).FindAllStringSubmatch(l, -1)
@@ -72,7 +72,7 @@ func TestCheckJSON(t *testing.T) {
 			t.Fatalf("line %d: %+v", i, cl)
 		}
 		nowMs := time.Now().UnixMilli()
-		if cl.ResetTime < nowMs || cl.ResetTime > nowMs+3600_000 {
+		if cl.ResetTime < nowMs || cl.ResetTime > nowMs+3600_001 { // +1: reset_time rounds up
 			t.Fatalf("line %d: reset_time %d not within the hour after %d", i, cl.ResetTime, nowMs)
 		}
 		// A token bucket refills one hit every 20 minutes.
@@ -107,6 +107,9 @@ func TestCheckExitCodes(t *testing.T) {
 		{[]string{"check", "--addr", "127.0.0.1:1", "--timeout", "500ms", "--name", "api", "--key", "k"}, 1, "127.0.0.1:1"},
 		{[]string{"members", "--addr", "127.0.0.1:1", "--timeout", "500ms"}, 1, "127.0.0.1:1"},
 		{[]string{"check", "--addr", addr, "--name", "api", "--key", "k", "--hits", "11"}, 0, ""}, // over capacity is an answer
+		{[]string{"check", "--addr", addr, "--name", "api", "--key", "k", "extra"}, 2, "unexpected argument"},
+		{[]string{"bogus"}, 2, "unknown command"},
+		{[]string{"members", "--addr", addr, "extra"}, 2, "unexpected argument"},
 	}
 	for _, c := range cases {
 		code, _, errOut := sluice(t, c.args...)

@@ -33,6 +33,9 @@ func membersCommand(e env) *cli.Command {
 			&cli.BoolFlag{Name: "json", Usage: `print {"members":[...]} as JSON`},
 		),
 		Action: func(ctx context.Context, cmd *cli.Command) error {
+			if err := noArgs(cmd); err != nil {
+				return err
+			}
 			if cmd.Duration("timeout") <= 0 {
 				return usagef("timeout", "must be > 0, got %s", cmd.Duration("timeout"))
 			}

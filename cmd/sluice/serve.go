@@ -23,7 +23,7 @@ func serveCommand(e env) *cli.Command {
 			"and joins the members listed in --join (none: a cluster of one). SIGINT or SIGTERM\n" +
 			"makes it leave the cluster gracefully and exit.",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "name", Value: host, Usage: "unique, stable member name (default: the host name)", Sources: e.of("name")},
+			&cli.StringFlag{Name: "name", Value: host, Usage: "unique, stable member name; the default is the host name", Sources: e.of("name")},
 			&cli.StringFlag{Name: "grpc-addr", Value: "127.0.0.1:7070", Usage: "host:port to serve gRPC on; port 0 lets the OS pick", Sources: e.of("grpc-addr")},
 			&cli.StringFlag{Name: "gossip-addr", Value: "127.0.0.1:7946", Usage: "host:port to gossip on (TCP and UDP)", Sources: e.of("gossip-addr")},
 			&cli.StringFlag{Name: "join", Usage: "gossip addresses of members to join, H:P[,H:P...]", Sources: e.of("join")},
@@ -33,10 +33,14 @@ func serveCommand(e env) *cli.Command {
 			&cli.DurationFlag{Name: "forward-timeout", Value: rpc.DefaultForwardTimeout, Usage: "bound on a forward to a key's owner", Sources: e.of("forward-timeout")},
 			&cli.DurationFlag{Name: "leave-timeout", Value: 5 * time.Second, Usage: "bound on the graceful leave at shutdown", Sources: e.of("leave-timeout")},
 			&cli.DurationFlag{Name: "sweep-interval", Value: 5 * time.Second, Usage: "how often idle keys are removed", Sources: e.of("sweep-interval")},
+			&cli.IntFlag{Name: "max-keys", Value: 1_000_000, Usage: "cap on the keys this node holds state for (0: no cap); over it, keys back at full capacity go first, then the least recently used", Sources: e.of("max-keys")},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", Sources: e.of("log-level")},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json", Sources: e.of("log-format")},
 		},
 		Action: func(ctx context.Context, cmd *cli.Command) error {
+			if err := noArgs(cmd); err != nil {
+				return err
+			}
 			logger, err := newLogger(cmd.String("log-level"), cmd.String("log-format"), cmd.Root().ErrWriter)
 			if err != nil {
 				return err
@@ -52,6 +56,7 @@ func serveCommand(e env) *cli.Command {
 				ForwardTimeout: cmd.Duration("forward-timeout"),
 				LeaveTimeout:   cmd.Duration("leave-timeout"),
 				SweepInterval:  cmd.Duration("sweep-interval"),
+				MaxKeys:        cmd.Int("max-keys"),
 				Version:        version,
 				Logger:         logger,
 			}
@@ -62,6 +67,9 @@ func serveCommand(e env) *cli.Command {
 				if d.v <= 0 {
 					return usagef(d.flag, "must be > 0, got %s", d.v)
 				}
+			}
+			if cfg.MaxKeys < 0 {
+				return usagef("max-keys", "must be >= 0, got %d", cfg.MaxKeys)
 			}
 			if cfg.Name == "" {
 				return usagef("name", "required (the host name is unknown)")
@@ -75,12 +83,19 @@ func serveCommand(e env) *cli.Command {
 			if err != nil {
 				return cli.Exit(err.Error(), exitFailure)
 			}
-			<-ctx.Done()
-			logger.Info("shutting down", "reason", "signal")
+			var failure error
+			select {
+			case <-ctx.Done():
+				logger.Info("shutting down", "reason", "signal")
+			case failure = <-node.Failed():
+			}
 			stopCtx, cancel := context.WithTimeout(context.Background(), cfg.LeaveTimeout+cfg.ForwardTimeout)
 			defer cancel()
 			if err := node.Close(stopCtx); err != nil {
 				logger.Warn("graceful leave incomplete", "error", err)
+			}
+			if failure != nil {
+				return cli.Exit(failure.Error(), exitFailure)
 			}
 			return nil
 		},

@@ -1,0 +1,172 @@
+package window
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// State is a snapshot of one key's rate-limit state, for handing a key
+// from one node to another. The zero value is "no state" (a key at full
+// capacity). It is a plain value, safe to copy.
+type State struct{ st state }
+
+// IsZero reports whether s holds no state.
+func (s State) IsZero() bool { return s.st.spec == 0 }
+
+// Algorithm returns the algorithm s was built for ([Unspecified] if zero).
+func (s State) Algorithm() Algorithm { return s.st.algorithm() }
+
+// ErrBadState is wrapped by the errors of [State.UnmarshalBinary].
+var ErrBadState = errors.New("window: bad state encoding")
+
+// stateVersion is the first byte of an encoded State.
+const stateVersion = 1
+
+// AppendBinary appends the compact binary encoding of s to b: a version
+// byte, then the window and algorithm, the time, two counters and the rate
+// as varints (at most 51 bytes, typically about 20). It never fails.
+func (s State) AppendBinary(b []byte) ([]byte, error) {
+	b = append(b, stateVersion)
+	b = binary.AppendUvarint(b, s.st.spec)
+	b = binary.AppendVarint(b, s.st.at)
+	b = binary.AppendUvarint(b, s.st.a)
+	b = binary.AppendUvarint(b, s.st.b)
+	b = binary.AppendUvarint(b, s.st.rate)
+	return b, nil
+}
+
+// MarshalBinary returns the encoding of [State.AppendBinary].
+func (s State) MarshalBinary() ([]byte, error) { return s.AppendBinary(nil) }
+
+// UnmarshalBinary decodes an encoding made by [State.AppendBinary]. It
+// returns an error wrapping [ErrBadState] for truncated or trailing bytes,
+// an unknown version or algorithm, or a window out of range; s is then
+// unchanged.
+func (s *State) UnmarshalBinary(b []byte) error {
+	if len(b) == 0 || b[0] != stateVersion {
+		return fmt.Errorf("%w: unknown version", ErrBadState)
+	}
+	b = b[1:]
+	var vals [5]uint64
+	for i := range vals {
+		var n int
+		if i == 1 {
+			var v int64
+			v, n = binary.Varint(b)
+			vals[i] = uint64(v)
+		} else {
+			vals[i], n = binary.Uvarint(b)
+		}
+		if n <= 0 {
+			return fmt.Errorf("%w: truncated", ErrBadState)
+		}
+		b = b[n:]
+	}
+	if len(b) != 0 {
+		return fmt.Errorf("%w: %d trailing bytes", ErrBadState, len(b))
+	}
+	st := state{spec: vals[0], at: int64(vals[1]), a: vals[2], b: vals[3], rate: vals[4]}
+	if st.spec != 0 {
+		alg, w := st.algorithm(), st.window()
+		if alg == Unspecified || int(alg) >= len(algorithmNames) || w <= 0 || w > int64(MaxWindow) {
+			return fmt.Errorf("%w: algorithm %d, window %d ns", ErrBadState, alg, w)
+		}
+		if (alg == TokenBucket || alg == LeakyBucket) && (st.rate == 0 || st.rate > uint64(MaxLimit)) {
+			return fmt.Errorf("%w: rate %d", ErrBadState, st.rate)
+		}
+	}
+	s.st = st
+	return nil
+}
+
+// Merge returns the state as if the hits behind a and b had all gone to one
+// owner: counts of the same window add, consumed tokens add (each bucket
+// first refilled up to the later of the two times). A count of a window
+// that has ended is dropped, as the owner would have dropped it. When a and
+// b were built for different algorithms or windows, the more recently
+// updated one wins (a on a tie), as a change of either starts a key afresh.
+func Merge(a, b State) State {
+	x, y := a.st, b.st
+	switch {
+	case x.spec == 0:
+		return b
+	case y.spec == 0:
+		return a
+	case x.spec != y.spec:
+		if y.at > x.at {
+			return b
+		}
+		return a
+	}
+	t := max(x.at, y.at)
+	w := x.window()
+	out := state{spec: x.spec, at: t}
+	switch x.algorithm() {
+	case FixedWindow:
+		for _, s := range []state{x, y} {
+			if s.at == t {
+				out.a += s.a
+			}
+		}
+	case SlidingWindow:
+		for _, s := range []state{x, y} {
+			switch s.at {
+			case t:
+				out.a += s.a
+				out.b += s.b
+			case t - w:
+				out.b += s.a
+			}
+		}
+	default:
+		var debt u128
+		for _, s := range []state{x, y} {
+			debt = debt.add(u128{s.a, s.b}.subFloor(mul64(uint64(t-s.at), s.rate)))
+		}
+		out.a, out.b = debt.hi, debt.lo
+		out.rate = x.rate
+		if y.at > x.at || (y.at == x.at && y.rate > x.rate) {
+			out.rate = y.rate
+		}
+	}
+	return State{out}
+}
+
+// Get returns key's state, or a zero State when the key holds none.
+func (s *Store) Get(key string) (State, bool) {
+	h := s.hash(key)
+	sh := &s.shards[h%shardCount]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if idx, _, ok := sh.t.find(h, key); ok {
+		return State{sh.t.entry(idx).st}, true
+	}
+	return State{}, false
+}
+
+// MergeState merges st into key's state with [Merge], as if the hits
+// behind st had come to this store too, and returns the merged state. now
+// only decides, under MaxKeys, which keys have expired.
+func (s *Store) MergeState(key string, st State, now time.Time) State {
+	h := s.hash(key)
+	sh := &s.shards[h%shardCount]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if idx, _, ok := sh.t.find(h, key); ok {
+		e := sh.t.entry(idx)
+		m := Merge(State{e.st}, st)
+		e.st = m.st
+		sh.t.touch(idx)
+		sh.t.noteExpiry(m.st.expires())
+		return m
+	}
+	if st.IsZero() {
+		return st
+	}
+	s.makeRoomLocked(sh, now.UnixNano())
+	sh.t.insert(h, key, st.st)
+	sh.t.noteExpiry(st.st.expires())
+	return st
+}
