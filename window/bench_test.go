@@ -75,8 +75,14 @@ func BenchmarkApply(b *testing.B) {
 			}},
 		}
 		for _, impl := range impls {
-			take := impl.make()
+			var take taker // made on first use, so -bench filters skip the setup
+			setup := func() {
+				if take == nil {
+					take = impl.make()
+				}
+			}
 			b.Run(fmt.Sprintf("%s/keys=%d/serial", impl.name, n), func(b *testing.B) {
+				setup()
 				r := newRand()
 				b.ReportAllocs()
 				for b.Loop() {
@@ -84,6 +90,7 @@ func BenchmarkApply(b *testing.B) {
 				}
 			})
 			b.Run(fmt.Sprintf("%s/keys=%d/parallel", impl.name, n), func(b *testing.B) {
+				setup()
 				b.ReportAllocs()
 				b.RunParallel(func(pb *testing.PB) {
 					r := newRand()
@@ -92,6 +99,7 @@ func BenchmarkApply(b *testing.B) {
 					}
 				})
 			})
+			take = nil
 			runtime.GC()
 		}
 	}

@@ -157,8 +157,7 @@ func (s *Store) MergeState(key string, st State, now time.Time) State {
 	if idx, _, ok := sh.t.find(h, key); ok {
 		e := sh.t.entry(idx)
 		m := Merge(State{e.st}, st)
-		e.st = m.st
-		sh.t.touch(idx)
+		e.st, e.used = m.st, true
 		sh.t.noteExpiry(m.st.expires())
 		return m
 	}

@@ -26,7 +26,7 @@ type StoreConfig struct {
 	// MaxKeys caps the keys that hold state, spread evenly over the shards
 	// (each holds at most ceil(MaxKeys/256)). When a new key would go over
 	// the cap, keys back at full capacity are removed first, then the least
-	// recently used key; removing a key still inside its window hands its
+	// recently used key (approximately: the CLOCK algorithm); removing a key still inside its window hands its
 	// client a fresh budget and is counted in [StoreStats.EvictedLive].
 	// 0 means no cap. (Optional)
 	MaxKeys int
@@ -128,8 +128,8 @@ func (s *Store) apply(key string, clone bool, c Check, now time.Time) (Decision,
 	r := st.apply(c, t)
 	if r.allowed && c.Hits > 0 {
 		if found {
-			sh.t.entry(idx).st = st
-			sh.t.touch(idx)
+			e := sh.t.entry(idx)
+			e.st, e.used = st, true
 		} else {
 			if clone {
 				key = strings.Clone(key)
@@ -151,24 +151,23 @@ func (s *Store) apply(key string, clone bool, c Check, now time.Time) (Decision,
 }
 
 // makeRoomLocked keeps sh under the per-shard cap before an insert:
-// expired keys go first, then the least recently used. Requires sh.mu held.
+// expired keys go first, then the least recently used (as the CLOCK
+// approximation finds it). Requires sh.mu held.
 func (s *Store) makeRoomLocked(sh *shard, now int64) {
 	if s.maxPerShard == 0 || sh.t.n < s.maxPerShard {
 		return
 	}
-	if n := sh.t.sweep(now, s.hash); n > 0 {
+	if n := sh.t.sweep(now); n > 0 {
 		s.swept.Add(int64(n))
 		return
 	}
-	tail := sh.t.tail - 1
-	e := sh.t.entry(tail)
-	if e.st.expires() > now {
+	idx := sh.t.evict()
+	if sh.t.entry(idx).st.expires() > now {
 		s.evictedLive.Add(1)
 	} else {
 		s.swept.Add(1)
 	}
-	_, slot, _ := sh.t.find(s.hash(e.key), e.key)
-	sh.t.remove(slot)
+	sh.t.removeIndex(idx)
 }
 
 // Len returns the number of keys that hold state.
@@ -198,7 +197,7 @@ func (s *Store) Sweep(now time.Time) int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		removed += sh.t.sweep(t, s.hash)
+		removed += sh.t.sweep(t)
 		sh.mu.Unlock()
 	}
 	s.swept.Add(int64(removed))

@@ -232,7 +232,7 @@ func TestTableAgainstMap(t *testing.T) {
 		case ok:
 			tb.entry(idx).st.a++
 			ref[k]++
-			tb.touch(idx)
+			tb.entry(idx).used = true
 		default:
 			v := rng.Uint64()
 			tb.insert(h, k, state{a: v, spec: 1})
@@ -242,13 +242,19 @@ func TestTableAgainstMap(t *testing.T) {
 			t.Fatalf("op %d: %d entries, map %d", op, tb.n, len(ref))
 		}
 	}
-	// The recency list holds every entry exactly once.
-	seen := 0
-	for i := tb.head; i != 0; i = tb.entry(i - 1).next {
-		seen++
+	// Evicting every entry through the clock empties the table, each
+	// key once.
+	for tb.n > 0 {
+		idx := tb.evict()
+		k := tb.entry(idx).key
+		if _, ok := ref[k]; !ok {
+			t.Fatalf("evict chose %q, not in the table", k)
+		}
+		delete(ref, k)
+		tb.removeIndex(idx)
 	}
-	if seen != tb.n {
-		t.Fatalf("recency list has %d entries, table %d", seen, tb.n)
+	if len(ref) != 0 {
+		t.Fatalf("%d keys never evicted", len(ref))
 	}
 }
 
@@ -306,23 +312,27 @@ func TestMaxKeys(t *testing.T) {
 	if int64(st.Keys)+st.Swept+st.EvictedLive != 4000 {
 		t.Fatalf("accounting: %+v does not add up to 4000 keys", st)
 	}
-	// The least recently used goes: touch "a", insert into its shard until
-	// it overflows; "a" survives longer than keys touched before it.
-	s = NewStore(StoreConfig{MaxKeys: shardCount}) // 1 per shard
-	mustApply(t, s, "a", c, t0)
-	var other string
-	for i := 0; ; i++ {
-		other = fmt.Sprint("o", i)
-		if s.hash(other)%shardCount == s.hash("a")%shardCount {
-			break
+	// The least recently used goes (CLOCK): a key used before every insert
+	// into its shard survives a stream of keys that are never used again.
+	s = NewStore(StoreConfig{MaxKeys: 4 * shardCount}) // 4 per shard
+	c.Window, c.Limit = time.Hour, 1000
+	hot := "hot"
+	shardOf := func(k string) uint64 { return s.hash(k) % shardCount }
+	inserted := 0
+	for i := 0; inserted < 50; i++ {
+		cold := fmt.Sprint("cold:", i)
+		if shardOf(cold) != shardOf(hot) {
+			continue
 		}
+		mustApply(t, s, hot, c, t0)
+		mustApply(t, s, cold, c, t0)
+		inserted++
 	}
-	mustApply(t, s, other, c, t0)
-	if _, ok := s.Get("a"); ok {
-		t.Fatal("a should have been evicted for the newer key")
+	if _, ok := s.Get(hot); !ok {
+		t.Fatal("the key used before every insert was evicted")
 	}
-	if s.Stats().EvictedLive != 1 {
-		t.Fatalf("eviction not counted: %+v", s.Stats())
+	if st := s.Stats(); st.EvictedLive != 50-3 || st.Keys != 4 {
+		t.Fatalf("%+v: want 47 live evictions and 4 keys in the shard", st)
 	}
 }
 

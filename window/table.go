@@ -4,9 +4,10 @@ import "math"
 
 // entry is one key and its state: 64 bytes.
 type entry struct {
-	key        string
-	st         state
-	prev, next uint32 // the recency list: entry index + 1, 0 for none
+	key  string
+	st   state
+	tag  uint32 // the high 32 bits of the key's hash (its slot tag)
+	used bool   // referenced since the clock hand last passed (see evict)
 }
 
 const (
@@ -19,8 +20,12 @@ const (
 
 // table maps keys to entries: an open-addressing hash table with linear
 // probing over a slot array, the entries in fixed-size pages (so growing
-// never copies them), and a doubly linked recency list through the entries.
-// It uses about 64 bytes per entry plus 8 bytes per slot.
+// never copies them). Recency is kept the CLOCK way (Corbató, 1968; the
+// "second chance" approximation of least-recently-used that operating
+// systems use for pages): a use sets the entry's used bit, and eviction
+// sweeps a hand over the entries, clearing used bits and taking the first
+// entry found unused. A use thus touches no other entry. It takes about
+// 64 bytes per entry plus 8 bytes per slot.
 //
 // table is not safe for concurrent use: a shard's mutex guards it.
 type table struct {
@@ -32,8 +37,7 @@ type table struct {
 	free  []uint32 // indices of unused entries below next
 	next  uint32   // entries ever allocated: the index of the next new one
 	n     int      // live entries
-	// head is the most recently used entry, tail the least (index + 1).
-	head, tail uint32
+	hand  uint32   // the clock hand: the next entry eviction looks at
 	// minExpires is a lower bound of every live entry's expiry (Unix ns):
 	// a sweep before it would find nothing.
 	minExpires int64
@@ -64,8 +68,8 @@ func (t *table) find(h uint64, key string) (idx uint32, slot int, ok bool) {
 	}
 }
 
-// insert adds key (absent) with state st as the most recently used entry
-// and returns its index.
+// insert adds key (absent) with state st, marked used, and returns its
+// index.
 func (t *table) insert(h uint64, key string, st state) uint32 {
 	if (t.n+1)*maxLoadDen > len(t.slots)*maxLoadNum {
 		t.grow()
@@ -81,9 +85,8 @@ func (t *table) insert(h uint64, key string, st state) uint32 {
 			t.pages = append(t.pages, make([]entry, pageSize))
 		}
 	}
-	*t.entry(idx) = entry{key: key, st: st}
+	*t.entry(idx) = entry{key: key, st: st, tag: slotTag(h), used: true}
 	t.place(uint64(slotTag(h))<<32 | uint64(idx+1))
-	t.pushFront(idx)
 	t.n++
 	return idx
 }
@@ -113,7 +116,6 @@ func (t *table) grow() {
 // entries of the probe run back (so no tombstones are needed).
 func (t *table) remove(slot int) {
 	idx := uint32(t.slots[slot]) - 1
-	t.unlink(idx)
 	*t.entry(idx) = entry{}
 	t.free = append(t.free, idx)
 	t.n--
@@ -131,38 +133,32 @@ func (t *table) remove(slot int) {
 	t.slots[hole] = 0
 }
 
-func (t *table) pushFront(idx uint32) {
-	e := t.entry(idx)
-	e.prev, e.next = 0, t.head
-	if t.head != 0 {
-		t.entry(t.head - 1).prev = idx + 1
-	}
-	t.head = idx + 1
-	if t.tail == 0 {
-		t.tail = idx + 1
+// evict picks the entry to remove under a cap: the hand moves over the
+// entries, giving each used one a second chance (clearing its bit), and
+// stops at the first unused one. The table must not be empty.
+func (t *table) evict() uint32 {
+	for {
+		if t.hand >= t.next {
+			t.hand = 0
+		}
+		i := t.hand
+		t.hand++
+		e := t.entry(i)
+		switch {
+		case e.st.spec == 0: // free
+		case e.used:
+			e.used = false
+		default:
+			return i
+		}
 	}
 }
 
-func (t *table) unlink(idx uint32) {
+// removeIndex removes entry idx.
+func (t *table) removeIndex(idx uint32) {
 	e := t.entry(idx)
-	if e.prev != 0 {
-		t.entry(e.prev - 1).next = e.next
-	} else {
-		t.head = e.next
-	}
-	if e.next != 0 {
-		t.entry(e.next - 1).prev = e.prev
-	} else {
-		t.tail = e.prev
-	}
-	e.prev, e.next = 0, 0
-}
-
-// touch makes idx the most recently used entry.
-func (t *table) touch(idx uint32) {
-	if t.head != idx+1 {
-		t.unlink(idx)
-		t.pushFront(idx)
+	if _, slot, ok := t.find(uint64(e.tag)<<32, e.key); ok {
+		t.remove(slot)
 	}
 }
 
@@ -176,7 +172,7 @@ func (t *table) noteExpiry(e int64) {
 // sweep removes every entry that expires at or before now and returns how
 // many it removed. hash gives a key's hash. It does nothing when
 // minExpires shows that no entry has expired.
-func (t *table) sweep(now int64, hash func(string) uint64) int {
+func (t *table) sweep(now int64) int {
 	if t.n == 0 || t.minExpires > now {
 		return 0
 	}
@@ -191,32 +187,29 @@ func (t *table) sweep(now int64, hash func(string) uint64) int {
 			next = min(next, exp)
 			continue
 		}
-		_, slot, ok := t.find(hash(e.key), e.key)
-		if ok {
-			t.remove(slot)
-			removed++
-		}
+		t.removeIndex(i)
+		removed++
 	}
 	t.minExpires = next
-	t.shrink(hash)
+	t.shrink()
 	return removed
 }
 
 // shrink gives memory back after a sweep left the table sparse: an empty
 // table is dropped whole; one whose live entries fill under 1/8 of its
-// allocated entries (and more than 4 pages) is rebuilt compactly, keeping
-// the recency order.
-func (t *table) shrink(hash func(string) uint64) {
+// allocated entries (and more than 4 pages) is rebuilt compactly.
+func (t *table) shrink() {
 	switch {
 	case t.n == 0:
 		*t = table{minExpires: t.minExpires}
 	case t.n*8 < int(t.next) && t.next > 4*pageSize:
 		old := *t
 		*t = table{minExpires: old.minExpires}
-		for i := old.tail; i != 0; {
-			e := old.entry(i - 1)
-			t.insert(hash(e.key), e.key, e.st)
-			i = e.prev
+		for i := uint32(0); i < old.next; i++ {
+			if e := old.entry(i); e.st.spec != 0 {
+				t.insert(uint64(e.tag)<<32, e.key, e.st)
+				t.entry(t.next - 1).used = e.used
+			}
 		}
 	}
 }
