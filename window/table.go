@@ -68,8 +68,10 @@ func (t *table) find(h uint64, key string) (idx uint32, slot int, ok bool) {
 	}
 }
 
-// insert adds key (absent) with state st, marked used, and returns its
-// index.
+// insert adds key (absent) with state st and returns its index. A new
+// entry starts unused: it has to be used again to earn a second chance, so
+// a stream of one-off keys (a scan, or a client inventing keys) is evicted
+// before the keys that come back.
 func (t *table) insert(h uint64, key string, st state) uint32 {
 	if (t.n+1)*maxLoadDen > len(t.slots)*maxLoadNum {
 		t.grow()
@@ -85,7 +87,7 @@ func (t *table) insert(h uint64, key string, st state) uint32 {
 			t.pages = append(t.pages, make([]entry, pageSize))
 		}
 	}
-	*t.entry(idx) = entry{key: key, st: st, tag: slotTag(h), used: true}
+	*t.entry(idx) = entry{key: key, st: st, tag: slotTag(h)}
 	t.place(uint64(slotTag(h))<<32 | uint64(idx+1))
 	t.n++
 	return idx
