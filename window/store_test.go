@@ -458,3 +458,35 @@ func TestMemoryComesBack(t *testing.T) {
 	runtime.KeepAlive(keys)
 	runtime.KeepAlive(s)
 }
+
+// C14 with a cap: one hit each from many keys over 10 s (window 1 s) under
+// a cap of a tenth of them: never more live keys than the cap, and every
+// key is accounted for as live, swept (expired) or evicted while live.
+func TestMemoryCap(t *testing.T) {
+	n, capKeys := 1_000_000, 100_000
+	if testing.Short() {
+		n, capKeys = 100_000, 10_000
+	}
+	s := NewStore(StoreConfig{MaxKeys: capKeys})
+	c := Check{Algorithm: FixedWindow, Limit: 10, Window: time.Second, Hits: 1}
+	step := 10 * time.Second / time.Duration(n)
+	for i := 0; i < n; i++ {
+		mustApply(t, s, fmt.Sprint("ip:", i), c, t0.Add(time.Duration(i)*step))
+		if i%(n/100) == 0 {
+			if l := s.Len(); l > capKeys {
+				t.Fatalf("after %d keys: %d live, over the cap of %d", i+1, l, capKeys)
+			}
+		}
+	}
+	st := s.Stats()
+	t.Logf("%d keys under a cap of %d: %+v", n, capKeys, st)
+	if int64(st.Keys)+st.Swept+st.EvictedLive != int64(n) {
+		t.Fatalf("accounting: %+v does not add up to %d", st, n)
+	}
+	// About n/10 keys arrive per window and the cap is n/10 spread over 256
+	// shards: expired keys make most of the room; a shard that gets more
+	// than its share within one window must evict live keys, and says so.
+	if st.Swept < int64(n/2) || st.EvictedLive == 0 {
+		t.Fatalf("%+v: want most room made by expired keys, and the live evictions counted", st)
+	}
+}

@@ -43,6 +43,9 @@ func (x u128) isZero() bool { return x.hi == 0 && x.lo == 0 }
 
 // divmod returns x/d and x%d; d must not be 0.
 func (x u128) divmod(d uint64) (u128, uint64) {
+	if x.hi == 0 { // the common case: one 64-bit division
+		return u128{0, x.lo / d}, x.lo % d
+	}
 	qhi := x.hi / d
 	qlo, r := bits.Div64(x.hi%d, x.lo, d)
 	return u128{qhi, qlo}, r
