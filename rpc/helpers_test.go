@@ -76,14 +76,19 @@ func startNode(t *testing.T, name string, clock window.Clock, join ...string) *t
 	return &testNode{Node: n, client: dial(t, n.GRPCAddr())}
 }
 
-func dial(t *testing.T, addr string) sluicev1.RateLimitServiceClient {
+// dialConn opens a plaintext connection to addr, closed when the test ends.
+func dialConn(t *testing.T, addr string) *grpc.ClientConn {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return sluicev1.NewRateLimitServiceClient(conn)
+	return conn
+}
+
+func dial(t *testing.T, addr string) sluicev1.RateLimitServiceClient {
+	return sluicev1.NewRateLimitServiceClient(dialConn(t, addr))
 }
 
 // startCluster starts n nodes named node1..nodeN, all sharing clock, joined
@@ -160,11 +165,5 @@ var algorithms = []sluicev1.Algorithm{
 }
 
 func dialPeer(t *testing.T, addr string) sluicev1.PeerServiceClient {
-	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return sluicev1.NewPeerServiceClient(conn)
+	return sluicev1.NewPeerServiceClient(dialConn(t, addr))
 }

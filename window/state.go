@@ -223,7 +223,11 @@ func (st *state) bucket(c Check, now int64) result {
 		r.retry = debt.sub(mul64(capacity-need(c), w)).divCeil(rate)
 	}
 	st.a, st.b = debt.hi, debt.lo
-	r.remaining = full.subFloor(debt).div(w)
+	// remaining = floor((B*W - debt)/W) = B - ceil(debt/W), floored at 0;
+	// debt is usually small, so this divides once in 64 bits.
+	if used := debt.divCeil(w); used < int64(capacity) {
+		r.remaining = int64(capacity) - used
+	}
 	r.reset = satAdd(now, debt.divCeil(rate))
 	return r
 }
