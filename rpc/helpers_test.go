@@ -167,3 +167,6 @@ var algorithms = []sluicev1.Algorithm{
 func dialPeer(t *testing.T, addr string) sluicev1.PeerServiceClient {
 	return sluicev1.NewPeerServiceClient(dialConn(t, addr))
 }
+
+// windowClock returns a manual clock at windowStart.
+func windowClock() *window.ManualClock { return window.NewManualClock(windowStart) }

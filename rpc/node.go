@@ -47,6 +47,10 @@ type NodeConfig struct {
 	Ring ring.Config
 	// ForwardTimeout bounds a forward to a peer. Default 2 s. (Optional)
 	ForwardTimeout time.Duration
+	// Batch shapes the per-owner queues of forwarded checks: a batch goes
+	// at Batch.MaxSize checks (default 1000) or Batch.MaxWait after its
+	// first (default 200 us). (Optional)
+	Batch BatchConfig
 	// LeaveTimeout bounds the graceful leave in Close. Default 5 s. (Optional)
 	LeaveTimeout time.Duration
 	// SweepInterval is how often idle keys are removed. Default 5 s. (Optional)
@@ -121,7 +125,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	store := window.NewStore(window.StoreConfig{Clock: cfg.Clock, MaxKeys: cfg.MaxKeys})
 	srv, err := NewServer(ServerConfig{
 		Name: cfg.Name, Store: store, Ring: cfg.Ring,
-		ForwardTimeout: cfg.ForwardTimeout, Logger: log.With("component", "rpc"),
+		ForwardTimeout: cfg.ForwardTimeout, Batch: cfg.Batch, Logger: log.With("component", "rpc"),
 	})
 	if err != nil {
 		lis.Close()

@@ -43,6 +43,8 @@ type ServerConfig struct {
 	// DialOptions are added to the options of peer connections (e.g.
 	// transport credentials); default plaintext. (Optional)
 	DialOptions []grpc.DialOption
+	// Batch shapes the per-owner queues of forwarded checks. (Optional)
+	Batch BatchConfig
 }
 
 // Server implements sluicev1.RateLimitServiceServer and
@@ -59,11 +61,13 @@ type Server struct {
 	forwardTimeout time.Duration
 	log            *slog.Logger
 	dialOpts       []grpc.DialOption
+	batch          BatchConfig
 
 	view  atomic.Pointer[view]
 	setMu sync.Mutex // serializes SetMembers
 
-	stats counters
+	stats     counters
+	peerStats sync.Map // member name -> *peerStats
 }
 
 // view is what routing needs, swapped whole on each membership change.
@@ -73,16 +77,41 @@ type view struct {
 	peers   map[string]*peer // by member name, this node excluded
 }
 
-// peer is a connection to another member's PeerService.
+// peer is a connection to another member's PeerService and the queue of
+// checks bound for it.
 type peer struct {
 	name, addr string
 	conn       *grpc.ClientConn
 	client     sluicev1.PeerServiceClient
+	batcher    *batcher
+	stats      *peerStats
+}
+
+// close stops the peer's queue (failing what is queued) and, after grace,
+// its connection, so that calls in flight can finish.
+func (p *peer) close(grace time.Duration) {
+	p.batcher.close()
+	if grace <= 0 {
+		_ = p.conn.Close()
+		return
+	}
+	time.AfterFunc(grace, func() { _ = p.conn.Close() })
 }
 
 // counters count routing events; read them with Server.Stats.
 type counters struct {
-	localChecks, forwardedChecks, forwardRPCs, forwardErrors, receivedRPCs, receivedChecks atomic.Int64
+	localChecks, forwardedChecks, noConnection, receivedRPCs, receivedChecks atomic.Int64
+}
+
+// PeerStats counts the Forward calls made to one peer.
+type PeerStats struct {
+	// Batches is the number of Forward calls; Checks the checks they carried
+	// (Checks/Batches is the mean batch size).
+	Batches, Checks int64
+	// Errors is the number of calls that failed.
+	Errors int64
+	// Latency is the total time spent in those calls.
+	Latency time.Duration
 }
 
 // Stats is a snapshot of a Server's routing counters.
@@ -91,26 +120,51 @@ type Stats struct {
 	LocalChecks int64
 	// ForwardedChecks: checks sent to their owner on another node.
 	ForwardedChecks int64
-	// ForwardRPCs: Forward calls made to peers.
+	// ForwardRPCs: Forward calls made to peers (all peers' Batches).
 	ForwardRPCs int64
-	// ForwardErrors: Forward calls that failed.
+	// ForwardErrors: Forward calls that failed, and checks whose owner had
+	// no connection.
 	ForwardErrors int64
 	// ReceivedRPCs: Forward calls received from peers.
 	ReceivedRPCs int64
 	// ReceivedChecks: checks received in those calls.
 	ReceivedChecks int64
+	// Peers: Forward calls per peer, by member name.
+	Peers map[string]PeerStats
 }
 
 // Stats returns the routing counters.
 func (s *Server) Stats() Stats {
-	return Stats{
+	st := Stats{
 		LocalChecks:     s.stats.localChecks.Load(),
 		ForwardedChecks: s.stats.forwardedChecks.Load(),
-		ForwardRPCs:     s.stats.forwardRPCs.Load(),
-		ForwardErrors:   s.stats.forwardErrors.Load(),
+		ForwardErrors:   s.stats.noConnection.Load(),
 		ReceivedRPCs:    s.stats.receivedRPCs.Load(),
 		ReceivedChecks:  s.stats.receivedChecks.Load(),
+		Peers:           s.peerStatsSnapshot(),
 	}
+	for _, p := range st.Peers {
+		st.ForwardRPCs += p.Batches
+		st.ForwardErrors += p.Errors
+	}
+	return st
+}
+
+func (s *Server) peerStatsSnapshot() map[string]PeerStats {
+	out := map[string]PeerStats{}
+	s.peerStats.Range(func(k, v any) bool {
+		ps := v.(*peerStats)
+		out[k.(string)] = PeerStats{Batches: ps.batches.Load(), Checks: ps.checks.Load(),
+			Errors: ps.errors.Load(), Latency: time.Duration(ps.latencyNs.Load())}
+		return true
+	})
+	return out
+}
+
+// statsFor returns the counters of the named peer.
+func (s *Server) statsFor(name string) *peerStats {
+	v, _ := s.peerStats.LoadOrStore(name, &peerStats{})
+	return v.(*peerStats)
 }
 
 // NewServer returns a Server whose ring holds only itself. It returns an
@@ -134,6 +188,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		ringCfg:        cfg.Ring,
 		forwardTimeout: cfg.ForwardTimeout,
 		log:            cfg.Logger,
+		batch:          cfg.Batch.withDefaults(),
 		dialOpts:       append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...),
 	}
 	r, err := ring.New([]string{cfg.Name}, cfg.Ring)
@@ -182,12 +237,14 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 			s.log.Error("cannot connect to peer; leaving it out of the peer set", "peer", m.Name, "addr", m.GRPCAddr, "error", err)
 			continue
 		}
-		peers[m.Name] = &peer{name: m.Name, addr: m.GRPCAddr, conn: conn, client: sluicev1.NewPeerServiceClient(conn)}
+		p := &peer{name: m.Name, addr: m.GRPCAddr, conn: conn, client: sluicev1.NewPeerServiceClient(conn), stats: s.statsFor(m.Name)}
+		p.batcher = newBatcher(p, s.batch, s.forwardTimeout, s.name, p.stats)
+		peers[m.Name] = p
 	}
 	s.view.Store(&view{ring: r, members: ms, peers: peers})
 	for name, p := range old.peers {
 		if peers[name] != p {
-			time.AfterFunc(s.forwardTimeout, func() { _ = p.conn.Close() })
+			p.close(s.forwardTimeout)
 		}
 	}
 	if r.Fingerprint() != old.ring.Fingerprint() {
@@ -201,10 +258,10 @@ func (s *Server) Close() {
 	s.setMu.Lock()
 	defer s.setMu.Unlock()
 	v := s.view.Load()
-	for _, p := range v.peers {
-		_ = p.conn.Close()
-	}
 	s.view.Store(&view{ring: v.ring, members: v.members})
+	for _, p := range v.peers {
+		p.close(0)
+	}
 }
 
 // Owner returns the name of the member that owns (name, key) under this
@@ -286,12 +343,9 @@ func (s *Server) route(ctx context.Context, v *view, reqs []request, idx []int, 
 	)
 	for owner, is := range remote {
 		wg.Go(func() {
-			err := s.forward(ctx, v.peers[owner], owner, reqs, is, out)
-			if err != nil {
+			if fs := s.forward(ctx, v.peers[owner], owner, reqs, is, out); len(fs) > 0 {
 				mu.Lock()
-				for _, i := range is {
-					failed = append(failed, failure{index: i, owner: owner, err: err.Error()})
-				}
+				failed = append(failed, fs...)
 				mu.Unlock()
 			}
 		})
@@ -300,39 +354,70 @@ func (s *Server) route(ctx context.Context, v *view, reqs []request, idx []int, 
 	return failed
 }
 
-// forward sends reqs[i] for i in is to the owner in one Forward call and
-// writes the decisions into out.
-func (s *Server) forward(ctx context.Context, p *peer, owner string, reqs []request, is []int, out []*sluicev1.Decision) error {
-	if p == nil {
-		s.stats.forwardErrors.Add(1)
-		return fmt.Errorf("owner %s: no connection to it", owner)
+// forward gets the checks reqs[i], i in is, decided by their owner: the
+// ones marked no_batching in one Forward call of their own, the others
+// through the owner's batcher. It writes the decisions into out and returns
+// the checks that could not be decided, each with its error.
+func (s *Server) forward(ctx context.Context, p *peer, owner string, reqs []request, is []int, out []*sluicev1.Decision) []failure {
+	fail := func(is []int, err error) []failure {
+		fs := make([]failure, len(is))
+		for j, i := range is {
+			fs[j] = failure{index: i, owner: owner, err: err.Error()}
+		}
+		return fs
 	}
-	fr := &sluicev1.ForwardRequest{Sender: s.name, Checks: make([]*sluicev1.RateLimitCheck, len(is))}
-	for j, i := range is {
-		r := reqs[i]
-		fr.Checks[j] = &sluicev1.RateLimitCheck{
-			Name: r.name, Key: r.key, Hits: r.check.Hits, Limit: r.check.Limit,
-			WindowMs: int64(r.check.Window / time.Millisecond), Burst: r.check.Burst,
-			Algorithm: sluicev1.Algorithm(r.check.Algorithm),
+	if p == nil {
+		s.stats.noConnection.Add(1)
+		return fail(is, fmt.Errorf("owner %s: no connection to it", owner))
+	}
+	s.stats.forwardedChecks.Add(int64(len(is)))
+	var (
+		direct, queued []int
+		waits          []<-chan reply
+		failed         []failure
+	)
+	for _, i := range is {
+		if reqs[i].pb.NoBatching {
+			direct = append(direct, i)
+			continue
+		}
+		ch, err := p.batcher.enqueue(reqs[i].pb)
+		if err != nil {
+			failed = append(failed, fail([]int{i}, err)...)
+			continue
+		}
+		queued = append(queued, i)
+		waits = append(waits, ch)
+	}
+	if len(direct) > 0 {
+		req := &sluicev1.ForwardRequest{Sender: s.name, Checks: make([]*sluicev1.RateLimitCheck, len(direct))}
+		for j, i := range direct {
+			req.Checks[j] = reqs[i].pb
+		}
+		if ds, err := forwardCall(ctx, p, req, s.forwardTimeout, p.stats); err != nil {
+			failed = append(failed, fail(direct, err)...)
+		} else {
+			for j, i := range direct {
+				out[i] = ds[j]
+			}
 		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.forwardTimeout)
-	defer cancel()
-	s.stats.forwardRPCs.Add(1)
-	s.stats.forwardedChecks.Add(int64(len(is)))
-	resp, err := p.client.Forward(ctx, fr)
-	if err != nil {
-		s.stats.forwardErrors.Add(1)
-		return fmt.Errorf("owner %s (%s) unavailable: %w", owner, p.addr, err)
+	// Each queued check gets its reply within the batch wait plus the
+	// forward timeout; the caller's context only bounds its own wait.
+	for j, i := range queued {
+		select {
+		case r := <-waits[j]:
+			if r.err != nil {
+				failed = append(failed, fail([]int{i}, r.err)...)
+			} else {
+				out[i] = r.d
+			}
+		case <-ctx.Done():
+			failed = append(failed, fail(queued[j:], fmt.Errorf("owner %s: %w", owner, ctx.Err()))...)
+			return failed
+		}
 	}
-	if len(resp.Decisions) != len(is) {
-		s.stats.forwardErrors.Add(1)
-		return fmt.Errorf("owner %s answered %d decisions for %d checks", owner, len(resp.Decisions), len(is))
-	}
-	for j, i := range is {
-		out[i] = resp.Decisions[j]
-	}
-	return nil
+	return failed
 }
 
 // decide applies one validated check to this node's store at the store's

@@ -50,6 +50,7 @@ func invalidArgument(fe *fieldError) error {
 type request struct {
 	name, key string
 	check     window.Check
+	pb        *sluicev1.RateLimitCheck // as received, to forward unchanged
 }
 
 // parseChecks validates a batch and converts it. It returns a *fieldError
@@ -115,7 +116,7 @@ func parseCheck(pb *sluicev1.RateLimitCheck) (request, *fieldError) {
 		}
 		return request{}, &fieldError{fe.Field, fe.Reason}
 	}
-	return request{name: pb.Name, key: pb.Key, check: c}, nil
+	return request{name: pb.Name, key: pb.Key, check: c, pb: pb}, nil
 }
 
 // toProto converts a window decision to the wire, rounding times up to

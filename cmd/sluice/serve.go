@@ -31,6 +31,8 @@ func serveCommand(e env) *cli.Command {
 			&cli.StringFlag{Name: "region", Value: "local", Usage: "region label of this node", Sources: e.of("region")},
 			&cli.StringFlag{Name: "profile", Value: "lan", Usage: "gossip timings: lan, wan or local", Sources: e.of("profile")},
 			&cli.DurationFlag{Name: "forward-timeout", Value: rpc.DefaultForwardTimeout, Usage: "bound on a forward to a key's owner", Sources: e.of("forward-timeout")},
+			&cli.IntFlag{Name: "batch-size", Value: rpc.DefaultBatchSize, Usage: "send checks forwarded to one owner once this many are queued (1..1000)", Sources: e.of("batch-size")},
+			&cli.DurationFlag{Name: "batch-wait", Value: rpc.DefaultBatchWait, Usage: "send checks forwarded to one owner at most this long after the first was queued", Sources: e.of("batch-wait")},
 			&cli.DurationFlag{Name: "leave-timeout", Value: 5 * time.Second, Usage: "bound on the graceful leave at shutdown", Sources: e.of("leave-timeout")},
 			&cli.DurationFlag{Name: "sweep-interval", Value: 5 * time.Second, Usage: "how often idle keys are removed", Sources: e.of("sweep-interval")},
 			&cli.IntFlag{Name: "max-keys", Value: 1_000_000, Usage: "cap on the keys this node holds state for (0: no cap); over it, keys back at full capacity go first, then the least recently used", Sources: e.of("max-keys")},
@@ -54,6 +56,7 @@ func serveCommand(e env) *cli.Command {
 				Join:           splitList(cmd.String("join")),
 				Profile:        cluster.Profile(cmd.String("profile")),
 				ForwardTimeout: cmd.Duration("forward-timeout"),
+				Batch:          rpc.BatchConfig{MaxSize: cmd.Int("batch-size"), MaxWait: cmd.Duration("batch-wait")},
 				LeaveTimeout:   cmd.Duration("leave-timeout"),
 				SweepInterval:  cmd.Duration("sweep-interval"),
 				MaxKeys:        cmd.Int("max-keys"),
@@ -67,6 +70,12 @@ func serveCommand(e env) *cli.Command {
 				if d.v <= 0 {
 					return usagef(d.flag, "must be > 0, got %s", d.v)
 				}
+			}
+			if n := cfg.Batch.MaxSize; n < 1 || n > rpc.MaxBatch {
+				return usagef("batch-size", "must be in 1..%d, got %d", rpc.MaxBatch, n)
+			}
+			if cfg.Batch.MaxWait <= 0 {
+				return usagef("batch-wait", "must be > 0, got %s", cfg.Batch.MaxWait)
 			}
 			if cfg.MaxKeys < 0 {
 				return usagef("max-keys", "must be >= 0, got %d", cfg.MaxKeys)

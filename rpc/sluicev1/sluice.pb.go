@@ -104,7 +104,11 @@ type RateLimitCheck struct {
 	// Bucket capacity in hits for the bucket algorithms, 0..2^53; 0 means limit.
 	Burst int64 `protobuf:"varint,6,opt,name=burst,proto3" json:"burst,omitempty"`
 	// The algorithm; unspecified means fixed window.
-	Algorithm     Algorithm `protobuf:"varint,7,opt,name=algorithm,proto3,enum=sluice.v1.Algorithm" json:"algorithm,omitempty"`
+	Algorithm Algorithm `protobuf:"varint,7,opt,name=algorithm,proto3,enum=sluice.v1.Algorithm" json:"algorithm,omitempty"`
+	// When the key's owner is another node, forward this check at once in a
+	// call of its own instead of queueing it with other checks for that
+	// owner (which waits up to the batch wait, 200 us by default).
+	NoBatching    bool `protobuf:"varint,8,opt,name=no_batching,json=noBatching,proto3" json:"no_batching,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -186,6 +190,13 @@ func (x *RateLimitCheck) GetAlgorithm() Algorithm {
 		return x.Algorithm
 	}
 	return Algorithm_ALGORITHM_UNSPECIFIED
+}
+
+func (x *RateLimitCheck) GetNoBatching() bool {
+	if x != nil {
+		return x.NoBatching
+	}
+	return false
 }
 
 // Decision answers one check.
@@ -702,7 +713,7 @@ var File_sluice_v1_sluice_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\n" +
-	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"\xc7\x01\n" +
+	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"\xe8\x01\n" +
 	"\x0eRateLimitCheck\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
@@ -710,7 +721,9 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05limit\x18\x04 \x01(\x03R\x05limit\x12\x1b\n" +
 	"\twindow_ms\x18\x05 \x01(\x03R\bwindowMs\x12\x14\n" +
 	"\x05burst\x18\x06 \x01(\x03R\x05burst\x122\n" +
-	"\talgorithm\x18\a \x01(\x0e2\x14.sluice.v1.AlgorithmR\talgorithm\"\xda\x01\n" +
+	"\talgorithm\x18\a \x01(\x0e2\x14.sluice.v1.AlgorithmR\talgorithm\x12\x1f\n" +
+	"\vno_batching\x18\b \x01(\bR\n" +
+	"noBatching\"\xda\x01\n" +
 	"\bDecision\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +

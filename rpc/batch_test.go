@@ -1,0 +1,246 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice/rpc/sluicev1"
+)
+
+// fakePeer is a PeerServiceClient that records each Forward call's batch
+// size and answers each check with a decision naming its key (so a caller
+// can tell its own answer), after delay; block makes it wait for the
+// call's context instead.
+type fakePeer struct {
+	mu      sync.Mutex
+	batches []int
+	delay   time.Duration
+	block   bool
+}
+
+func (f *fakePeer) Forward(ctx context.Context, in *sluicev1.ForwardRequest, _ ...grpc.CallOption) (*sluicev1.ForwardResponse, error) {
+	f.mu.Lock()
+	f.batches = append(f.batches, len(in.Checks))
+	f.mu.Unlock()
+	if f.block {
+		<-ctx.Done()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	if f.delay > 0 {
+		time.Sleep(f.delay)
+	}
+	out := &sluicev1.ForwardResponse{}
+	for _, c := range in.Checks {
+		out.Decisions = append(out.Decisions, &sluicev1.Decision{Allowed: true, Owner: c.Key})
+	}
+	return out, nil
+}
+
+func (f *fakePeer) sizes() []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]int(nil), f.batches...)
+}
+
+func newTestBatcher(f *fakePeer, cfg BatchConfig, timeout time.Duration) *batcher {
+	p := &peer{name: "fake", addr: "fake:1", client: f, stats: &peerStats{}}
+	return newBatcher(p, cfg.withDefaults(), timeout, "test", p.stats)
+}
+
+func waitReply(t *testing.T, ch <-chan reply) reply {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatal("no reply")
+		return reply{}
+	}
+}
+
+// Many callers at once: every caller gets the answer to its own check, in
+// batches no larger than MaxSize.
+func TestBatcherAnswersInOrderUnderConcurrency(t *testing.T) {
+	f := &fakePeer{}
+	b := newTestBatcher(f, BatchConfig{MaxSize: 64, MaxWait: time.Millisecond}, time.Second)
+	defer b.close()
+	var wg sync.WaitGroup
+	errs := make(chan error, 50)
+	for g := 0; g < 50; g++ {
+		wg.Go(func() {
+			var chans []<-chan reply
+			for i := 0; i < 40; i++ {
+				ch, err := b.enqueue(&sluicev1.RateLimitCheck{Key: fmt.Sprintf("%d/%d", g, i)})
+				if err != nil {
+					errs <- err
+					return
+				}
+				chans = append(chans, ch)
+			}
+			for i, ch := range chans {
+				r := waitReply(t, ch)
+				if want := fmt.Sprintf("%d/%d", g, i); r.err != nil || r.d.Owner != want {
+					errs <- fmt.Errorf("caller %d check %d: got %+v, want the answer for %s", g, i, r, want)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, n := range f.sizes() {
+		if n < 1 || n > 64 {
+			t.Fatalf("a batch of %d checks (max 64)", n)
+		}
+		total += n
+	}
+	if total != 2000 {
+		t.Fatalf("%d checks forwarded, want 2000", total)
+	}
+	if st := b.stats; st.checks.Load() != 2000 || st.batches.Load() != int64(len(f.sizes())) {
+		t.Fatalf("stats: %d checks in %d batches", st.checks.Load(), st.batches.Load())
+	}
+}
+
+// A full batch goes at once, without waiting for MaxWait; what is left
+// waits for the timer.
+func TestBatcherSplitsBySize(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakePeer{}
+		b := newTestBatcher(f, BatchConfig{MaxSize: 10, MaxWait: time.Hour}, time.Second)
+		defer b.close()
+		var chans []<-chan reply
+		for i := 0; i < 25; i++ {
+			ch, _ := b.enqueue(&sluicev1.RateLimitCheck{Key: fmt.Sprint(i)})
+			chans = append(chans, ch)
+		}
+		synctest.Wait() // everything that can run without time passing has run
+		if got := f.sizes(); len(got) != 2 || got[0] != 10 || got[1] != 10 {
+			t.Fatalf("batches before the wait: %v, want [10 10]", got)
+		}
+		for i := 0; i < 20; i++ {
+			if r := <-chans[i]; r.err != nil || r.d.Owner != fmt.Sprint(i) {
+				t.Fatalf("check %d: %+v", i, r)
+			}
+		}
+		select {
+		case r := <-chans[20]:
+			t.Fatalf("check 20 answered before its batch was full or due: %+v", r)
+		default:
+		}
+		time.Sleep(time.Hour) // fake time: the timer fires
+		synctest.Wait()
+		if got := f.sizes(); len(got) != 3 || got[2] != 5 {
+			t.Fatalf("batches after the wait: %v, want [10 10 5]", got)
+		}
+		for i := 20; i < 25; i++ {
+			if r := <-chans[i]; r.err != nil || r.d.Owner != fmt.Sprint(i) {
+				t.Fatalf("check %d: %+v", i, r)
+			}
+		}
+	})
+}
+
+// A lone check is sent MaxWait after it was queued, not later.
+func TestBatcherFlushesALoneCheckByTimer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakePeer{}
+		b := newTestBatcher(f, BatchConfig{MaxWait: 200 * time.Microsecond}, time.Second)
+		defer b.close()
+		start := time.Now()
+		ch, _ := b.enqueue(&sluicev1.RateLimitCheck{Key: "lone"})
+		r := <-ch
+		if waited := time.Since(start); waited != 200*time.Microsecond {
+			t.Fatalf("the lone check waited %s, want exactly the 200us batch wait", waited)
+		}
+		if r.err != nil || r.d.Owner != "lone" || len(f.sizes()) != 1 || f.sizes()[0] != 1 {
+			t.Fatalf("reply %+v, batches %v", r, f.sizes())
+		}
+	})
+}
+
+// A peer that never answers fails its waiting checks once the forward
+// timeout passes, and the queue keeps working for later checks.
+func TestBatcherDeadPeerFailsWithinTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakePeer{block: true}
+		b := newTestBatcher(f, BatchConfig{MaxWait: time.Millisecond}, 2*time.Second)
+		defer b.close()
+		start := time.Now()
+		var chans []<-chan reply
+		for i := 0; i < 5; i++ {
+			ch, _ := b.enqueue(&sluicev1.RateLimitCheck{Key: fmt.Sprint(i)})
+			chans = append(chans, ch)
+		}
+		for i, ch := range chans {
+			r := <-ch
+			if status.Code(errors.Unwrap(r.err)) != codes.DeadlineExceeded {
+				t.Fatalf("check %d: %v, want DeadlineExceeded", i, r.err)
+			}
+		}
+		if waited := time.Since(start); waited != time.Millisecond+2*time.Second {
+			t.Fatalf("failed after %s, want the batch wait plus the 2s timeout", waited)
+		}
+		if st := b.stats; st.errors.Load() != 1 {
+			t.Fatalf("%d errors counted, want 1 failed call", st.errors.Load())
+		}
+	})
+}
+
+// Closing a batcher fails what is queued and refuses new checks.
+func TestBatcherClose(t *testing.T) {
+	f := &fakePeer{}
+	b := newTestBatcher(f, BatchConfig{MaxWait: time.Hour}, time.Second)
+	ch, err := b.enqueue(&sluicev1.RateLimitCheck{Key: "queued"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.close()
+	if r := waitReply(t, ch); !errors.Is(r.err, errBatcherStopped) {
+		t.Fatalf("queued check: %+v, want errBatcherStopped", r)
+	}
+	if _, err := b.enqueue(&sluicev1.RateLimitCheck{Key: "late"}); !errors.Is(err, errBatcherStopped) {
+		t.Fatalf("enqueue after close: %v", err)
+	}
+}
+
+// End to end: a killed owner's checks get a per-check error within the
+// forward timeout, never a hang.
+func TestDeadOwnerFailsChecksWithinTimeout(t *testing.T) {
+	clock := windowClock()
+	nodes := startCluster(t, 2, clock)
+	k := keyOwnedBy(t, nodes[0], "api", "node2")
+	nodes[1].Kill()
+	start := time.Now()
+	resp, err := nodes[0].client.Check(context.Background(), &sluicev1.CheckRequest{Checks: []*sluicev1.RateLimitCheck{
+		{Name: "api", Key: k, Hits: 1, Limit: 10, WindowMs: 60000},
+		{Name: "api", Key: k, Hits: 1, Limit: 10, WindowMs: 60000, NoBatching: true},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	for i, d := range resp.Decisions {
+		// Either the owner was unreachable (error) or node1 already saw it
+		// leave and decided the key itself.
+		if d.Error == "" && d.Owner != "node1" || d.Error != "" && d.Allowed {
+			t.Fatalf("decision %d: %+v", i, d)
+		}
+	}
+	if took > 2*time.Second+time.Second {
+		t.Fatalf("answered after %s, over the 2s forward timeout", took)
+	}
+}
