@@ -23,6 +23,14 @@ test: ## vet, then run every test with the race detector
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
 
+.PHONY: bench
+bench: ## window benchmarks against go-limiter (see BENCHMARKS.md)
+	$(GO) test ./window -run '^$$' -bench . -benchmem -count 5
+
+.PHONY: bench-cluster
+bench-cluster: build ## start 3 nodes on loopback, run the four sluice bench workloads, write BENCHMARKS.md
+	./scripts/bench-cluster.sh $(BIN)
+
 .PHONY: smoke
 smoke: build ## start a node and query it with grpcurl, a client we did not write
 	./scripts/smoke.sh $(BIN)

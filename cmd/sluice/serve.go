@@ -4,6 +4,9 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"strings"
 	"time"
@@ -36,6 +39,7 @@ func serveCommand(e env) *cli.Command {
 			&cli.DurationFlag{Name: "leave-timeout", Value: 5 * time.Second, Usage: "bound on the graceful leave at shutdown", Sources: e.of("leave-timeout")},
 			&cli.DurationFlag{Name: "sweep-interval", Value: 5 * time.Second, Usage: "how often idle keys are removed", Sources: e.of("sweep-interval")},
 			&cli.IntFlag{Name: "max-keys", Value: 1_000_000, Usage: "cap on the keys this node holds state for (0: no cap); over it, keys back at full capacity go first, then the least recently used", Sources: e.of("max-keys")},
+			&cli.StringFlag{Name: "debug-addr", Usage: "host:port to serve Go's /debug/pprof on (off when empty; keep it on loopback)", Sources: e.of("debug-addr")},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", Sources: e.of("log-level")},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json", Sources: e.of("log-format")},
 		},
@@ -92,6 +96,14 @@ func serveCommand(e env) *cli.Command {
 			if err != nil {
 				return cli.Exit(err.Error(), exitFailure)
 			}
+			if addr := cmd.String("debug-addr"); addr != "" {
+				stopDebug, err := serveDebug(addr, logger)
+				if err != nil {
+					_ = node.Close(context.Background())
+					return usagef("debug-addr", "%v", err)
+				}
+				defer stopDebug()
+			}
 			var failure error
 			select {
 			case <-ctx.Done():
@@ -109,6 +121,25 @@ func serveCommand(e env) *cli.Command {
 			return nil
 		},
 	}
+}
+
+// serveDebug serves net/http/pprof's handlers on addr until the returned
+// function is called.
+func serveDebug(addr string, logger *slog.Logger) (func(), error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(lis) }()
+	logger.Info("debug endpoints up", "addr", lis.Addr().String())
+	return func() { _ = srv.Close() }, nil
 }
 
 // newLogger builds the node's slog logger.

@@ -1,0 +1,398 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/urfave/cli/v3"
+	"golang.org/x/term"
+	"google.golang.org/grpc"
+
+	"github.com/sluicehq/sluice/rpc/sluicev1"
+)
+
+// benchSummary is the result of `sluice bench`; --json prints it.
+type benchSummary struct {
+	Workload      string           `json:"workload"`
+	Nodes         int              `json:"nodes"`
+	Concurrency   int              `json:"concurrency"`
+	ChecksPerRPC  int              `json:"checks_per_rpc"`
+	WindowS       float64          `json:"window_s"` // the measured window, s
+	RPCs          int64            `json:"rpcs"`
+	ChecksPerSec  float64          `json:"checks_per_sec"` // each check of a batch counts
+	P50Ms         float64          `json:"p50_ms"`         // latency per RPC
+	P90Ms         float64          `json:"p90_ms"`
+	P99Ms         float64          `json:"p99_ms"`
+	MaxMs         float64          `json:"max_ms"`
+	Allowed       int64            `json:"allowed"`
+	Denied        int64            `json:"denied"`
+	Errors        int64            `json:"errors"` // failed RPCs plus checks answered with an error
+	AllowedPerKey map[string]int64 `json:"allowed_per_key,omitempty"`
+}
+
+// Bounds that keep every run finite whatever the flags say.
+const (
+	benchMaxRPCsPerWorker = 5_000_000
+	exactKeys             = 10
+	exactLimit            = 100
+	exactChecks           = 5000
+)
+
+func benchCommand(e env) *cli.Command {
+	return &cli.Command{
+		Name:  "bench",
+		Usage: "load a cluster with checks and report checks/s, latency and answers",
+		Description: "Closed loop: --concurrency goroutines, one connection per node, each goroutine\n" +
+			"sending its RPCs round-robin over --addrs; --warmup, then --duration measured.\n" +
+			"Workloads:\n" +
+			"  spread   uniform random keys out of --keys, token bucket, nothing denied, 1 check per RPC\n" +
+			"  hot      every check on one key, otherwise as spread\n" +
+			"  batched  as spread with --batch checks per RPC\n" +
+			"  exact    10 keys, fixed window 100 per minute, 5000 checks over all nodes;\n" +
+			"           reports allowed per key (the right answer: exactly 100 each)\n" +
+			"It stops by itself; every goroutine is also capped at 5000000 RPCs.",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "addrs", Value: "127.0.0.1:7070", Usage: "gRPC addresses of the nodes, H:P[,H:P...]", Sources: e.of("addrs")},
+			&cli.StringFlag{Name: "workload", Value: "spread", Usage: "spread, hot, batched or exact"},
+			&cli.IntFlag{Name: "concurrency", Value: 64, Usage: "closed-loop goroutines"},
+			&cli.DurationFlag{Name: "duration", Value: 10 * time.Second, Usage: "measured window"},
+			&cli.DurationFlag{Name: "warmup", Value: 2 * time.Second, Usage: "load before the measured window, not counted"},
+			&cli.IntFlag{Name: "keys", Value: 100000, Usage: "distinct keys for spread and batched"},
+			&cli.IntFlag{Name: "batch", Value: 100, Usage: "checks per RPC for batched (1..1000)"},
+			&cli.DurationFlag{Name: "timeout", Value: 5 * time.Second, Usage: "deadline of each RPC", Sources: e.of("timeout")},
+			&cli.BoolFlag{Name: "json", Usage: "print the summary as one JSON object"},
+		},
+		Action: runBench,
+	}
+}
+
+func runBench(ctx context.Context, cmd *cli.Command) error {
+	if err := noArgs(cmd); err != nil {
+		return err
+	}
+	addrs := splitList(cmd.String("addrs"))
+	workload := cmd.String("workload")
+	conc, keys, batch := cmd.Int("concurrency"), cmd.Int("keys"), cmd.Int("batch")
+	dur, warmup, timeout := cmd.Duration("duration"), cmd.Duration("warmup"), cmd.Duration("timeout")
+	switch {
+	case len(addrs) == 0:
+		return usagef("addrs", "at least one address is required")
+	case workload != "spread" && workload != "hot" && workload != "batched" && workload != "exact":
+		return usagef("workload", "want spread, hot, batched or exact, got %q", workload)
+	case conc < 1 || conc > 10000:
+		return usagef("concurrency", "must be in 1..10000, got %d", conc)
+	case dur <= 0 || dur > time.Hour:
+		return usagef("duration", "must be in (0, 1h], got %s", dur)
+	case warmup < 0 || warmup > time.Hour:
+		return usagef("warmup", "must be in [0, 1h], got %s", warmup)
+	case keys < 1:
+		return usagef("keys", "must be >= 1, got %d", keys)
+	case batch < 1 || batch > 1000:
+		return usagef("batch", "must be in 1..1000, got %d", batch)
+	case timeout <= 0:
+		return usagef("timeout", "must be > 0, got %s", timeout)
+	}
+	clients := make([]sluicev1.RateLimitServiceClient, len(addrs))
+	for i, a := range addrs {
+		conn, err := dialNode(a)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		clients[i] = sluicev1.NewRateLimitServiceClient(conn)
+		if err := waitServing(ctx, clients[i], a, timeout); err != nil {
+			return err
+		}
+	}
+	var progress io.Writer
+	if f, ok := cmd.Root().ErrWriter.(*os.File); ok && term.IsTerminal(int(f.Fd())) && !cmd.Bool("json") {
+		progress = f
+	}
+	var sum benchSummary
+	var err error
+	if workload == "exact" {
+		sum, err = benchExact(ctx, clients, conc, timeout, progress)
+	} else {
+		perRPC := 1
+		if workload == "batched" {
+			perRPC = batch
+		}
+		sum, err = benchLoad(ctx, clients, workload, conc, perRPC, keys, warmup, dur, timeout, progress)
+	}
+	if err != nil {
+		return err
+	}
+	sum.Workload, sum.Nodes, sum.Concurrency = workload, len(addrs), conc
+	out := cmd.Root().Writer
+	if cmd.Bool("json") {
+		b, _ := json.Marshal(sum)
+		fmt.Fprintf(out, "%s\n", b)
+		return nil
+	}
+	fmt.Fprintf(out, "workload %s: %d nodes, %d goroutines, %d checks per RPC, %.1fs measured\n",
+		sum.Workload, sum.Nodes, sum.Concurrency, sum.ChecksPerRPC, sum.WindowS)
+	fmt.Fprintf(out, "checks/s  %.0f\n", sum.ChecksPerSec)
+	fmt.Fprintf(out, "latency   p50 %.2f ms  p90 %.2f ms  p99 %.2f ms  max %.2f ms (per RPC)\n", sum.P50Ms, sum.P90Ms, sum.P99Ms, sum.MaxMs)
+	fmt.Fprintf(out, "answers   allowed %d  denied %d  errors %d\n", sum.Allowed, sum.Denied, sum.Errors)
+	if sum.AllowedPerKey != nil {
+		keys := make([]string, 0, len(sum.AllowedPerKey))
+		for k := range sum.AllowedPerKey {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			fmt.Fprintf(out, "  %s: %d allowed\n", k, sum.AllowedPerKey[k])
+		}
+	}
+	return nil
+}
+
+// waitServing asks a node for its members until it answers, for up to
+// 10 s, so a bench started with its cluster does not count start-up errors.
+func waitServing(ctx context.Context, c sluicev1.RateLimitServiceClient, addr string, timeout time.Duration) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		_, err := c.Members(cctx, &sluicev1.MembersRequest{}, grpc.WaitForReady(true))
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("node %s: %w", addr, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// workerStats is one goroutine's counts in the measured window.
+type workerStats struct {
+	lat                     []time.Duration
+	rpcs, checks            int64
+	allowed, denied, errors int64
+	_                       [64]byte // no false sharing between workers
+}
+
+// benchLoad runs the closed loop of spread, hot and batched.
+func benchLoad(ctx context.Context, clients []sluicev1.RateLimitServiceClient, workload string, conc, perRPC, keys int,
+	warmup, dur, timeout time.Duration, progress io.Writer) (benchSummary, error) {
+	// Requests are built before the clock starts, so the loop measures the
+	// cluster, not request building: a pool per goroutine, reused in turn.
+	poolSize := max(4, 512/perRPC)
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	runID := strconv.FormatUint(rng.Uint64()%1_000_000, 36)
+	pools := make([][]*sluicev1.CheckRequest, conc)
+	for g := range pools {
+		pools[g] = make([]*sluicev1.CheckRequest, poolSize)
+		for j := range pools[g] {
+			req := &sluicev1.CheckRequest{Checks: make([]*sluicev1.RateLimitCheck, perRPC)}
+			for k := range req.Checks {
+				key := "hot"
+				if workload != "hot" {
+					key = "k" + strconv.Itoa(rng.IntN(keys))
+				}
+				req.Checks[k] = &sluicev1.RateLimitCheck{
+					Name: "bench." + runID, Key: key, Hits: 1, Limit: 1 << 50, WindowMs: 60_000,
+					Algorithm: sluicev1.Algorithm_ALGORITHM_TOKEN_BUCKET,
+				}
+			}
+			pools[g][j] = req
+		}
+	}
+	start := time.Now()
+	ws, we := start.Add(warmup), start.Add(warmup+dur)
+	stats := make([]workerStats, conc)
+	var live, liveErrs atomic.Int64
+	stop := startProgress(progress, start, warmup, &live, &liveErrs)
+	var wg sync.WaitGroup
+	for g := 0; g < conc; g++ {
+		wg.Go(func() {
+			st := &stats[g]
+			st.lat = make([]time.Duration, 0, 1<<14)
+			for n := 0; n < benchMaxRPCsPerWorker && ctx.Err() == nil; n++ {
+				t0 := time.Now()
+				if !t0.Before(we) {
+					return
+				}
+				req := pools[g][n%poolSize]
+				cctx, cancel := context.WithTimeout(ctx, timeout)
+				resp, err := clients[(g+n)%len(clients)].Check(cctx, req)
+				cancel()
+				t1 := time.Now()
+				live.Add(int64(perRPC))
+				if err == nil && len(resp.Decisions) != perRPC {
+					err = fmt.Errorf("%d decisions for %d checks", len(resp.Decisions), perRPC)
+				}
+				if err != nil {
+					liveErrs.Add(1)
+				}
+				if t1.Before(ws) || !t1.Before(we) {
+					continue
+				}
+				if err != nil {
+					st.errors++
+					continue
+				}
+				st.rpcs++
+				st.checks += int64(perRPC)
+				st.lat = append(st.lat, t1.Sub(t0))
+				for _, d := range resp.Decisions {
+					switch {
+					case d.Error != "":
+						st.errors++
+					case d.Allowed:
+						st.allowed++
+					default:
+						st.denied++
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	stop()
+	sum := benchSummary{ChecksPerRPC: perRPC, WindowS: dur.Seconds()}
+	var lat []time.Duration
+	for i := range stats {
+		s := &stats[i]
+		sum.RPCs += s.rpcs
+		sum.Allowed += s.allowed
+		sum.Denied += s.denied
+		sum.Errors += s.errors
+		sum.ChecksPerSec += float64(s.checks)
+		lat = append(lat, s.lat...)
+	}
+	sum.ChecksPerSec /= dur.Seconds()
+	slices.Sort(lat)
+	ms := func(q float64) float64 {
+		if len(lat) == 0 {
+			return 0
+		}
+		return float64(lat[min(len(lat)-1, int(q*float64(len(lat))))]) / float64(time.Millisecond)
+	}
+	sum.P50Ms, sum.P90Ms, sum.P99Ms, sum.MaxMs = ms(0.50), ms(0.90), ms(0.99), ms(1)
+	return sum, ctx.Err()
+}
+
+// benchExact sends 5000 checks of 1 hit on 10 keys (fixed window, 100 per
+// minute) over all nodes and counts the allowed ones per key. It first
+// waits, if needed, until at least 30 s remain in the current minute, so
+// that all checks fall into one window.
+func benchExact(ctx context.Context, clients []sluicev1.RateLimitServiceClient, conc int, timeout time.Duration, progress io.Writer) (benchSummary, error) {
+	if left := time.Minute - time.Duration(time.Now().UnixNano()%int64(time.Minute)); left < 30*time.Second {
+		select {
+		case <-time.After(left):
+		case <-ctx.Done():
+			return benchSummary{}, ctx.Err()
+		}
+	}
+	runID := strconv.FormatInt(time.Now().UnixNano()%1_000_000_007, 36)
+	var next, live, liveErrs atomic.Int64
+	var mu sync.Mutex
+	sum := benchSummary{ChecksPerRPC: 1, AllowedPerKey: map[string]int64{}}
+	var lat []time.Duration
+	start := time.Now()
+	stop := startProgress(progress, start, 0, &live, &liveErrs)
+	var wg sync.WaitGroup
+	for g := 0; g < conc; g++ {
+		wg.Go(func() {
+			var my benchSummary
+			myAllowed := map[string]int64{}
+			var myLat []time.Duration
+			for {
+				n := next.Add(1) - 1
+				if n >= exactChecks || ctx.Err() != nil {
+					break
+				}
+				key := "k" + strconv.Itoa(int(n%exactKeys))
+				req := &sluicev1.CheckRequest{Checks: []*sluicev1.RateLimitCheck{{
+					Name: "bench.exact." + runID, Key: key, Hits: 1, Limit: exactLimit, WindowMs: 60_000,
+					Algorithm: sluicev1.Algorithm_ALGORITHM_FIXED_WINDOW,
+				}}}
+				t0 := time.Now()
+				cctx, cancel := context.WithTimeout(ctx, timeout)
+				resp, err := clients[int(n)%len(clients)].Check(cctx, req)
+				cancel()
+				myLat = append(myLat, time.Since(t0))
+				live.Add(1)
+				switch {
+				case err != nil || len(resp.Decisions) != 1 || resp.Decisions[0].Error != "":
+					my.Errors++
+					liveErrs.Add(1)
+				case resp.Decisions[0].Allowed:
+					my.Allowed++
+					myAllowed[key]++
+				default:
+					my.Denied++
+				}
+				my.RPCs++
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			sum.RPCs += my.RPCs
+			sum.Allowed += my.Allowed
+			sum.Denied += my.Denied
+			sum.Errors += my.Errors
+			for k, v := range myAllowed {
+				sum.AllowedPerKey[k] += v
+			}
+			lat = append(lat, myLat...)
+		})
+	}
+	wg.Wait()
+	stop()
+	for i := 0; i < exactKeys; i++ {
+		k := "k" + strconv.Itoa(i)
+		sum.AllowedPerKey[k] += 0 // list every key, also one with none allowed
+	}
+	elapsed := time.Since(start)
+	sum.WindowS = elapsed.Seconds()
+	sum.ChecksPerSec = float64(sum.RPCs) / elapsed.Seconds()
+	slices.Sort(lat)
+	if len(lat) > 0 {
+		q := func(f float64) float64 {
+			return float64(lat[min(len(lat)-1, int(f*float64(len(lat))))]) / float64(time.Millisecond)
+		}
+		sum.P50Ms, sum.P90Ms, sum.P99Ms, sum.MaxMs = q(0.5), q(0.9), q(0.99), q(1)
+	}
+	return sum, ctx.Err()
+}
+
+// startProgress prints checks/s and errors so far to w once a second (w
+// nil: nothing) and returns a function that stops it.
+func startProgress(w io.Writer, start time.Time, warmup time.Duration, checks, errs *atomic.Int64) func() {
+	if w == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				fmt.Fprint(w, "\r\033[K")
+				return
+			case now := <-tick.C:
+				el := now.Sub(start)
+				phase := "measuring"
+				if el < warmup {
+					phase = "warming up"
+				}
+				fmt.Fprintf(w, "\r\033[K%5.1fs %s: %.0f checks/s so far, %d errors", el.Seconds(), phase,
+					float64(checks.Load())/el.Seconds(), errs.Load())
+			}
+		}
+	})
+	return func() { close(done); wg.Wait() }
+}

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# make bench-cluster: start three nodes on loopback, run the four `sluice
+# bench` workloads against them (the load shape of the gRPC echo ceiling:
+# 64 closed-loop goroutines, one connection per node, round-robin, 2 s
+# warm-up, 10 s measured), and write the results table into BENCHMARKS.md
+# between the bench-cluster markers. Server CPU per check comes from
+# /proc/PID/stat (utime + stime) around each workload.
+#
+#   scripts/bench-cluster.sh [bin/sluice]
+#   DUR=3s WARMUP=1s scripts/bench-cluster.sh     # a quick run
+#
+# Ports: gRPC 127.0.0.1:7270-7272, gossip 127.0.0.1:7370-7372. Every node it
+# starts is stopped by PID on exit.
+set -euo pipefail
+bin=${1:-bin/sluice}
+DUR=${DUR:-10s}
+WARMUP=${WARMUP:-2s}
+CONC=${CONC:-64}
+OUT=${OUT:-BENCHMARKS.md}
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+addrs=127.0.0.1:7270,127.0.0.1:7271,127.0.0.1:7272
+for i in 0 1 2; do
+  join=""
+  [ "$i" -gt 0 ] && join=127.0.0.1:7370
+  "$bin" serve --name "bench$((i + 1))" --grpc-addr "127.0.0.1:$((7270 + i))" --gossip-addr "127.0.0.1:$((7370 + i))" \
+    --join "$join" --log-level warn --leave-timeout 1s 2>>"$work/nodes.log" &
+  pids+=($!)
+done
+# Wait (bounded) until the three rings agree.
+for _ in $(seq 1 100); do
+  rings=""
+  for i in 0 1 2; do
+    t=$("$bin" members --addr "127.0.0.1:$((7270 + i))" --timeout 1s 2>/dev/null || true)
+    [ "$(grep -c ' alive ' <<<"$t")" = 3 ] && rings+="$(grep '^ring ' <<<"$t")"$'\n'
+  done
+  [ "$(grep -c '^ring ' <<<"$rings")" = 3 ] && [ "$(sort -u <<<"${rings%$'\n'}" | wc -l)" = 1 ] && break
+  sleep 0.2
+done
+
+cpu_ticks() { # utime + stime of the node processes, in clock ticks
+  local t=0 p
+  for p in "${pids[@]}"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
+  echo "$t"
+}
+hz=$(getconf CLK_TCK)
+
+rows=""
+for w in spread hot batched exact; do
+  before=$(cpu_ticks)
+  "$bin" bench --addrs "$addrs" --workload "$w" --concurrency "$CONC" --duration "$DUR" --warmup "$WARMUP" --json >"$work/$w.json"
+  after=$(cpu_ticks)
+  echo "$w: $(cat "$work/$w.json")"
+  rows+=$(python3 - "$work/$w.json" "$before" "$after" "$hz" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+before, after, hz = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+cpu_s = (after - before) / hz  # over warm-up and window (exact: the whole run)
+checks = s["checks_per_sec"] * s["window_s"]
+extra = ""
+if s["workload"] == "exact":
+    per = s.get("allowed_per_key", {})
+    extra = "allowed per key: " + ", ".join(f"{k} {v}" for k, v in sorted(per.items()))
+print(f"| {s['workload']} | {s['checks_per_rpc']} | {s['checks_per_sec']:,.0f} | {s['p50_ms']:.2f} | {s['p90_ms']:.2f} | "
+      f"{s['p99_ms']:.2f} | {s['max_ms']:.2f} | {s['allowed']:,} | {s['denied']:,} | {s['errors']:,} | {cpu_s:.2f} | {extra} |")
+PY
+)$'\n'
+done
+
+table="<!-- bench-cluster:start -->
+Written by \`make bench-cluster\` on $(date -u +%Y-%m-%dT%H:%M:%SZ): $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)),
+$(go version | cut -d' ' -f3). Three nodes on 127.0.0.1, started by the script; each workload ran
+\`$bin bench --addrs $addrs --workload W --concurrency $CONC --duration $DUR --warmup $WARMUP --json\`.
+Server CPU is utime + stime of the three node processes over the warm-up and the window
+(for exact: the whole run).
+
+| workload | checks/RPC | checks/s | p50 ms | p90 ms | p99 ms | max ms | allowed | denied | errors | server CPU s | notes |
+|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|
+${rows%$'\n'}
+<!-- bench-cluster:end -->"
+
+python3 - "$OUT" "$table" <<'PY'
+import re, sys
+path, table = sys.argv[1], sys.argv[2]
+try:
+    text = open(path).read()
+except FileNotFoundError:
+    text = "# Benchmarks\n"
+if "<!-- bench-cluster:start -->" in text:
+    text = re.sub(r"<!-- bench-cluster:start -->.*?<!-- bench-cluster:end -->", lambda m: table, text, flags=re.S)
+else:
+    text = text.rstrip("\n") + "\n\n## The cluster: `make bench-cluster`\n\n" + table + "\n"
+open(path, "w").write(text)
+PY
+echo "bench-cluster: results written to $OUT"
