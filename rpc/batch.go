@@ -60,10 +60,14 @@ type peerStats struct {
 
 // batcher queues the checks bound for one owner and sends them as one
 // Forward call when MaxSize are queued or MaxWait after the first, whichever
-// comes first (the per-peer batching of gubernator's peer_client.go). Each
-// batch is sent by a goroutine of its own, bounded by the forward timeout,
-// so a slow owner never stalls the queue, and every queued check gets a
-// reply: a decision, or the error that failed its batch.
+// comes first (the per-peer batching of gubernator's peer_client.go), and
+// also at once whenever no call to the owner is in flight (the "group
+// commit" idea): under light load a check goes without waiting, under heavy
+// load checks gather while calls are in flight, so batches grow with the
+// load. Each batch is sent by a goroutine of its own, bounded by the
+// forward timeout, so a slow owner never stalls the queue, and every
+// queued check gets a reply: a decision, or the error that failed its
+// batch.
 type batcher struct {
 	p       *peer
 	cfg     BatchConfig
@@ -71,8 +75,11 @@ type batcher struct {
 	sender  string
 	stats   *peerStats
 
-	in   chan *pending
-	stop chan struct{} // closed by close
+	in       chan *pending
+	out      chan []*pending // batches for the senders
+	sent     chan struct{}   // a send finished
+	inflight int             // batches handed to senders and not yet sent; owned by run
+	stop     chan struct{}   // closed by close
 	done chan struct{} // closed when run has returned
 	// mu makes enqueue and close exclusive, so nothing is queued after run
 	// drained the queue; closed is guarded by mu.
@@ -84,11 +91,46 @@ func newBatcher(p *peer, cfg BatchConfig, timeout time.Duration, sender string, 
 	b := &batcher{
 		p: p, cfg: cfg, timeout: timeout, sender: sender, stats: stats,
 		in:   make(chan *pending, 4*cfg.MaxSize),
+		out:  make(chan []*pending, senders),
+		sent: make(chan struct{}, senders),
 		stop: make(chan struct{}),
 		done: make(chan struct{}),
 	}
 	go b.run()
+	for range senders {
+		go b.sendLoop()
+	}
 	return b
+}
+
+// senders is the number of long-lived goroutines per peer that make the
+// Forward calls: reused, so a call does not grow a fresh goroutine's stack.
+const senders = 8
+
+// sendLoop makes Forward calls for the batches run hands it, until close.
+func (b *batcher) sendLoop() {
+	for {
+		select {
+		case batch := <-b.out:
+			b.send(batch)
+			select {
+			case b.sent <- struct{}{}:
+			case <-b.done: // run has returned: nobody counts any more
+			}
+		case <-b.done:
+			// Batches handed over but not sent yet fail like queued ones.
+			for {
+				select {
+				case batch := <-b.out:
+					for _, p := range batch {
+						p.reply <- reply{err: errBatcherStopped}
+					}
+				default:
+					return
+				}
+			}
+		}
+	}
 }
 
 // enqueue queues a check and returns the channel its reply arrives on. It
@@ -120,13 +162,32 @@ func (b *batcher) close() {
 func (b *batcher) run() {
 	defer close(b.done)
 	var batch []*pending
+	due := false // the batch's wait is over but every sender was busy
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
+	// flush hands the batch to a sender. When every sender is busy it
+	// keeps gathering (the next finished send flushes), unless the batch
+	// is full: then it waits for a sender, which holds back new checks.
 	flush := func() {
-		if len(batch) > 0 {
-			go b.send(batch)
-			batch = nil
+		if len(batch) == 0 {
+			return
 		}
+		if len(batch) >= b.cfg.MaxSize {
+			select {
+			case b.out <- batch:
+			case <-b.stop:
+				return // run's stop case fails the batch
+			}
+		} else {
+			select {
+			case b.out <- batch:
+			default:
+				return
+			}
+		}
+		timer.Stop()
+		b.inflight++
+		batch, due = nil, false
 	}
 	for {
 		select {
@@ -135,11 +196,16 @@ func (b *batcher) run() {
 			if len(batch) == 1 {
 				timer.Reset(b.cfg.MaxWait)
 			}
-			if len(batch) >= b.cfg.MaxSize {
-				timer.Stop()
+			if len(batch) >= b.cfg.MaxSize || b.inflight == 0 {
 				flush()
 			}
+		case <-b.sent:
+			b.inflight--
+			if b.inflight == 0 || due {
+				flush() // the line to the owner is free, or the batch is overdue
+			}
 		case <-timer.C:
+			due = true
 			flush()
 		case <-b.stop:
 			timer.Stop()

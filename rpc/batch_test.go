@@ -23,6 +23,7 @@ import (
 type fakePeer struct {
 	mu      sync.Mutex
 	batches []int
+	at      []time.Time // when each call started
 	delay   time.Duration
 	block   bool
 }
@@ -30,6 +31,7 @@ type fakePeer struct {
 func (f *fakePeer) Forward(ctx context.Context, in *sluicev1.ForwardRequest, _ ...grpc.CallOption) (*sluicev1.ForwardResponse, error) {
 	f.mu.Lock()
 	f.batches = append(f.batches, len(in.Checks))
+	f.at = append(f.at, time.Now())
 	f.mu.Unlock()
 	if f.block {
 		<-ctx.Done()
@@ -116,58 +118,59 @@ func TestBatcherAnswersInOrderUnderConcurrency(t *testing.T) {
 }
 
 // A full batch goes at once, without waiting for MaxWait; what is left
-// waits for the timer.
+// waits for the timer (or for the call in flight to end).
 func TestBatcherSplitsBySize(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		f := &fakePeer{}
-		b := newTestBatcher(f, BatchConfig{MaxSize: 10, MaxWait: time.Hour}, time.Second)
+		f := &fakePeer{delay: 2 * time.Hour}
+		b := newTestBatcher(f, BatchConfig{MaxSize: 10, MaxWait: time.Hour}, 3*time.Hour)
 		defer b.close()
+		first, _ := b.enqueue(&sluicev1.RateLimitCheck{Key: "first"})
+		synctest.Wait() // nothing in flight: the first check goes alone, at once
 		var chans []<-chan reply
 		for i := 0; i < 25; i++ {
 			ch, _ := b.enqueue(&sluicev1.RateLimitCheck{Key: fmt.Sprint(i)})
 			chans = append(chans, ch)
 		}
-		synctest.Wait() // everything that can run without time passing has run
-		if got := f.sizes(); len(got) != 2 || got[0] != 10 || got[1] != 10 {
-			t.Fatalf("batches before the wait: %v, want [10 10]", got)
-		}
-		for i := 0; i < 20; i++ {
-			if r := <-chans[i]; r.err != nil || r.d.Owner != fmt.Sprint(i) {
-				t.Fatalf("check %d: %+v", i, r)
-			}
-		}
-		select {
-		case r := <-chans[20]:
-			t.Fatalf("check 20 answered before its batch was full or due: %+v", r)
-		default:
-		}
-		time.Sleep(time.Hour) // fake time: the timer fires
 		synctest.Wait()
-		if got := f.sizes(); len(got) != 3 || got[2] != 5 {
-			t.Fatalf("batches after the wait: %v, want [10 10 5]", got)
+		if got := f.sizes(); len(got) != 3 || got[0] != 1 || got[1] != 10 || got[2] != 10 {
+			t.Fatalf("batches before the wait: %v, want [1 10 10]", got)
 		}
-		for i := 20; i < 25; i++ {
-			if r := <-chans[i]; r.err != nil || r.d.Owner != fmt.Sprint(i) {
+		time.Sleep(time.Hour) // fake time: the timer of the 5 left fires
+		synctest.Wait()
+		if got := f.sizes(); len(got) != 4 || got[3] != 5 {
+			t.Fatalf("batches after the wait: %v, want [1 10 10 5]", got)
+		}
+		if r := <-first; r.err != nil || r.d.Owner != "first" {
+			t.Fatalf("first: %+v", r)
+		}
+		for i, ch := range chans {
+			if r := <-ch; r.err != nil || r.d.Owner != fmt.Sprint(i) {
 				t.Fatalf("check %d: %+v", i, r)
 			}
 		}
 	})
 }
 
-// A lone check is sent MaxWait after it was queued, not later.
-func TestBatcherFlushesALoneCheckByTimer(t *testing.T) {
+// A lone check goes at once when no call to the owner is in flight; one
+// queued behind a call in flight goes MaxWait after it was queued, not
+// later.
+func TestBatcherLoneCheckWaitsAtMostMaxWait(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		f := &fakePeer{}
-		b := newTestBatcher(f, BatchConfig{MaxWait: 200 * time.Microsecond}, time.Second)
+		f := &fakePeer{delay: time.Second}
+		b := newTestBatcher(f, BatchConfig{MaxWait: 200 * time.Microsecond}, 10*time.Second)
 		defer b.close()
 		start := time.Now()
-		ch, _ := b.enqueue(&sluicev1.RateLimitCheck{Key: "lone"})
-		r := <-ch
-		if waited := time.Since(start); waited != 200*time.Microsecond {
-			t.Fatalf("the lone check waited %s, want exactly the 200us batch wait", waited)
+		c1, _ := b.enqueue(&sluicev1.RateLimitCheck{Key: "one"})
+		synctest.Wait()
+		c2, _ := b.enqueue(&sluicev1.RateLimitCheck{Key: "two"})
+		r1, r2 := <-c1, <-c2
+		if r1.err != nil || r1.d.Owner != "one" || r2.err != nil || r2.d.Owner != "two" {
+			t.Fatalf("replies %+v %+v", r1, r2)
 		}
-		if r.err != nil || r.d.Owner != "lone" || len(f.sizes()) != 1 || f.sizes()[0] != 1 {
-			t.Fatalf("reply %+v, batches %v", r, f.sizes())
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if len(f.at) != 2 || f.at[0] != start || f.at[1] != start.Add(200*time.Microsecond) {
+			t.Fatalf("calls started at %v (start %v): want at once, then after the 200us wait", f.at, start)
 		}
 	})
 }
@@ -191,29 +194,39 @@ func TestBatcherDeadPeerFailsWithinTimeout(t *testing.T) {
 				t.Fatalf("check %d: %v, want DeadlineExceeded", i, r.err)
 			}
 		}
+		// The first check went at once, the other four after the 1ms wait;
+		// each call gave up after the 2s timeout.
 		if waited := time.Since(start); waited != time.Millisecond+2*time.Second {
 			t.Fatalf("failed after %s, want the batch wait plus the 2s timeout", waited)
 		}
-		if st := b.stats; st.errors.Load() != 1 {
-			t.Fatalf("%d errors counted, want 1 failed call", st.errors.Load())
+		if st := b.stats; st.errors.Load() != 2 || st.checks.Load() != 5 {
+			t.Fatalf("%d errors, %d checks counted; want 2 failed calls carrying 5 checks", st.errors.Load(), st.checks.Load())
 		}
 	})
 }
 
-// Closing a batcher fails what is queued and refuses new checks.
+// Closing a batcher fails what is queued and refuses new checks; a call in
+// flight finishes on its own.
 func TestBatcherClose(t *testing.T) {
-	f := &fakePeer{}
-	b := newTestBatcher(f, BatchConfig{MaxWait: time.Hour}, time.Second)
-	ch, err := b.enqueue(&sluicev1.RateLimitCheck{Key: "queued"})
+	f := &fakePeer{block: true}
+	b := newTestBatcher(f, BatchConfig{MaxWait: time.Hour}, 100*time.Millisecond)
+	inFlight, _ := b.enqueue(&sluicev1.RateLimitCheck{Key: "in flight"})
+	for len(f.sizes()) == 0 { // the first check goes at once
+		time.Sleep(time.Millisecond)
+	}
+	queued, err := b.enqueue(&sluicev1.RateLimitCheck{Key: "queued"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	b.close()
-	if r := waitReply(t, ch); !errors.Is(r.err, errBatcherStopped) {
+	if r := waitReply(t, queued); !errors.Is(r.err, errBatcherStopped) {
 		t.Fatalf("queued check: %+v, want errBatcherStopped", r)
 	}
 	if _, err := b.enqueue(&sluicev1.RateLimitCheck{Key: "late"}); !errors.Is(err, errBatcherStopped) {
 		t.Fatalf("enqueue after close: %v", err)
+	}
+	if r := waitReply(t, inFlight); status.Code(errors.Unwrap(r.err)) != codes.DeadlineExceeded {
+		t.Fatalf("the call in flight: %+v, want its own timeout", r)
 	}
 }
 

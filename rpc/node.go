@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
 	"strconv"
 	"sync"
 	"time"
@@ -140,7 +141,9 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		lis.Close()
 		return nil, err
 	}
-	gs := grpc.NewServer()
+	// Stream workers serve RPCs on long-lived goroutines instead of a new
+	// goroutine (and a new, growing stack) per RPC.
+	gs := grpc.NewServer(grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))))
 	hs := health.NewServer()
 	sluicev1.RegisterRateLimitServiceServer(gs, srv)
 	sluicev1.RegisterPeerServiceServer(gs, srv)
@@ -266,5 +269,16 @@ func (n *Node) Kill() {
 func (n *Node) stop() {
 	n.cancel()
 	n.wg.Wait()
+	st := n.server.Stats()
+	for name, p := range st.Peers {
+		mean, lat := 0.0, time.Duration(0)
+		if p.Batches > 0 {
+			mean, lat = float64(p.Checks)/float64(p.Batches), p.Latency/time.Duration(p.Batches)
+		}
+		n.log.Info("forwarded to peer", "peer", name, "calls", p.Batches, "checks", p.Checks,
+			"mean_batch", fmt.Sprintf("%.2f", mean), "mean_latency", lat, "errors", p.Errors)
+	}
+	n.log.Info("routing totals", "local_checks", st.LocalChecks, "forwarded_checks", st.ForwardedChecks,
+		"received_calls", st.ReceivedRPCs, "received_checks", st.ReceivedChecks)
 	n.server.Close()
 }

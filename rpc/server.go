@@ -336,6 +336,11 @@ func (s *Server) route(ctx context.Context, v *view, reqs []request, idx []int, 
 	if len(remote) == 0 {
 		return nil
 	}
+	if len(remote) == 1 { // the common case: no goroutine needed
+		for owner, is := range remote {
+			return s.forward(ctx, v.peers[owner], owner, reqs, is, out)
+		}
+	}
 	var (
 		mu     sync.Mutex
 		failed []failure

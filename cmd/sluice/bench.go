@@ -39,6 +39,10 @@ type benchSummary struct {
 	AllowedPerKey map[string]int64 `json:"allowed_per_key,omitempty"`
 }
 
+// wallNow reads the wall clock for the exact workload's wait; tests replace
+// it (their nodes run on a manual clock that never crosses a minute).
+var wallNow = time.Now
+
 // Bounds that keep every run finite whatever the flags say.
 const (
 	benchMaxRPCsPerWorker = 5_000_000
@@ -288,7 +292,7 @@ func benchLoad(ctx context.Context, clients []sluicev1.RateLimitServiceClient, w
 // waits, if needed, until at least 30 s remain in the current minute, so
 // that all checks fall into one window.
 func benchExact(ctx context.Context, clients []sluicev1.RateLimitServiceClient, conc int, timeout time.Duration, progress io.Writer) (benchSummary, error) {
-	if left := time.Minute - time.Duration(time.Now().UnixNano()%int64(time.Minute)); left < 30*time.Second {
+	if left := time.Minute - time.Duration(wallNow().UnixNano()%int64(time.Minute)); left < 30*time.Second {
 		select {
 		case <-time.After(left):
 		case <-ctx.Done():

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/rpc"
+	"github.com/sluicehq/sluice/rpc/sluicev1"
+	"github.com/sluicehq/sluice/window"
+)
+
+// startManualNode runs a node whose clock stands still at a minute's start.
+func startManualNode(t *testing.T, name string, join ...string) *rpc.Node {
+	t.Helper()
+	n, err := rpc.StartNode(rpc.NodeConfig{
+		Name: name, GRPCAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0", Join: join,
+		Profile: cluster.Local, Logger: slog.New(slog.DiscardHandler), LeaveTimeout: time.Second,
+		Clock: window.NewManualClock(time.Unix(60*30_000_000, 0)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close(t.Context()) })
+	return n
+}
+
+func TestBenchExactAndSpread(t *testing.T) {
+	old := wallNow
+	wallNow = func() time.Time { return time.Unix(60*30_000_000, 0) } // a minute just began
+	defer func() { wallNow = old }()
+	n1 := startManualNode(t, "b1")
+	n2 := startManualNode(t, "b2", n1.GossipAddr())
+	addrs := n1.GRPCAddr() + "," + n2.GRPCAddr()
+	deadline := time.Now().Add(15 * time.Second)
+	agreed := func() bool {
+		m, err := n1.Server().Members(t.Context(), &sluicev1.MembersRequest{})
+		return err == nil && len(m.Members) == 2 && n1.Server().RingFingerprint() == n2.Server().RingFingerprint()
+	}
+	for !agreed() {
+		if time.Now().After(deadline) {
+			t.Fatal("rings never agreed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	code, out, errOut := sluice(t, "bench", "--addrs", addrs, "--workload", "exact", "--concurrency", "16", "--json")
+	if code != 0 {
+		t.Fatalf("exact: exit %d: %s", code, errOut)
+	}
+	var s benchSummary
+	if err := json.Unmarshal([]byte(out), &s); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if s.Allowed != 1000 || s.Denied != 4000 || s.Errors != 0 || len(s.AllowedPerKey) != 10 {
+		t.Fatalf("exact: %+v", s)
+	}
+	for k, v := range s.AllowedPerKey {
+		if v != 100 {
+			t.Fatalf("exact: key %s allowed %d, want 100", k, v)
+		}
+	}
+
+	code, out, errOut = sluice(t, "bench", "--addrs", addrs, "--workload", "batched", "--batch", "10",
+		"--concurrency", "4", "--duration", "300ms", "--warmup", "100ms", "--json")
+	if code != 0 {
+		t.Fatalf("batched: exit %d: %s", code, errOut)
+	}
+	s = benchSummary{}
+	if err := json.Unmarshal([]byte(out), &s); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	for _, f := range []string{`"checks_per_sec"`, `"p50_ms"`, `"p90_ms"`, `"p99_ms"`, `"max_ms"`, `"allowed"`, `"denied"`, `"errors"`} {
+		if !strings.Contains(out, f) {
+			t.Fatalf("summary lacks %s: %s", f, out)
+		}
+	}
+	if s.ChecksPerRPC != 10 || s.RPCs == 0 || s.Allowed != s.RPCs*10 || s.Denied != 0 || s.Errors != 0 ||
+		s.ChecksPerSec <= 0 || s.P50Ms <= 0 || s.P50Ms > s.P90Ms || s.P99Ms > s.MaxMs {
+		t.Fatalf("batched: %+v", s)
+	}
+
+	if code, _, errOut := sluice(t, "bench", "--addrs", addrs, "--workload", "storm"); code != 2 || !strings.Contains(errOut, "--workload") {
+		t.Fatalf("unknown workload: exit %d %s", code, errOut)
+	}
+}
