@@ -80,7 +80,7 @@ type batcher struct {
 	sent     chan struct{}   // a send finished
 	inflight int             // batches handed to senders and not yet sent; owned by run
 	stop     chan struct{}   // closed by close
-	done chan struct{} // closed when run has returned
+	done     chan struct{}   // closed when run has returned
 	// mu makes enqueue and close exclusive, so nothing is queued after run
 	// drained the queue; closed is guarded by mu.
 	mu     sync.RWMutex
