@@ -12,6 +12,7 @@
 # Ports: gRPC 127.0.0.1:7270-7272, gossip 127.0.0.1:7370-7372. Every node it
 # starts is stopped by PID on exit.
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 bin=${1:-bin/sluice}
 DUR=${DUR:-10s}
 WARMUP=${WARMUP:-2s}
@@ -20,8 +21,7 @@ OUT=${OUT:-BENCHMARKS.md}
 work=$(mktemp -d)
 pids=()
 cleanup() {
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  stop_pids "${pids[@]}"
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -34,16 +34,7 @@ for i in 0 1 2; do
     --join "$join" --log-level warn --leave-timeout 1s 2>>"$work/nodes.log" &
   pids+=($!)
 done
-# Wait (bounded) until the three rings agree.
-for _ in $(seq 1 100); do
-  rings=""
-  for i in 0 1 2; do
-    t=$("$bin" members --addr "127.0.0.1:$((7270 + i))" --timeout 1s 2>/dev/null || true)
-    [ "$(grep -c ' alive ' <<<"$t")" = 3 ] && rings+="$(grep '^ring ' <<<"$t")"$'\n'
-  done
-  [ "$(grep -c '^ring ' <<<"$rings")" = 3 ] && [ "$(sort -u <<<"${rings%$'\n'}" | wc -l)" = 1 ] && break
-  sleep 0.2
-done
+wait_rings "$bin" 127.0.0.1:7270 127.0.0.1:7271 127.0.0.1:7272 || { cat "$work/nodes.log"; echo "bench-cluster: the rings never agreed" >&2; exit 1; }
 
 cpu_ticks() { # utime + stime of the node processes, in clock ticks
   local t=0 p

@@ -5,6 +5,7 @@
 #   node2: gRPC 127.0.0.1:7071, gossip 127.0.0.1:7947
 #   node3: gRPC 127.0.0.1:7072, gossip 127.0.0.1:7948
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 bin=${1:-bin/sluice}
 base_grpc=${SLUICE_RUN_GRPC_PORT:-7070}
 base_gossip=${SLUICE_RUN_GOSSIP_PORT:-7946}
@@ -14,8 +15,7 @@ stop() {
   trap - INT TERM EXIT
   echo
   echo "stopping the cluster..."
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  stop_pids "${pids[@]}"
   echo "stopped."
 }
 trap stop INT TERM EXIT
@@ -30,17 +30,10 @@ for i in 1 2 3; do
   seeds="127.0.0.1:$base_gossip"
 done
 
-# Wait until all three nodes see three members and agree on the ring
-# (bounded: 20 s), so the first checks already go to the final owners.
-for _ in $(seq 1 100); do
-  rings=""
-  for i in 1 2 3; do
-    t=$("$bin" members --addr "127.0.0.1:$((base_grpc + i - 1))" --timeout 1s 2>/dev/null || true)
-    [ "$(grep -c ' alive ' <<<"$t")" = 3 ] && rings+="$(grep '^ring ' <<<"$t")"$'\n'
-  done
-  [ "$(sort -u <<<"${rings%$'\n'}" | grep -c '^ring ')" = 1 ] && [ "$(grep -c '^ring ' <<<"$rings")" = 3 ] && break
-  sleep 0.2
-done
+# Wait until all three nodes see three members and agree on the ring, so
+# the first checks already go to the final owners.
+wait_rings "$bin" "127.0.0.1:$base_grpc" "127.0.0.1:$((base_grpc + 1))" "127.0.0.1:$((base_grpc + 2))" ||
+  echo "warning: the three nodes do not agree on the ring yet" >&2
 "$bin" members --addr "127.0.0.1:$base_grpc"
 
 cat <<MSG

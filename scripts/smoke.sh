@@ -8,13 +8,13 @@
 # to it. Needs grpcurl on PATH (or GRPCURL=...). Ports are OS-picked for the
 # single node; `make run` uses its README ports 7070-7072 / 7946-7948.
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 bin=${1:-bin/sluice}
 grpcurl=${GRPCURL:-grpcurl}
 work=$(mktemp -d)
 pids=()
 cleanup() {
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  stop_pids "${pids[@]}"
   rm -rf "$work"
 }
 trap cleanup EXIT
