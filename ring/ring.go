@@ -47,8 +47,9 @@ var (
 // or nodes disagree about owners (see [Ring.Fingerprint]).
 type Config struct {
 	// PartitionCount is the number of partitions keys hash into; each is
-	// owned by one member. Default 271. It must be at least the number of
-	// members. (Optional)
+	// owned by one member. Default 271. It must be at least twice the
+	// number of members: with fewer, the bounded loads cannot balance and a
+	// join cannot take a fair share. (Optional)
 	PartitionCount int
 	// ReplicationFactor is the number of virtual nodes per member on the
 	// hash ring. Default 20. (Optional)
@@ -116,9 +117,9 @@ func New(names []string, cfg Config) (r *Ring, err error) {
 	case cfg.PartitionCount < 1 || cfg.ReplicationFactor < 1 || cfg.Load < 1:
 		return nil, fmt.Errorf("%w: partition count %d, replication factor %d and load %g must be >= 1",
 			ErrInvalidConfig, cfg.PartitionCount, cfg.ReplicationFactor, cfg.Load)
-	case cfg.PartitionCount < len(sorted):
-		return nil, fmt.Errorf("%w: partition count %d is smaller than the %d members; every member needs at least one partition",
-			ErrInvalidConfig, cfg.PartitionCount, len(sorted))
+	case cfg.PartitionCount < 2*len(sorted):
+		return nil, fmt.Errorf("%w: partition count %d is too small for %d members: it must be at least %d (2 per member); raise it",
+			ErrInvalidConfig, cfg.PartitionCount, len(sorted), 2*len(sorted))
 	}
 	// consistent panics when the bounded loads leave no room; the checks
 	// above rule that out, and this turns any case they miss into an error.

@@ -93,9 +93,11 @@ func TestNewRefusesBadInput(t *testing.T) {
 		{nil, Config{}, ErrNoMembers},
 		{[]string{"", ""}, Config{}, ErrNoMembers},
 		{[]string{"a", "b", "c"}, Config{PartitionCount: 2}, ErrInvalidConfig},
+		{[]string{"a", "b"}, Config{PartitionCount: 2}, ErrInvalidConfig}, // C05
+		{[]string{"a", "b"}, Config{PartitionCount: 3}, ErrInvalidConfig},
 		{[]string{"a"}, Config{PartitionCount: -1}, ErrInvalidConfig},
 		{[]string{"a"}, Config{Load: 0.5}, ErrInvalidConfig},
-		{[]string{"a", "b", "c"}, Config{PartitionCount: 5, Load: 1}, ErrInvalidConfig}, // consistent would panic: no room
+		{[]string{"a", "b", "c"}, Config{PartitionCount: 7, Load: 1}, ErrInvalidConfig}, // consistent would panic: no room
 	}
 	for _, c := range cases {
 		r, err := New(c.names, c.cfg)
@@ -119,6 +121,16 @@ func TestSharesAndBalance(t *testing.T) {
 	}
 	if sum < 0.999 || sum > 1.001 {
 		t.Errorf("shares add up to %f", sum)
+	}
+	// C05: after removing a member, each survivor owns 35-65 %.
+	r2m, err := New([]string{"n1", "n3"}, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n, s := range r2m.Shares() {
+		if s < 0.35 || s > 0.65 {
+			t.Errorf("after a removal %s owns %.3f, want 0.35..0.65", n, s)
+		}
 	}
 	// Duplicates are ignored.
 	r2, err := New([]string{"n3", "n1", "n2", "n1"}, Config{})
