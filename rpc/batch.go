@@ -8,6 +8,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 )
 
@@ -44,8 +47,9 @@ var errBatcherStopped = errors.New("peer removed from the ring")
 
 // pending is one check waiting in a batcher for its decision.
 type pending struct {
-	check *sluicev1.RateLimitCheck
-	reply chan reply // capacity 1: the batcher never blocks on a caller
+	check    *sluicev1.RateLimitCheck
+	deadline time.Time  // enqueue time + forward timeout: no answer after it
+	reply    chan reply // capacity 1: the batcher never blocks on a caller
 }
 
 type reply struct {
@@ -58,16 +62,20 @@ type peerStats struct {
 	batches, checks, errors, latencyNs atomic.Int64
 }
 
+// senders is the number of long-lived goroutines per peer that make the
+// Forward calls: reused, so a call does not grow a fresh goroutine's stack.
+const senders = 8
+
 // batcher queues the checks bound for one owner and sends them as one
 // Forward call when MaxSize are queued or MaxWait after the first, whichever
 // comes first (the per-peer batching of gubernator's peer_client.go), and
 // also at once whenever no call to the owner is in flight (the "group
 // commit" idea): under light load a check goes without waiting, under heavy
 // load checks gather while calls are in flight, so batches grow with the
-// load. Each batch is sent by a goroutine of its own, bounded by the
-// forward timeout, so a slow owner never stalls the queue, and every
-// queued check gets a reply: a decision, or the error that failed its
-// batch.
+// load. Calls are made by a few long-lived sender goroutines. Every check
+// has a deadline, its enqueue time plus the forward timeout, which bounds
+// its call and its wait in the queue alike: a stalled owner never holds a
+// check longer than that.
 type batcher struct {
 	p       *peer
 	cfg     BatchConfig
@@ -75,16 +83,12 @@ type batcher struct {
 	sender  string
 	stats   *peerStats
 
-	in       chan *pending
-	out      chan []*pending // batches for the senders
-	sent     chan struct{}   // a send finished
-	inflight int             // batches handed to senders and not yet sent; owned by run
-	stop     chan struct{}   // closed by close
-	done     chan struct{}   // closed when run has returned
-	// mu makes enqueue and close exclusive, so nothing is queued after run
-	// drained the queue; closed is guarded by mu.
-	mu     sync.RWMutex
-	closed bool
+	in   chan *pending
+	out  chan []*pending // batches for the senders
+	sent chan struct{}   // a send finished; room for every batch in flight
+	stop chan struct{}   // closed by close
+	done chan struct{}   // closed when run has returned
+	once sync.Once
 }
 
 func newBatcher(p *peer, cfg BatchConfig, timeout time.Duration, sender string, stats *peerStats) *batcher {
@@ -92,7 +96,7 @@ func newBatcher(p *peer, cfg BatchConfig, timeout time.Duration, sender string, 
 		p: p, cfg: cfg, timeout: timeout, sender: sender, stats: stats,
 		in:   make(chan *pending, 4*cfg.MaxSize),
 		out:  make(chan []*pending, senders),
-		sent: make(chan struct{}, senders),
+		sent: make(chan struct{}, 2*senders), // cap(out) + senders: a sender never blocks on it
 		stop: make(chan struct{}),
 		done: make(chan struct{}),
 	}
@@ -103,90 +107,73 @@ func newBatcher(p *peer, cfg BatchConfig, timeout time.Duration, sender string, 
 	return b
 }
 
-// senders is the number of long-lived goroutines per peer that make the
-// Forward calls: reused, so a call does not grow a fresh goroutine's stack.
-const senders = 8
-
-// sendLoop makes Forward calls for the batches run hands it, until close.
-func (b *batcher) sendLoop() {
-	for {
-		select {
-		case batch := <-b.out:
-			b.send(batch)
-			select {
-			case b.sent <- struct{}{}:
-			case <-b.done: // run has returned: nobody counts any more
-			}
-		case <-b.done:
-			// Batches handed over but not sent yet fail like queued ones.
-			for {
-				select {
-				case batch := <-b.out:
-					for _, p := range batch {
-						p.reply <- reply{err: errBatcherStopped}
-					}
-				default:
-					return
-				}
-			}
-		}
-	}
-}
-
-// enqueue queues a check and returns the channel its reply arrives on. It
-// returns an error at once if the batcher has stopped.
-func (b *batcher) enqueue(c *sluicev1.RateLimitCheck) (<-chan reply, error) {
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	if b.closed {
+// enqueue queues a check and returns the channel its reply arrives on and
+// the time by which it will have arrived (or never will: the caller must
+// stop waiting then). It fails at once if the batcher has stopped, or when
+// ctx ends while the queue is full.
+func (b *batcher) enqueue(ctx context.Context, c *sluicev1.RateLimitCheck) (*pending, error) {
+	p := &pending{check: c, deadline: time.Now().Add(b.timeout), reply: make(chan reply, 1)}
+	select {
+	case <-b.stop:
 		return nil, errBatcherStopped
+	default:
 	}
-	p := &pending{check: c, reply: make(chan reply, 1)}
-	b.in <- p // run keeps draining until close, which waits for us
-	return p.reply, nil
+	select {
+	case b.in <- p:
+		return p, nil
+	case <-b.stop:
+		return nil, errBatcherStopped
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // close stops the batcher: queued checks are failed with
-// errBatcherStopped; batches in flight finish on their own. It is
-// idempotent.
+// errBatcherStopped; calls in flight finish on their own. It is
+// idempotent and does not wait for calls in flight.
 func (b *batcher) close() {
-	b.mu.Lock()
-	if !b.closed {
-		b.closed = true
-		close(b.stop)
-	}
-	b.mu.Unlock()
+	b.once.Do(func() { close(b.stop) })
 	<-b.done
 }
 
 func (b *batcher) run() {
 	defer close(b.done)
-	var batch []*pending
-	due := false // the batch's wait is over but every sender was busy
+	var (
+		batch    []*pending
+		inflight int  // batches handed to senders and not yet sent
+		due      bool // the batch's wait is over but every sender was busy
+	)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	// flush hands the batch to a sender. When every sender is busy it
 	// keeps gathering (the next finished send flushes), unless the batch
-	// is full: then it waits for a sender, which holds back new checks.
+	// is full: then it waits for a sender, still counting finished sends,
+	// which holds back new checks until one is free.
 	flush := func() {
 		if len(batch) == 0 {
 			return
 		}
-		if len(batch) >= b.cfg.MaxSize {
-			select {
-			case b.out <- batch:
-			case <-b.stop:
-				return // run's stop case fails the batch
+		for handed := false; !handed; {
+			if len(batch) < b.cfg.MaxSize {
+				select {
+				case b.out <- batch:
+					handed = true
+				default:
+					return
+				}
+				continue
 			}
-		} else {
 			select {
 			case b.out <- batch:
-			default:
-				return
+				handed = true
+			case <-b.sent:
+				inflight--
+			case <-b.stop:
+				return // the stop case fails the batch
 			}
 		}
 		timer.Stop()
-		b.inflight++
+		inflight++
 		batch, due = nil, false
 	}
 	for {
@@ -196,12 +183,12 @@ func (b *batcher) run() {
 			if len(batch) == 1 {
 				timer.Reset(b.cfg.MaxWait)
 			}
-			if len(batch) >= b.cfg.MaxSize || b.inflight == 0 {
+			if len(batch) >= b.cfg.MaxSize || inflight == 0 {
 				flush()
 			}
 		case <-b.sent:
-			b.inflight--
-			if b.inflight == 0 || due {
+			inflight--
+			if inflight == 0 || due {
 				flush() // the line to the owner is free, or the batch is overdue
 			}
 		case <-timer.C:
@@ -224,13 +211,56 @@ func (b *batcher) run() {
 	}
 }
 
-// send forwards one batch and hands each check its reply.
-func (b *batcher) send(batch []*pending) {
-	req := &sluicev1.ForwardRequest{Sender: b.sender, Checks: make([]*sluicev1.RateLimitCheck, len(batch))}
-	for i, p := range batch {
-		req.Checks[i] = p.check
+// sendLoop makes the Forward calls for the batches run hands it, until the
+// batcher stops; then it fails the batches it was handed and had not sent.
+func (b *batcher) sendLoop() {
+	for {
+		select {
+		case batch := <-b.out:
+			b.send(batch)
+			select {
+			case b.sent <- struct{}{}:
+			case <-b.done:
+			}
+		case <-b.done:
+			for {
+				select {
+				case batch := <-b.out:
+					for _, p := range batch {
+						p.reply <- reply{err: errBatcherStopped}
+					}
+				default:
+					return
+				}
+			}
+		}
 	}
-	ds, err := forwardCall(context.Background(), b.p, req, b.timeout, b.stats)
+}
+
+// errQueueDeadline fails the checks of a batch whose deadline passed before
+// a sender was free to send it.
+var errQueueDeadline = status.Error(codes.DeadlineExceeded, "forward timeout passed while the check was queued")
+
+// send forwards one batch, bounded by its first (earliest) check's
+// deadline, and hands each check its reply.
+func (b *batcher) send(batch []*pending) {
+	deadline := batch[0].deadline
+	var (
+		ds  []*sluicev1.Decision
+		err error
+	)
+	if time.Until(deadline) <= 0 {
+		b.stats.errors.Add(1)
+		err = fmt.Errorf("owner %s (%s) unavailable: %w", b.p.name, b.p.addr, errQueueDeadline)
+	} else {
+		req := &sluicev1.ForwardRequest{Sender: b.sender, Checks: make([]*sluicev1.RateLimitCheck, len(batch))}
+		for i, p := range batch {
+			req.Checks[i] = p.check
+		}
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		ds, err = forwardCall(ctx, b.p, req, b.stats)
+		cancel()
+	}
 	for i, p := range batch {
 		if err != nil {
 			p.reply <- reply{err: err}
@@ -240,11 +270,9 @@ func (b *batcher) send(batch []*pending) {
 	}
 }
 
-// forwardCall makes one Forward call to p, bounded by timeout, counts it,
-// and checks that the answer has one decision per check.
-func forwardCall(ctx context.Context, p *peer, req *sluicev1.ForwardRequest, timeout time.Duration, st *peerStats) ([]*sluicev1.Decision, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
+// forwardCall makes one Forward call to p, bounded by ctx, counts it, and
+// checks that the answer has one decision per check.
+func forwardCall(ctx context.Context, p *peer, req *sluicev1.ForwardRequest, st *peerStats) ([]*sluicev1.Decision, error) {
 	start := time.Now()
 	resp, err := p.client.Forward(ctx, req)
 	st.batches.Add(1)

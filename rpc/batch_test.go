@@ -58,6 +58,15 @@ func newTestBatcher(f *fakePeer, cfg BatchConfig, timeout time.Duration) *batche
 	return newBatcher(p, cfg.withDefaults(), timeout, "test", p.stats)
 }
 
+// enq queues c with no deadline of the caller's and returns its reply channel.
+func enq(b *batcher, c *sluicev1.RateLimitCheck) (<-chan reply, error) {
+	q, err := b.enqueue(context.Background(), c)
+	if err != nil {
+		return nil, err
+	}
+	return q.reply, nil
+}
+
 func waitReply(t *testing.T, ch <-chan reply) reply {
 	t.Helper()
 	select {
@@ -81,7 +90,7 @@ func TestBatcherAnswersInOrderUnderConcurrency(t *testing.T) {
 		wg.Go(func() {
 			var chans []<-chan reply
 			for i := 0; i < 40; i++ {
-				ch, err := b.enqueue(&sluicev1.RateLimitCheck{Key: fmt.Sprintf("%d/%d", g, i)})
+				ch, err := enq(b, &sluicev1.RateLimitCheck{Key: fmt.Sprintf("%d/%d", g, i)})
 				if err != nil {
 					errs <- err
 					return
@@ -124,11 +133,11 @@ func TestBatcherSplitsBySize(t *testing.T) {
 		f := &fakePeer{delay: 2 * time.Hour}
 		b := newTestBatcher(f, BatchConfig{MaxSize: 10, MaxWait: time.Hour}, 3*time.Hour)
 		defer b.close()
-		first, _ := b.enqueue(&sluicev1.RateLimitCheck{Key: "first"})
+		first, _ := enq(b, &sluicev1.RateLimitCheck{Key: "first"})
 		synctest.Wait() // nothing in flight: the first check goes alone, at once
 		var chans []<-chan reply
 		for i := 0; i < 25; i++ {
-			ch, _ := b.enqueue(&sluicev1.RateLimitCheck{Key: fmt.Sprint(i)})
+			ch, _ := enq(b, &sluicev1.RateLimitCheck{Key: fmt.Sprint(i)})
 			chans = append(chans, ch)
 		}
 		synctest.Wait()
@@ -160,9 +169,9 @@ func TestBatcherLoneCheckWaitsAtMostMaxWait(t *testing.T) {
 		b := newTestBatcher(f, BatchConfig{MaxWait: 200 * time.Microsecond}, 10*time.Second)
 		defer b.close()
 		start := time.Now()
-		c1, _ := b.enqueue(&sluicev1.RateLimitCheck{Key: "one"})
+		c1, _ := enq(b, &sluicev1.RateLimitCheck{Key: "one"})
 		synctest.Wait()
-		c2, _ := b.enqueue(&sluicev1.RateLimitCheck{Key: "two"})
+		c2, _ := enq(b, &sluicev1.RateLimitCheck{Key: "two"})
 		r1, r2 := <-c1, <-c2
 		if r1.err != nil || r1.d.Owner != "one" || r2.err != nil || r2.d.Owner != "two" {
 			t.Fatalf("replies %+v %+v", r1, r2)
@@ -185,7 +194,7 @@ func TestBatcherDeadPeerFailsWithinTimeout(t *testing.T) {
 		start := time.Now()
 		var chans []<-chan reply
 		for i := 0; i < 5; i++ {
-			ch, _ := b.enqueue(&sluicev1.RateLimitCheck{Key: fmt.Sprint(i)})
+			ch, _ := enq(b, &sluicev1.RateLimitCheck{Key: fmt.Sprint(i)})
 			chans = append(chans, ch)
 		}
 		for i, ch := range chans {
@@ -195,13 +204,70 @@ func TestBatcherDeadPeerFailsWithinTimeout(t *testing.T) {
 			}
 		}
 		// The first check went at once, the other four after the 1ms wait;
-		// each call gave up after the 2s timeout.
-		if waited := time.Since(start); waited != time.Millisecond+2*time.Second {
-			t.Fatalf("failed after %s, want the batch wait plus the 2s timeout", waited)
+		// all five were queued at start, and each gives up 2s after that.
+		if waited := time.Since(start); waited != 2*time.Second {
+			t.Fatalf("failed after %s, want the 2s timeout from when they were queued", waited)
 		}
 		if st := b.stats; st.errors.Load() != 2 || st.checks.Load() != 5 {
 			t.Fatalf("%d errors, %d checks counted; want 2 failed calls carrying 5 checks", st.errors.Load(), st.checks.Load())
 		}
+	})
+}
+
+// Batches of one, many callers, a slow owner: every sender busy and the
+// hand-off full at once must not deadlock; every check is answered.
+func TestBatcherNoDeadlockWhenSendersAreBusy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakePeer{delay: 10 * time.Millisecond}
+		b := newTestBatcher(f, BatchConfig{MaxSize: 1, MaxWait: time.Millisecond}, time.Hour)
+		defer b.close()
+		var wg sync.WaitGroup
+		for g := 0; g < 200; g++ {
+			wg.Go(func() {
+				ch, err := enq(b, &sluicev1.RateLimitCheck{Key: fmt.Sprint(g)})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if r := <-ch; r.err != nil || r.d.Owner != fmt.Sprint(g) {
+					t.Errorf("check %d: %+v", g, r)
+				}
+			})
+		}
+		wg.Wait()
+		if n := len(f.sizes()); n != 200 {
+			t.Fatalf("%d calls for 200 checks in batches of one", n)
+		}
+	})
+}
+
+// A stalled owner with many batches queued behind its busy senders: every
+// check still fails by its own deadline (enqueue + forward timeout), not a
+// multiple of it.
+func TestBatcherStalledOwnerBoundsEveryWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakePeer{block: true}
+		b := newTestBatcher(f, BatchConfig{MaxSize: 1, MaxWait: time.Millisecond}, 2*time.Second)
+		defer b.close()
+		start := time.Now()
+		var wg sync.WaitGroup
+		for g := 0; g < 100; g++ {
+			wg.Go(func() {
+				ch, err := enq(b, &sluicev1.RateLimitCheck{Key: fmt.Sprint(g)})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				r := <-ch
+				if status.Code(errors.Unwrap(r.err)) != codes.DeadlineExceeded {
+					t.Errorf("check %d: %v, want DeadlineExceeded", g, r.err)
+				}
+				if waited := time.Since(start); waited > 2*time.Second {
+					t.Errorf("check %d answered after %s, over the 2s forward timeout", g, waited)
+				}
+			})
+		}
+		wg.Wait()
 	})
 }
 
@@ -210,11 +276,11 @@ func TestBatcherDeadPeerFailsWithinTimeout(t *testing.T) {
 func TestBatcherClose(t *testing.T) {
 	f := &fakePeer{block: true}
 	b := newTestBatcher(f, BatchConfig{MaxWait: time.Hour}, 100*time.Millisecond)
-	inFlight, _ := b.enqueue(&sluicev1.RateLimitCheck{Key: "in flight"})
+	inFlight, _ := enq(b, &sluicev1.RateLimitCheck{Key: "in flight"})
 	for len(f.sizes()) == 0 { // the first check goes at once
 		time.Sleep(time.Millisecond)
 	}
-	queued, err := b.enqueue(&sluicev1.RateLimitCheck{Key: "queued"})
+	queued, err := enq(b, &sluicev1.RateLimitCheck{Key: "queued"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +288,7 @@ func TestBatcherClose(t *testing.T) {
 	if r := waitReply(t, queued); !errors.Is(r.err, errBatcherStopped) {
 		t.Fatalf("queued check: %+v, want errBatcherStopped", r)
 	}
-	if _, err := b.enqueue(&sluicev1.RateLimitCheck{Key: "late"}); !errors.Is(err, errBatcherStopped) {
+	if _, err := enq(b, &sluicev1.RateLimitCheck{Key: "late"}); !errors.Is(err, errBatcherStopped) {
 		t.Fatalf("enqueue after close: %v", err)
 	}
 	if r := waitReply(t, inFlight); status.Code(errors.Unwrap(r.err)) != codes.DeadlineExceeded {

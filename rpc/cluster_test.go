@@ -265,3 +265,40 @@ func TestDuplicateNameIsRefused(t *testing.T) {
 		t.Fatalf("decided by %s, want node2", d.Owner)
 	}
 }
+
+// Checks of one request on a key owned by another node are applied in
+// request order, also when some of them ask for no batching.
+func TestForwardedChecksKeepRequestOrder(t *testing.T) {
+	nodes := startCluster(t, 2, windowClock())
+	var keys []string // keys of "order" that node2 owns
+	for i := 0; len(keys) < 20; i++ {
+		if k := fmt.Sprint("k", i); nodes[0].Server().Owner("order", k) == "node2" {
+			keys = append(keys, k)
+		}
+	}
+	for rep, k := range keys {
+		var checks []*sluicev1.RateLimitCheck
+		for i := 0; i < 6; i++ {
+			checks = append(checks, &sluicev1.RateLimitCheck{Name: "order", Key: k, Hits: 1, Limit: 3,
+				WindowMs: 60000, NoBatching: i%2 == 1})
+		}
+		resp, err := nodes[0].client.Check(context.Background(), &sluicev1.CheckRequest{Checks: checks})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := ""
+		for _, d := range resp.Decisions {
+			if d.Allowed {
+				got += "A"
+			} else {
+				got += "D"
+			}
+		}
+		if got != "AAADDD" {
+			t.Fatalf("rep %d: %s, want AAADDD", rep, got)
+		}
+		if o := resp.Decisions[0].Owner; o != "node2" {
+			t.Fatalf("decided by %s, want node2 (the test is about forwarding)", o)
+		}
+	}
+}

@@ -244,7 +244,7 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 	s.view.Store(&view{ring: r, members: ms, peers: peers})
 	for name, p := range old.peers {
 		if peers[name] != p {
-			p.close(s.forwardTimeout)
+			go p.close(s.forwardTimeout) // off the membership path
 		}
 	}
 	if r.Fingerprint() != old.ring.Fingerprint() {
@@ -359,12 +359,15 @@ func (s *Server) route(ctx context.Context, v *view, reqs []request, idx []int, 
 	return failed
 }
 
-// forward gets the checks reqs[i], i in is, decided by their owner: the
-// ones marked no_batching in one Forward call of their own, the others
-// through the owner's batcher. It writes the decisions into out and returns
-// the checks that could not be decided, each with its error.
+// forward gets the checks reqs[i], i in is, decided by their owner p and
+// writes the decisions into out; it returns the checks that could not be
+// decided, each with its error. A lone check goes through the owner's
+// batcher; several checks of one request (or any marked no_batching) go
+// together in one call of their own, so the owner applies them in request
+// order. Either way nothing waits longer than the forward timeout (plus
+// the batch wait).
 func (s *Server) forward(ctx context.Context, p *peer, owner string, reqs []request, is []int, out []*sluicev1.Decision) []failure {
-	fail := func(is []int, err error) []failure {
+	fail := func(err error) []failure {
 		fs := make([]failure, len(is))
 		for j, i := range is {
 			fs[j] = failure{index: i, owner: owner, err: err.Error()}
@@ -373,56 +376,46 @@ func (s *Server) forward(ctx context.Context, p *peer, owner string, reqs []requ
 	}
 	if p == nil {
 		s.stats.noConnection.Add(1)
-		return fail(is, fmt.Errorf("owner %s: no connection to it", owner))
+		return fail(fmt.Errorf("owner %s: no connection to it", owner))
 	}
 	s.stats.forwardedChecks.Add(int64(len(is)))
-	var (
-		direct, queued []int
-		waits          []<-chan reply
-		failed         []failure
-	)
-	for _, i := range is {
-		if reqs[i].pb.NoBatching {
-			direct = append(direct, i)
-			continue
-		}
-		ch, err := p.batcher.enqueue(reqs[i].pb)
+	if len(is) == 1 && !reqs[is[0]].pb.NoBatching {
+		q, err := p.batcher.enqueue(ctx, reqs[is[0]].pb)
 		if err != nil {
-			failed = append(failed, fail([]int{i}, err)...)
-			continue
+			return fail(fmt.Errorf("owner %s: %w", owner, err))
 		}
-		queued = append(queued, i)
-		waits = append(waits, ch)
-	}
-	if len(direct) > 0 {
-		req := &sluicev1.ForwardRequest{Sender: s.name, Checks: make([]*sluicev1.RateLimitCheck, len(direct))}
-		for j, i := range direct {
-			req.Checks[j] = reqs[i].pb
-		}
-		if ds, err := forwardCall(ctx, p, req, s.forwardTimeout, p.stats); err != nil {
-			failed = append(failed, fail(direct, err)...)
-		} else {
-			for j, i := range direct {
-				out[i] = ds[j]
-			}
-		}
-	}
-	// Each queued check gets its reply within the batch wait plus the
-	// forward timeout; the caller's context only bounds its own wait.
-	for j, i := range queued {
+		// The batcher answers by the check's deadline; the timer only
+		// guards against a reply that can no longer come (a batcher
+		// stopped just as the check went in).
+		t := time.NewTimer(time.Until(q.deadline) + s.batch.MaxWait + 100*time.Millisecond)
+		defer t.Stop()
 		select {
-		case r := <-waits[j]:
+		case r := <-q.reply:
 			if r.err != nil {
-				failed = append(failed, fail([]int{i}, r.err)...)
-			} else {
-				out[i] = r.d
+				return fail(r.err)
 			}
+			out[is[0]] = r.d
+			return nil
+		case <-t.C:
+			return fail(fmt.Errorf("owner %s (%s): no answer within the forward timeout", owner, p.addr))
 		case <-ctx.Done():
-			failed = append(failed, fail(queued[j:], fmt.Errorf("owner %s: %w", owner, ctx.Err()))...)
-			return failed
+			return fail(fmt.Errorf("owner %s: %w", owner, ctx.Err()))
 		}
 	}
-	return failed
+	req := &sluicev1.ForwardRequest{Sender: s.name, Checks: make([]*sluicev1.RateLimitCheck, len(is))}
+	for j, i := range is {
+		req.Checks[j] = reqs[i].pb
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.forwardTimeout)
+	defer cancel()
+	ds, err := forwardCall(cctx, p, req, p.stats)
+	if err != nil {
+		return fail(err)
+	}
+	for j, i := range is {
+		out[i] = ds[j]
+	}
+	return nil
 }
 
 // decide applies one validated check to this node's store at the store's
