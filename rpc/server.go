@@ -68,6 +68,9 @@ type Server struct {
 
 	stats     counters
 	peerStats sync.Map // member name -> *peerStats
+
+	retiredMu sync.Mutex
+	retired   map[*peer]*time.Timer // peers left the ring, connection closing after a grace; nil once closed
 }
 
 // view is what routing needs, swapped whole on each membership change.
@@ -87,15 +90,23 @@ type peer struct {
 	stats      *peerStats
 }
 
-// close stops the peer's queue (failing what is queued) and, after grace,
-// its connection, so that calls in flight can finish.
-func (p *peer) close(grace time.Duration) {
+// retire stops the peer's queue (failing what is queued) and closes its
+// connection after grace, so that calls in flight can finish; Server.Close
+// closes it at once.
+func (s *Server) retire(p *peer, grace time.Duration) {
 	p.batcher.close()
-	if grace <= 0 {
+	s.retiredMu.Lock()
+	defer s.retiredMu.Unlock()
+	if s.retired == nil { // the server is closed
 		_ = p.conn.Close()
 		return
 	}
-	time.AfterFunc(grace, func() { _ = p.conn.Close() })
+	s.retired[p] = time.AfterFunc(grace, func() {
+		s.retiredMu.Lock()
+		delete(s.retired, p)
+		s.retiredMu.Unlock()
+		_ = p.conn.Close()
+	})
 }
 
 // counters count routing events; read them with Server.Stats.
@@ -189,6 +200,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		forwardTimeout: cfg.ForwardTimeout,
 		log:            cfg.Logger,
 		batch:          cfg.Batch.withDefaults(),
+		retired:        map[*peer]*time.Timer{},
 		dialOpts:       append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...),
 	}
 	r, err := ring.New([]string{cfg.Name}, cfg.Ring)
@@ -244,7 +256,7 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 	s.view.Store(&view{ring: r, members: ms, peers: peers})
 	for name, p := range old.peers {
 		if peers[name] != p {
-			go p.close(s.forwardTimeout) // off the membership path
+			go s.retire(p, s.forwardTimeout) // off the membership path
 		}
 	}
 	if r.Fingerprint() != old.ring.Fingerprint() {
@@ -260,8 +272,16 @@ func (s *Server) Close() {
 	v := s.view.Load()
 	s.view.Store(&view{ring: v.ring, members: v.members})
 	for _, p := range v.peers {
-		p.close(0)
+		p.batcher.close()
+		_ = p.conn.Close()
 	}
+	s.retiredMu.Lock()
+	for p, t := range s.retired {
+		t.Stop()
+		_ = p.conn.Close()
+	}
+	s.retired = nil
+	s.retiredMu.Unlock()
 }
 
 // Owner returns the name of the member that owns (name, key) under this
