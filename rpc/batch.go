@@ -274,7 +274,15 @@ func (b *batcher) send(batch []*pending) {
 // checks that the answer has one decision per check.
 func forwardCall(ctx context.Context, p *peer, req *sluicev1.ForwardRequest, st *peerStats) ([]*sluicev1.Decision, error) {
 	start := time.Now()
-	resp, err := p.client.Forward(ctx, req)
+	var (
+		resp *sluicev1.ForwardResponse
+		err  error
+	)
+	if p.stream != nil {
+		resp, err = p.stream.call(ctx, req)
+	} else {
+		resp, err = p.client.Forward(ctx, req)
+	}
 	st.batches.Add(1)
 	st.checks.Add(int64(len(req.Checks)))
 	st.latencyNs.Add(int64(time.Since(start)))

@@ -47,6 +47,10 @@ func (f *fakePeer) Forward(ctx context.Context, in *sluicev1.ForwardRequest, _ .
 	return out, nil
 }
 
+func (f *fakePeer) ForwardStream(context.Context, ...grpc.CallOption) (sluicev1.PeerService_ForwardStreamClient, error) {
+	return nil, status.Error(codes.Unimplemented, "the fake peer has no stream")
+}
+
 func (f *fakePeer) sizes() []int {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -241,6 +241,7 @@ func (n *Node) Close(ctx context.Context) error {
 		n.health.Shutdown()
 		n.log.Info("leaving the cluster")
 		err := n.cluster.Leave(n.cfg.LeaveTimeout)
+		n.server.Drain()
 		done := make(chan struct{})
 		go func() { n.grpc.GracefulStop(); close(done) }()
 		select {
@@ -261,6 +262,7 @@ func (n *Node) Close(ctx context.Context) error {
 func (n *Node) Kill() {
 	n.closeOnce.Do(func() {
 		_ = n.cluster.Shutdown()
+		n.server.Drain()
 		n.grpc.Stop()
 		n.stop()
 	})

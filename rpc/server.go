@@ -69,6 +69,9 @@ type Server struct {
 	stats     counters
 	peerStats sync.Map // member name -> *peerStats
 
+	draining  chan struct{} // closed by Drain
+	drainOnce sync.Once
+
 	retiredMu sync.Mutex
 	retired   map[*peer]*time.Timer // peers left the ring, connection closing after a grace; nil once closed
 }
@@ -88,6 +91,7 @@ type peer struct {
 	client     sluicev1.PeerServiceClient
 	batcher    *batcher
 	stats      *peerStats
+	stream     *peerStream // forwards go over it; nil (tests' fakes): unary Forward calls
 }
 
 // retire stops the peer's queue (failing what is queued) and closes its
@@ -201,6 +205,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		log:            cfg.Logger,
 		batch:          cfg.Batch.withDefaults(),
 		retired:        map[*peer]*time.Timer{},
+		draining:       make(chan struct{}),
 		dialOpts:       append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...),
 	}
 	r, err := ring.New([]string{cfg.Name}, cfg.Ring)
@@ -250,6 +255,7 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 			continue
 		}
 		p := &peer{name: m.Name, addr: m.GRPCAddr, conn: conn, client: sluicev1.NewPeerServiceClient(conn), stats: s.statsFor(m.Name)}
+		p.stream = &peerStream{client: p.client}
 		p.batcher = newBatcher(p, s.batch, s.forwardTimeout, s.name, p.stats)
 		peers[m.Name] = p
 	}
@@ -265,6 +271,10 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 	return nil
 }
 
+// Drain ends the peer streams this server answers, so that a graceful stop
+// of the gRPC server does not wait for peers to hang up. It is idempotent.
+func (s *Server) Drain() { s.drainOnce.Do(func() { close(s.draining) }) }
+
 // Close closes every peer connection. The Server must not be used after.
 func (s *Server) Close() {
 	s.setMu.Lock()
@@ -273,6 +283,9 @@ func (s *Server) Close() {
 	s.view.Store(&view{ring: v.ring, members: v.members})
 	for _, p := range v.peers {
 		p.batcher.close()
+		if p.stream != nil {
+			p.stream.close()
+		}
 		_ = p.conn.Close()
 	}
 	s.retiredMu.Lock()

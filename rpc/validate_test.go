@@ -101,3 +101,39 @@ func TestCapacityExceeded(t *testing.T) {
 		}
 	}
 }
+
+// On the peer stream a refused request gets a response naming the field,
+// and the stream goes on serving the next request in order.
+func TestForwardStreamRefusesAndGoesOn(t *testing.T) {
+	n := startNode(t, "solo", window.NewManualClock(windowStart))
+	st, err := dialPeer(t, n.GRPCAddr()).ForwardStream(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := &sluicev1.ForwardRequest{Checks: []*sluicev1.RateLimitCheck{{Name: "api", Key: "k", Hits: 1, Limit: 0, WindowMs: 1000}}}
+	good := &sluicev1.ForwardRequest{Checks: []*sluicev1.RateLimitCheck{{Name: "api", Key: "k", Hits: 1, Limit: 2, WindowMs: 1000}}}
+	for _, req := range []*sluicev1.ForwardRequest{bad, good, good, good} {
+		if err := st.Send(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []string
+	for i := 0; i < 4; i++ {
+		resp, err := st.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case resp.Error != "":
+			got = append(got, "E:"+strings.SplitN(resp.Error, ":", 2)[0])
+		case len(resp.Decisions) == 1 && resp.Decisions[0].Allowed:
+			got = append(got, "A")
+		default:
+			got = append(got, "D")
+		}
+	}
+	if strings.Join(got, " ") != "E:checks[0].limit A A D" {
+		t.Fatalf("responses %v, want the refusal then A A D", got)
+	}
+	_ = st.CloseSend()
+}

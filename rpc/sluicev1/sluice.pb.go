@@ -459,7 +459,9 @@ func (x *ForwardRequest) GetSender() string {
 type ForwardResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One decision per check, in request order.
-	Decisions     []*Decision `protobuf:"bytes,1,rep,name=decisions,proto3" json:"decisions,omitempty"`
+	Decisions []*Decision `protobuf:"bytes,1,rep,name=decisions,proto3" json:"decisions,omitempty"`
+	// On ForwardStream only: why the request was refused (no decisions then).
+	Error         string `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -499,6 +501,13 @@ func (x *ForwardResponse) GetDecisions() []*Decision {
 		return x.Decisions
 	}
 	return nil
+}
+
+func (x *ForwardResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
 }
 
 type MembersRequest struct {
@@ -741,9 +750,10 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\"[\n" +
 	"\x0eForwardRequest\x121\n" +
 	"\x06checks\x18\x01 \x03(\v2\x19.sluice.v1.RateLimitCheckR\x06checks\x12\x16\n" +
-	"\x06sender\x18\x02 \x01(\tR\x06sender\"D\n" +
+	"\x06sender\x18\x02 \x01(\tR\x06sender\"Z\n" +
 	"\x0fForwardResponse\x121\n" +
-	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\"\x10\n" +
+	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\x10\n" +
 	"\x0eMembersRequest\"\xc1\x01\n" +
 	"\x06Member\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
@@ -768,9 +778,10 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x16ALGORITHM_LEAKY_BUCKET\x10\x042\x90\x01\n" +
 	"\x10RateLimitService\x12:\n" +
 	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse\x12@\n" +
-	"\aMembers\x12\x19.sluice.v1.MembersRequest\x1a\x1a.sluice.v1.MembersResponse2O\n" +
+	"\aMembers\x12\x19.sluice.v1.MembersRequest\x1a\x1a.sluice.v1.MembersResponse2\x9b\x01\n" +
 	"\vPeerService\x12@\n" +
-	"\aForward\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponseB2Z0github.com/sluicehq/sluice/rpc/sluicev1;sluicev1b\x06proto3"
+	"\aForward\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponse\x12J\n" +
+	"\rForwardStream\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponse(\x010\x01B2Z0github.com/sluicehq/sluice/rpc/sluicev1;sluicev1b\x06proto3"
 
 var (
 	file_sluice_v1_sluice_proto_rawDescOnce sync.Once
@@ -799,23 +810,25 @@ var file_sluice_v1_sluice_proto_goTypes = []any{
 	(*MembersResponse)(nil), // 9: sluice.v1.MembersResponse
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
-	0, // 0: sluice.v1.RateLimitCheck.algorithm:type_name -> sluice.v1.Algorithm
-	1, // 1: sluice.v1.CheckRequest.checks:type_name -> sluice.v1.RateLimitCheck
-	2, // 2: sluice.v1.CheckResponse.decisions:type_name -> sluice.v1.Decision
-	1, // 3: sluice.v1.ForwardRequest.checks:type_name -> sluice.v1.RateLimitCheck
-	2, // 4: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
-	8, // 5: sluice.v1.MembersResponse.members:type_name -> sluice.v1.Member
-	3, // 6: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
-	7, // 7: sluice.v1.RateLimitService.Members:input_type -> sluice.v1.MembersRequest
-	5, // 8: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
-	4, // 9: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
-	9, // 10: sluice.v1.RateLimitService.Members:output_type -> sluice.v1.MembersResponse
-	6, // 11: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
-	9, // [9:12] is the sub-list for method output_type
-	6, // [6:9] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	0,  // 0: sluice.v1.RateLimitCheck.algorithm:type_name -> sluice.v1.Algorithm
+	1,  // 1: sluice.v1.CheckRequest.checks:type_name -> sluice.v1.RateLimitCheck
+	2,  // 2: sluice.v1.CheckResponse.decisions:type_name -> sluice.v1.Decision
+	1,  // 3: sluice.v1.ForwardRequest.checks:type_name -> sluice.v1.RateLimitCheck
+	2,  // 4: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
+	8,  // 5: sluice.v1.MembersResponse.members:type_name -> sluice.v1.Member
+	3,  // 6: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
+	7,  // 7: sluice.v1.RateLimitService.Members:input_type -> sluice.v1.MembersRequest
+	5,  // 8: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
+	5,  // 9: sluice.v1.PeerService.ForwardStream:input_type -> sluice.v1.ForwardRequest
+	4,  // 10: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
+	9,  // 11: sluice.v1.RateLimitService.Members:output_type -> sluice.v1.MembersResponse
+	6,  // 12: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
+	6,  // 13: sluice.v1.PeerService.ForwardStream:output_type -> sluice.v1.ForwardResponse
+	10, // [10:14] is the sub-list for method output_type
+	6,  // [6:10] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }

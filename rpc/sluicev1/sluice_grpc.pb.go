@@ -180,7 +180,8 @@ var RateLimitService_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	PeerService_Forward_FullMethodName = "/sluice.v1.PeerService/Forward"
+	PeerService_Forward_FullMethodName       = "/sluice.v1.PeerService/Forward"
+	PeerService_ForwardStream_FullMethodName = "/sluice.v1.PeerService/ForwardStream"
 )
 
 // PeerServiceClient is the client API for PeerService service.
@@ -194,6 +195,10 @@ type PeerServiceClient interface {
 	// Forward applies checks that the sender routed to this node as owner
 	// and answers one decision per check, in order.
 	Forward(ctx context.Context, in *ForwardRequest, opts ...grpc.CallOption) (*ForwardResponse, error)
+	// ForwardStream is Forward over one long-lived stream per peer: each
+	// request gets one response, in order. A request the receiver refuses
+	// gets a response with error set, and the stream goes on.
+	ForwardStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ForwardRequest, ForwardResponse], error)
 }
 
 type peerServiceClient struct {
@@ -214,6 +219,19 @@ func (c *peerServiceClient) Forward(ctx context.Context, in *ForwardRequest, opt
 	return out, nil
 }
 
+func (c *peerServiceClient) ForwardStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ForwardRequest, ForwardResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &PeerService_ServiceDesc.Streams[0], PeerService_ForwardStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ForwardRequest, ForwardResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PeerService_ForwardStreamClient = grpc.BidiStreamingClient[ForwardRequest, ForwardResponse]
+
 // PeerServiceServer is the server API for PeerService service.
 // All implementations must embed UnimplementedPeerServiceServer
 // for forward compatibility.
@@ -225,6 +243,10 @@ type PeerServiceServer interface {
 	// Forward applies checks that the sender routed to this node as owner
 	// and answers one decision per check, in order.
 	Forward(context.Context, *ForwardRequest) (*ForwardResponse, error)
+	// ForwardStream is Forward over one long-lived stream per peer: each
+	// request gets one response, in order. A request the receiver refuses
+	// gets a response with error set, and the stream goes on.
+	ForwardStream(grpc.BidiStreamingServer[ForwardRequest, ForwardResponse]) error
 	mustEmbedUnimplementedPeerServiceServer()
 }
 
@@ -237,6 +259,9 @@ type UnimplementedPeerServiceServer struct{}
 
 func (UnimplementedPeerServiceServer) Forward(context.Context, *ForwardRequest) (*ForwardResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Forward not implemented")
+}
+func (UnimplementedPeerServiceServer) ForwardStream(grpc.BidiStreamingServer[ForwardRequest, ForwardResponse]) error {
+	return status.Error(codes.Unimplemented, "method ForwardStream not implemented")
 }
 func (UnimplementedPeerServiceServer) mustEmbedUnimplementedPeerServiceServer() {}
 func (UnimplementedPeerServiceServer) testEmbeddedByValue()                     {}
@@ -277,6 +302,13 @@ func _PeerService_Forward_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PeerService_ForwardStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(PeerServiceServer).ForwardStream(&grpc.GenericServerStream[ForwardRequest, ForwardResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PeerService_ForwardStreamServer = grpc.BidiStreamingServer[ForwardRequest, ForwardResponse]
+
 // PeerService_ServiceDesc is the grpc.ServiceDesc for PeerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -289,6 +321,13 @@ var PeerService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _PeerService_Forward_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "ForwardStream",
+			Handler:       _PeerService_ForwardStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "sluice/v1/sluice.proto",
 }
