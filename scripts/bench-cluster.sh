@@ -18,13 +18,7 @@ DUR=${DUR:-10s}
 WARMUP=${WARMUP:-2s}
 CONC=${CONC:-64}
 OUT=${OUT:-BENCHMARKS.md}
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  stop_pids "${pids[@]}"
-  rm -rf "$work"
-}
-trap cleanup EXIT
+with_workdir
 
 addrs=127.0.0.1:7270,127.0.0.1:7271,127.0.0.1:7272
 for i in 0 1 2; do

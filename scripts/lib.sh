@@ -27,3 +27,11 @@ stop_pids() {
   for p in "$@"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "$@"; do wait "$p" 2>/dev/null || true; done
 }
+
+# with_workdir: make a scratch folder in $work and an empty $pids list, and
+# on exit stop every process in $pids and remove the folder.
+with_workdir() {
+  work=$(mktemp -d)
+  pids=()
+  trap 'stop_pids "${pids[@]}"; rm -rf "$work"' EXIT
+}

@@ -11,13 +11,7 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 bin=${1:-bin/sluice}
 grpcurl=${GRPCURL:-grpcurl}
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  stop_pids "${pids[@]}"
-  rm -rf "$work"
-}
-trap cleanup EXIT
+with_workdir
 fail() { echo "smoke: FAIL: $*" >&2; exit 1; }
 
 # A single node on OS-picked ports; its log tells the gRPC address.
