@@ -94,6 +94,10 @@ func (ps *peerStream) call(ctx context.Context, req *sluicev1.ForwardRequest) (*
 		ps.sendMu.Unlock()
 		return nil, err
 	}
+	// If ctx ends first, drop the stream: that also unblocks a Send held
+	// up by flow control towards an owner that stopped reading.
+	stop := context.AfterFunc(ctx, func() { ps.fail(st, ctx.Err()) })
+	defer stop()
 	err = st.Send(req)
 	ps.sendMu.Unlock()
 	if err != nil {
@@ -103,8 +107,8 @@ func (ps *peerStream) call(ctx context.Context, req *sluicev1.ForwardRequest) (*
 	case r := <-ch:
 		return r.resp, r.err
 	case <-ctx.Done():
-		// The owner did not answer in time: drop the stream, so the
-		// requests behind this one fail now instead of one by one.
+		// The owner did not answer in time; AfterFunc dropped the stream,
+		// so the requests behind this one fail now, not one by one.
 		ps.fail(st, ctx.Err())
 		return nil, ctx.Err()
 	}
