@@ -207,7 +207,13 @@ func (c *Cluster) Join(ctx context.Context, seeds []string) (int, error) {
 			c.log.Info("joined cluster", "seeds_reached", n, "members", c.list.NumMembers())
 			return n, nil
 		}
-		c.log.Warn("join failed, retrying", "seeds", seeds, "attempt", attempt, "error", err)
+		// Seeds started together with this node may not listen yet: the
+		// first attempts failing is expected, so only later ones warn.
+		level := slog.LevelInfo
+		if attempt > 5 {
+			level = slog.LevelWarn
+		}
+		c.log.Log(ctx, level, "join failed, retrying", "seeds", seeds, "attempt", attempt, "error", err)
 		select {
 		case <-ctx.Done():
 			return 0, fmt.Errorf("%w: %v (last error: %v)", ErrJoin, ctx.Err(), err)

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 )
@@ -309,8 +310,8 @@ func TestDeadOwnerFailsChecksWithinTimeout(t *testing.T) {
 	nodes[1].Kill()
 	start := time.Now()
 	resp, err := nodes[0].client.Check(context.Background(), &sluicev1.CheckRequest{Checks: []*sluicev1.RateLimitCheck{
-		{Name: "api", Key: k, Hits: 1, Limit: 10, WindowMs: 60000},
-		{Name: "api", Key: k, Hits: 1, Limit: 10, WindowMs: 60000, NoBatching: true},
+		{Name: "api", Key: k, Hits: proto.Int64(1), Limit: 10, WindowMs: 60000},
+		{Name: "api", Key: k, Hits: proto.Int64(1), Limit: 10, WindowMs: 60000, NoBatching: true},
 	}})
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
@@ -54,7 +56,7 @@ func TestThreeNodesExactAdmission(t *testing.T) {
 					c := nodes[i%3].client
 					wg.Go(func() {
 						<-start
-						d := check(t, c, &sluicev1.RateLimitCheck{Name: name, Key: k, Hits: 1, Limit: 20, WindowMs: 60000, Algorithm: alg})
+						d := check(t, c, &sluicev1.RateLimitCheck{Name: name, Key: k, Hits: proto.Int64(1), Limit: 20, WindowMs: 60000, Algorithm: alg})
 						mu.Lock()
 						defer mu.Unlock()
 						if d.Allowed {
@@ -97,7 +99,7 @@ func TestSelfOwnerNeverForwardsToItself(t *testing.T) {
 	}
 	c := dial(t, boundAddr(n))
 	for i := 0; i < 11; i++ {
-		d := check(t, c, &sluicev1.RateLimitCheck{Name: "api", Key: "user:42", Hits: 1, Limit: 10, WindowMs: 60000})
+		d := check(t, c, &sluicev1.RateLimitCheck{Name: "api", Key: "user:42", Hits: proto.Int64(1), Limit: 10, WindowMs: 60000})
 		wantAllowed, wantRemaining := i < 10, int64(9-i)
 		if i == 10 {
 			wantRemaining = 0
@@ -122,7 +124,7 @@ func TestOwnedKeyStaysLocalInCluster(t *testing.T) {
 			before[i] = m.Server().Stats()
 		}
 		for i := 0; i < 11; i++ {
-			d := check(t, n.client, &sluicev1.RateLimitCheck{Name: "api", Key: k, Hits: 1, Limit: 10, WindowMs: 60000})
+			d := check(t, n.client, &sluicev1.RateLimitCheck{Name: "api", Key: k, Hits: proto.Int64(1), Limit: 10, WindowMs: 60000})
 			if d.Owner != n.Name() || d.Allowed != (i < 10) {
 				t.Fatalf("%s hit %d: %v", n.Name(), i+1, d)
 			}
@@ -145,7 +147,7 @@ func TestOneBudgetRoundRobin(t *testing.T) {
 			clock := window.NewManualClock(windowStart)
 			nodes := startCluster(t, size, clock)
 			for i := 0; i < 30; i++ {
-				d := check(t, nodes[i%size].client, &sluicev1.RateLimitCheck{Name: "api", Key: "user:7", Hits: 1, Limit: 10, WindowMs: 60000})
+				d := check(t, nodes[i%size].client, &sluicev1.RateLimitCheck{Name: "api", Key: "user:7", Hits: proto.Int64(1), Limit: 10, WindowMs: 60000})
 				wantRemaining := max(int64(9-i), 0)
 				if d.Allowed != (i < 10) || d.Remaining != wantRemaining {
 					t.Fatalf("t=%ds via %s: allowed=%v remaining=%d, want allowed=%v remaining=%d",
@@ -181,7 +183,7 @@ func TestConcurrentHitsExact(t *testing.T) {
 						}
 						wg.Go(func() {
 							<-start
-							if check(t, c, &sluicev1.RateLimitCheck{Name: "c03." + alg.String(), Key: key, Hits: 1, Limit: 5, WindowMs: 1000, Algorithm: alg}).Allowed {
+							if check(t, c, &sluicev1.RateLimitCheck{Name: "c03." + alg.String(), Key: key, Hits: proto.Int64(1), Limit: 5, WindowMs: 1000, Algorithm: alg}).Allowed {
 								allowed.Add(1)
 							}
 						})
@@ -203,7 +205,7 @@ func TestConcurrentHitsUnderLimitAllCounted(t *testing.T) {
 	clock := window.NewManualClock(windowStart)
 	nodes := startCluster(t, 3, clock)
 	rc := func(hits int64) *sluicev1.RateLimitCheck {
-		return &sluicev1.RateLimitCheck{Name: "api", Key: "tenant:big", Hits: hits, Limit: 100000, WindowMs: 60000}
+		return &sluicev1.RateLimitCheck{Name: "api", Key: "tenant:big", Hits: proto.Int64(hits), Limit: 100000, WindowMs: 60000}
 	}
 	var denied atomic.Int64
 	var wg sync.WaitGroup
@@ -261,7 +263,7 @@ func TestDuplicateNameIsRefused(t *testing.T) {
 		t.Fatalf("after the impostor: members %v", resp.Members)
 	}
 	k := keyOwnedBy(t, nodes[0], "api", "node2")
-	if d := check(t, nodes[0].client, &sluicev1.RateLimitCheck{Name: "api", Key: k, Hits: 1, Limit: 2, WindowMs: 60000}); d.Owner != "node2" {
+	if d := check(t, nodes[0].client, &sluicev1.RateLimitCheck{Name: "api", Key: k, Hits: proto.Int64(1), Limit: 2, WindowMs: 60000}); d.Owner != "node2" {
 		t.Fatalf("decided by %s, want node2", d.Owner)
 	}
 }
@@ -279,7 +281,7 @@ func TestForwardedChecksKeepRequestOrder(t *testing.T) {
 	for rep, k := range keys {
 		var checks []*sluicev1.RateLimitCheck
 		for i := 0; i < 6; i++ {
-			checks = append(checks, &sluicev1.RateLimitCheck{Name: "order", Key: k, Hits: 1, Limit: 3,
+			checks = append(checks, &sluicev1.RateLimitCheck{Name: "order", Key: k, Hits: proto.Int64(1), Limit: 3,
 				WindowMs: 60000, NoBatching: i%2 == 1})
 		}
 		resp, err := nodes[0].client.Check(context.Background(), &sluicev1.CheckRequest{Checks: checks})

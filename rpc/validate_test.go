@@ -9,6 +9,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
@@ -21,7 +22,7 @@ func TestBadInputIsRefusedByField(t *testing.T) {
 	clock := window.NewManualClock(windowStart)
 	n := startNode(t, "solo", clock)
 	good := func() *sluicev1.RateLimitCheck {
-		return &sluicev1.RateLimitCheck{Name: "api", Key: "user:1", Hits: 1, Limit: 10, WindowMs: 60000}
+		return &sluicev1.RateLimitCheck{Name: "api", Key: "user:1", Hits: proto.Int64(1), Limit: 10, WindowMs: 60000}
 	}
 	with := func(f func(*sluicev1.RateLimitCheck)) []*sluicev1.RateLimitCheck {
 		c := good()
@@ -45,7 +46,7 @@ func TestBadInputIsRefusedByField(t *testing.T) {
 		{"window wrapping to positive ns", with(func(c *sluicev1.RateLimitCheck) { c.WindowMs = -18446744073709 }), "checks[0].window_ms"},
 		{"window min int64", with(func(c *sluicev1.RateLimitCheck) { c.WindowMs = math.MinInt64 }), "checks[0].window_ms"},
 		{"window over 366 days", with(func(c *sluicev1.RateLimitCheck) { c.WindowMs = math.MaxInt64 }), "checks[0].window_ms"},
-		{"hits -1", with(func(c *sluicev1.RateLimitCheck) { c.Hits = -1 }), "checks[0].hits"},
+		{"hits -1", with(func(c *sluicev1.RateLimitCheck) { c.Hits = proto.Int64(-1) }), "checks[0].hits"},
 		{"burst -1", with(func(c *sluicev1.RateLimitCheck) { c.Burst = -1 }), "checks[0].burst"},
 		{"unknown algorithm", with(func(c *sluicev1.RateLimitCheck) { c.Algorithm = 9 }), "checks[0].algorithm"},
 		{"negative algorithm", with(func(c *sluicev1.RateLimitCheck) { c.Algorithm = -1 }), "checks[0].algorithm"},
@@ -95,7 +96,7 @@ func TestCapacityExceeded(t *testing.T) {
 	clock := window.NewManualClock(windowStart)
 	n := startNode(t, "solo", clock)
 	for _, alg := range algorithms {
-		d := check(t, n.client, &sluicev1.RateLimitCheck{Name: "api", Key: "k", Hits: 11, Limit: 10, WindowMs: 60000, Algorithm: alg})
+		d := check(t, n.client, &sluicev1.RateLimitCheck{Name: "api", Key: "k", Hits: proto.Int64(11), Limit: 10, WindowMs: 60000, Algorithm: alg})
 		if d.Allowed || d.RetryAfter != -1 || d.Remaining != 10 || d.Limit != 10 || d.ResetTime != windowStart.UnixMilli() || d.Delay != 0 {
 			t.Errorf("%s: %v, want denied, retry_after -1, remaining 10, reset_time now", alg, d)
 		}
@@ -110,8 +111,8 @@ func TestForwardStreamRefusesAndGoesOn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bad := &sluicev1.ForwardRequest{Checks: []*sluicev1.RateLimitCheck{{Name: "api", Key: "k", Hits: 1, Limit: 0, WindowMs: 1000}}}
-	good := &sluicev1.ForwardRequest{Checks: []*sluicev1.RateLimitCheck{{Name: "api", Key: "k", Hits: 1, Limit: 2, WindowMs: 1000}}}
+	bad := &sluicev1.ForwardRequest{Checks: []*sluicev1.RateLimitCheck{{Name: "api", Key: "k", Hits: proto.Int64(1), Limit: 0, WindowMs: 1000}}}
+	good := &sluicev1.ForwardRequest{Checks: []*sluicev1.RateLimitCheck{{Name: "api", Key: "k", Hits: proto.Int64(1), Limit: 2, WindowMs: 1000}}}
 	for _, req := range []*sluicev1.ForwardRequest{bad, good, good, good} {
 		if err := st.Send(req); err != nil {
 			t.Fatal(err)
@@ -136,4 +137,22 @@ func TestForwardStreamRefusesAndGoesOn(t *testing.T) {
 		t.Fatalf("responses %v, want the refusal then A A D", got)
 	}
 	_ = st.CloseSend()
+}
+
+// A check that leaves hits unset consumes one hit (a peek needs an
+// explicit 0), so a client that forgets the field is still limited.
+func TestHitsDefaultToOne(t *testing.T) {
+	n := startNode(t, "solo", window.NewManualClock(windowStart))
+	c := &sluicev1.RateLimitCheck{Name: "api", Key: "forgetful", Limit: 2, WindowMs: 60000}
+	for i, want := range []bool{true, true, false} {
+		if d := check(t, n.client, c); d.Allowed != want || d.Remaining != int64(max(1-i, 0)) {
+			t.Fatalf("check %d without hits: %v, want allowed=%v remaining=%d", i+1, d, want, max(1-i, 0))
+		}
+	}
+	peek := &sluicev1.RateLimitCheck{Name: "api", Key: "peeker", Limit: 2, WindowMs: 60000, Hits: proto.Int64(0)}
+	for i := 0; i < 3; i++ {
+		if d := check(t, n.client, peek); !d.Allowed || d.Remaining != 2 {
+			t.Fatalf("peek %d: %v, want allowed with remaining 2", i+1, d)
+		}
+	}
 }

@@ -102,12 +102,16 @@ func parseCheck(pb *sluicev1.RateLimitCheck) (request, *fieldError) {
 	case pb.Algorithm < 0 || pb.Algorithm > sluicev1.Algorithm_ALGORITHM_LEAKY_BUCKET:
 		return request{}, &fieldError{"algorithm", fmt.Sprintf("unknown algorithm %d", pb.Algorithm)}
 	}
+	hits := int64(1) // unset: one hit
+	if pb.Hits != nil {
+		hits = *pb.Hits
+	}
 	c := window.Check{
 		Algorithm: alg,
 		Limit:     pb.Limit,
 		Window:    time.Duration(pb.WindowMs) * time.Millisecond,
 		Burst:     pb.Burst,
-		Hits:      pb.Hits,
+		Hits:      hits,
 	}
 	if err := c.Validate(); err != nil {
 		var fe *window.FieldError

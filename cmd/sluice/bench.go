@@ -17,6 +17,7 @@ import (
 	"github.com/urfave/cli/v3"
 	"golang.org/x/term"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 )
@@ -153,7 +154,7 @@ func runBench(ctx context.Context, cmd *cli.Command) error {
 		fmt.Fprintf(out, "%s\n", b)
 		return nil
 	}
-	fmt.Fprintf(out, "workload %s: %d nodes, %d goroutines, %d checks per RPC, %.1fs measured\n",
+	fmt.Fprintf(out, "workload %s: nodes %d, goroutines %d, checks per RPC %d, measured %.1fs\n",
 		sum.Workload, sum.Nodes, sum.Concurrency, sum.ChecksPerRPC, sum.WindowS)
 	fmt.Fprintf(out, "checks/s  %.0f\n", sum.ChecksPerSec)
 	fmt.Fprintf(out, "latency   p50 %.2f ms  p90 %.2f ms  p99 %.2f ms  max %.2f ms (per RPC)\n", sum.P50Ms, sum.P90Ms, sum.P99Ms, sum.MaxMs)
@@ -172,21 +173,15 @@ func runBench(ctx context.Context, cmd *cli.Command) error {
 }
 
 // waitServing asks a node for its members until it answers, for up to
-// 10 s, so a bench started with its cluster does not count start-up errors.
+// timeout, so a bench started with its cluster does not count start-up
+// errors and a wrong address fails fast.
 func waitServing(ctx context.Context, c sluicev1.RateLimitServiceClient, addr string, timeout time.Duration) error {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		cctx, cancel := context.WithTimeout(ctx, timeout)
-		_, err := c.Members(cctx, &sluicev1.MembersRequest{}, grpc.WaitForReady(true))
-		cancel()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("node %s: %w", addr, err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if _, err := c.Members(cctx, &sluicev1.MembersRequest{}, grpc.WaitForReady(true)); err != nil {
+		return fmt.Errorf("node %s did not answer within --timeout %s: %w", addr, timeout, err)
 	}
+	return nil
 }
 
 // workerStats is one goroutine's counts in the measured window.
@@ -217,7 +212,7 @@ func benchLoad(ctx context.Context, clients []sluicev1.RateLimitServiceClient, w
 				key = "k" + strconv.Itoa(rng.IntN(keys))
 			}
 			req.Checks[k] = &sluicev1.RateLimitCheck{
-				Name: "bench." + runID, Key: key, Hits: 1, Limit: 1 << 50, WindowMs: 60_000,
+				Name: "bench." + runID, Key: key, Hits: proto.Int64(1), Limit: 1 << 50, WindowMs: 60_000,
 				Algorithm: sluicev1.Algorithm_ALGORITHM_TOKEN_BUCKET,
 			}
 		}
@@ -330,7 +325,7 @@ func benchExact(ctx context.Context, clients []sluicev1.RateLimitServiceClient, 
 				}
 				key := "k" + strconv.Itoa(int(n%exactKeys))
 				req := &sluicev1.CheckRequest{Checks: []*sluicev1.RateLimitCheck{{
-					Name: "bench.exact." + runID, Key: key, Hits: 1, Limit: exactLimit, WindowMs: 60_000,
+					Name: "bench.exact." + runID, Key: key, Hits: proto.Int64(1), Limit: exactLimit, WindowMs: 60_000,
 					Algorithm: sluicev1.Algorithm_ALGORITHM_FIXED_WINDOW,
 				}}}
 				t0 := time.Now()

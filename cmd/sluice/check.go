@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
@@ -89,7 +90,7 @@ func runCheck(ctx context.Context, cmd *cli.Command) error {
 		fmt.Fprintf(cmd.Root().ErrWriter, "sluice: note: --burst applies to token_bucket and leaky_bucket only; %s ignores it\n", alg)
 	}
 	rc := &sluicev1.RateLimitCheck{
-		Name: name, Key: key, Hits: cmd.Int64("hits"), Limit: cmd.Int64("limit"),
+		Name: name, Key: key, Hits: proto.Int64(cmd.Int64("hits")), Limit: cmd.Int64("limit"),
 		WindowMs: w.Milliseconds(), Burst: cmd.Int64("burst"), Algorithm: sluicev1.Algorithm(alg),
 	}
 	conn, err := dialNode(cmd.String("addr"))

@@ -94,9 +94,9 @@ type RateLimitCheck struct {
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// Who is limited within name, e.g. a user id. 1..1024 bytes of UTF-8.
 	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
-	// Hits to consume, >= 0; 0 peeks (consumes nothing; allowed says
-	// whether one more hit would be). Default 0 on the wire: set it.
-	Hits int64 `protobuf:"varint,3,opt,name=hits,proto3" json:"hits,omitempty"`
+	// Hits to consume, >= 0; unset means 1. 0 peeks: it consumes nothing,
+	// and allowed says whether one more hit would be allowed.
+	Hits *int64 `protobuf:"varint,3,opt,name=hits,proto3,oneof" json:"hits,omitempty"`
 	// Hits allowed per window, 1..2^53.
 	Limit int64 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
 	// The window in milliseconds, 1..31622400000 (366 days).
@@ -158,8 +158,8 @@ func (x *RateLimitCheck) GetKey() string {
 }
 
 func (x *RateLimitCheck) GetHits() int64 {
-	if x != nil {
-		return x.Hits
+	if x != nil && x.Hits != nil {
+		return *x.Hits
 	}
 	return 0
 }
@@ -722,17 +722,18 @@ var File_sluice_v1_sluice_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\n" +
-	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"\xe8\x01\n" +
+	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"\xf6\x01\n" +
 	"\x0eRateLimitCheck\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
-	"\x04hits\x18\x03 \x01(\x03R\x04hits\x12\x14\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x17\n" +
+	"\x04hits\x18\x03 \x01(\x03H\x00R\x04hits\x88\x01\x01\x12\x14\n" +
 	"\x05limit\x18\x04 \x01(\x03R\x05limit\x12\x1b\n" +
 	"\twindow_ms\x18\x05 \x01(\x03R\bwindowMs\x12\x14\n" +
 	"\x05burst\x18\x06 \x01(\x03R\x05burst\x122\n" +
 	"\talgorithm\x18\a \x01(\x0e2\x14.sluice.v1.AlgorithmR\talgorithm\x12\x1f\n" +
 	"\vno_batching\x18\b \x01(\bR\n" +
-	"noBatching\"\xda\x01\n" +
+	"noBatchingB\a\n" +
+	"\x05_hits\"\xda\x01\n" +
 	"\bDecision\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
@@ -836,6 +837,7 @@ func file_sluice_v1_sluice_proto_init() {
 	if File_sluice_v1_sluice_proto != nil {
 		return
 	}
+	file_sluice_v1_sluice_proto_msgTypes[0].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
