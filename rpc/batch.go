@@ -26,14 +26,18 @@ type BatchConfig struct {
 	// Default 1000, at most MaxBatch. (Optional)
 	MaxSize int
 	// MaxWait sends a batch this long after its first check was queued,
-	// however small it is: the most a lone check waits. Default 200 us.
+	// however small it is, when calls to the owner are in flight (with
+	// none in flight a check goes at once). Default 200 us.
 	// (Optional)
 	MaxWait time.Duration
 }
 
 func (c BatchConfig) withDefaults() BatchConfig {
-	if c.MaxSize <= 0 || c.MaxSize > MaxBatch {
-		c.MaxSize = min(max(c.MaxSize, DefaultBatchSize), MaxBatch)
+	switch {
+	case c.MaxSize <= 0:
+		c.MaxSize = DefaultBatchSize
+	case c.MaxSize > MaxBatch:
+		c.MaxSize = MaxBatch
 	}
 	if c.MaxWait <= 0 {
 		c.MaxWait = DefaultBatchWait

@@ -219,6 +219,23 @@ func TestBatcherDeadPeerFailsWithinTimeout(t *testing.T) {
 	})
 }
 
+// fanOut queues n checks (keys "0".."n-1") from n goroutines at once and
+// calls verify with each key's index and reply, then waits for all.
+func fanOut(t *testing.T, b *batcher, n int, verify func(g int, r reply)) {
+	var wg sync.WaitGroup
+	for g := 0; g < n; g++ {
+		wg.Go(func() {
+			ch, err := enq(b, &sluicev1.RateLimitCheck{Key: fmt.Sprint(g)})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			verify(g, <-ch)
+		})
+	}
+	wg.Wait()
+}
+
 // Batches of one, many callers, a slow owner: every sender busy and the
 // hand-off full at once must not deadlock; every check is answered.
 func TestBatcherNoDeadlockWhenSendersAreBusy(t *testing.T) {
@@ -226,20 +243,11 @@ func TestBatcherNoDeadlockWhenSendersAreBusy(t *testing.T) {
 		f := &fakePeer{delay: 10 * time.Millisecond}
 		b := newTestBatcher(f, BatchConfig{MaxSize: 1, MaxWait: time.Millisecond}, time.Hour)
 		defer b.close()
-		var wg sync.WaitGroup
-		for g := 0; g < 200; g++ {
-			wg.Go(func() {
-				ch, err := enq(b, &sluicev1.RateLimitCheck{Key: fmt.Sprint(g)})
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				if r := <-ch; r.err != nil || r.d.Owner != fmt.Sprint(g) {
-					t.Errorf("check %d: %+v", g, r)
-				}
-			})
-		}
-		wg.Wait()
+		fanOut(t, b, 200, func(g int, r reply) {
+			if r.err != nil || r.d.Owner != fmt.Sprint(g) {
+				t.Errorf("check %d: %+v", g, r)
+			}
+		})
 		if n := len(f.sizes()); n != 200 {
 			t.Fatalf("%d calls for 200 checks in batches of one", n)
 		}
@@ -255,24 +263,14 @@ func TestBatcherStalledOwnerBoundsEveryWait(t *testing.T) {
 		b := newTestBatcher(f, BatchConfig{MaxSize: 1, MaxWait: time.Millisecond}, 2*time.Second)
 		defer b.close()
 		start := time.Now()
-		var wg sync.WaitGroup
-		for g := 0; g < 100; g++ {
-			wg.Go(func() {
-				ch, err := enq(b, &sluicev1.RateLimitCheck{Key: fmt.Sprint(g)})
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				r := <-ch
-				if status.Code(errors.Unwrap(r.err)) != codes.DeadlineExceeded {
-					t.Errorf("check %d: %v, want DeadlineExceeded", g, r.err)
-				}
-				if waited := time.Since(start); waited > 2*time.Second {
-					t.Errorf("check %d answered after %s, over the 2s forward timeout", g, waited)
-				}
-			})
-		}
-		wg.Wait()
+		fanOut(t, b, 100, func(g int, r reply) {
+			if status.Code(errors.Unwrap(r.err)) != codes.DeadlineExceeded {
+				t.Errorf("check %d: %v, want DeadlineExceeded", g, r.err)
+			}
+			if waited := time.Since(start); waited > 2*time.Second {
+				t.Errorf("check %d answered after %s, over the 2s forward timeout", g, waited)
+			}
+		})
 	})
 }
 

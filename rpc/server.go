@@ -307,8 +307,8 @@ func (s *Server) Owner(name, key string) string {
 func (s *Server) RingFingerprint() string { return s.view.Load().ring.Fingerprint() }
 
 // Check implements RateLimitService.Check: it validates the batch, decides
-// the checks this node owns, forwards the others to their owners (through
-// each owner's batcher, owners in parallel) and answers in request order.
+// the checks this node owns, forwards the others to their owners (owners
+// in parallel; see forward) and answers in request order.
 func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (*sluicev1.CheckResponse, error) {
 	reqs, fe := parseChecks(req.GetChecks())
 	if fe != nil {

@@ -43,7 +43,7 @@ type Store struct {
 	maxPerShard int // 0: no cap
 	shards      [shardCount]shard
 
-	evictedLive, evictedExpired, swept atomic.Int64
+	evictedLive, swept atomic.Int64
 }
 
 // shard is one lock stripe; t is guarded by mu.

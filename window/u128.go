@@ -39,8 +39,6 @@ func (x u128) less(y u128) bool {
 	return x.hi < y.hi || (x.hi == y.hi && x.lo < y.lo)
 }
 
-func (x u128) isZero() bool { return x.hi == 0 && x.lo == 0 }
-
 // divmod returns x/d and x%d; d must not be 0.
 func (x u128) divmod(d uint64) (u128, uint64) {
 	if x.hi == 0 { // the common case: one 64-bit division
