@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/sethvargo/go-limiter/memorystore"
 )
@@ -18,13 +20,20 @@ import (
 //
 // Keys are chosen uniformly at random (xorshift, one stream per goroutine)
 // from keys that already hold state, so every check is on an existing key.
+// BenchmarkApply builds each key's bytes in a buffer the goroutine reuses,
+// the way a node holds the key of a request it has just decoded: the key is
+// hot in cache and only the limiter's own memory is cold.
+// BenchmarkApplyStoredKeys instead reads each key from a slice of n strings,
+// so both limiters also pay the benchmark's own cache misses on the key.
 
 var benchKeyCounts = []int{1, 100_000, 1_000_000}
+
+const benchKeyPrefix = "api\x00user:"
 
 func benchKeys(n int) []string {
 	keys := make([]string, n)
 	for i := range keys {
-		keys[i] = fmt.Sprintf("api\x00user:%d", i)
+		keys[i] = benchKeyPrefix + strconv.Itoa(i)
 	}
 	return keys
 }
@@ -43,66 +52,105 @@ var seedCounter atomic.Uint64
 
 func newRand() xorshift { return xorshift(0x9E3779B97F4A7C15 ^ seedCounter.Add(1)*0xBF58476D1CE4E5B9) }
 
-// taker is one check on a key, the way each limiter does it.
-type taker func(key string)
+// limiter is one limiter under test, filled with keys.
+type limiter struct {
+	// take checks a key held in a string; takeBytes one held in a buffer
+	// the caller reuses. The key already holds state.
+	take      func(key string)
+	takeBytes func(key []byte)
+}
 
-func BenchmarkApply(b *testing.B) {
+// newLimiters returns, by name, functions that make each limiter filled
+// with keys.
+func newLimiters(b *testing.B, keys []string) []struct {
+	name string
+	make func() limiter
+} {
+	return []struct {
+		name string
+		make func() limiter
+	}{
+		{"sluice", func() limiter {
+			s := NewStore(StoreConfig{})
+			c := Check{Algorithm: TokenBucket, Limit: 1 << 40, Window: time.Second, Hits: 1}
+			for _, k := range keys {
+				_, _ = s.Apply(k, c, s.Now())
+			}
+			return limiter{
+				take:      func(k string) { _, _ = s.Apply(k, c, s.Now()) },
+				takeBytes: func(k []byte) { _, _ = s.ApplyBytes(k, c, s.Now()) },
+			}
+		}},
+		{"go-limiter", func() limiter {
+			s, err := memorystore.New(&memorystore.Config{Tokens: 1 << 40, Interval: time.Second})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = s.Close(context.Background()) })
+			ctx := context.Background()
+			for _, k := range keys {
+				_, _, _, _, _ = s.Take(ctx, k)
+			}
+			return limiter{
+				take: func(k string) { _, _, _, _, _ = s.Take(ctx, k) },
+				// Take keeps its key only when the key is new, and
+				// every key here already holds state: a string over the
+				// buffer is safe and allocates nothing.
+				takeBytes: func(k []byte) {
+					_, _, _, _, _ = s.Take(ctx, unsafe.String(unsafe.SliceData(k), len(k)))
+				},
+			}
+		}},
+	}
+}
+
+// runLimiters runs serial and parallel sub-benchmarks for every limiter
+// at every key count; one is one check, given the goroutine's PRNG and
+// buffer.
+func runLimiters(b *testing.B, one func(l *limiter, keys []string, r *xorshift, buf []byte)) {
 	for _, n := range benchKeyCounts {
 		keys := benchKeys(n)
-		impls := []struct {
-			name string
-			make func() taker
-		}{
-			{"sluice", func() taker {
-				s := NewStore(StoreConfig{})
-				c := Check{Algorithm: TokenBucket, Limit: 1 << 40, Window: time.Second, Hits: 1}
-				for _, k := range keys {
-					_, _ = s.Apply(k, c, s.Now())
-				}
-				return func(k string) { _, _ = s.Apply(k, c, s.Now()) }
-			}},
-			{"go-limiter", func() taker {
-				s, err := memorystore.New(&memorystore.Config{Tokens: 1 << 40, Interval: time.Second})
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(func() { _ = s.Close(context.Background()) })
-				ctx := context.Background()
-				for _, k := range keys {
-					_, _, _, _, _ = s.Take(ctx, k)
-				}
-				return func(k string) { _, _, _, _, _ = s.Take(ctx, k) }
-			}},
-		}
-		for _, impl := range impls {
-			var take taker // made on first use, so -bench filters skip the setup
-			setup := func() {
-				if take == nil {
-					take = impl.make()
-				}
-			}
-			b.Run(fmt.Sprintf("%s/keys=%d/serial", impl.name, n), func(b *testing.B) {
-				setup()
-				r := newRand()
-				b.ReportAllocs()
-				for b.Loop() {
-					take(keys[r.next()%uint64(n)])
-				}
-			})
-			b.Run(fmt.Sprintf("%s/keys=%d/parallel", impl.name, n), func(b *testing.B) {
-				setup()
-				b.ReportAllocs()
-				b.RunParallel(func(pb *testing.PB) {
-					r := newRand()
-					for pb.Next() {
-						take(keys[r.next()%uint64(n)])
+		for _, impl := range newLimiters(b, keys) {
+			var l *limiter // made on first use, so -bench filters skip the setup
+			for _, mode := range []string{"serial", "parallel"} {
+				b.Run(fmt.Sprintf("%s/keys=%d/%s", impl.name, n, mode), func(b *testing.B) {
+					if l == nil {
+						v := impl.make()
+						l = &v
 					}
+					b.ReportAllocs()
+					if mode == "serial" {
+						r, buf := newRand(), make([]byte, 0, 64)
+						for b.Loop() {
+							one(l, keys, &r, buf)
+						}
+						return
+					}
+					b.RunParallel(func(pb *testing.PB) {
+						r, buf := newRand(), make([]byte, 0, 64)
+						for pb.Next() {
+							one(l, keys, &r, buf)
+						}
+					})
 				})
-			})
-			take = nil
+			}
+			l = nil
 			runtime.GC()
 		}
 	}
+}
+
+func BenchmarkApply(b *testing.B) {
+	runLimiters(b, func(l *limiter, keys []string, r *xorshift, buf []byte) {
+		buf = append(buf[:0], benchKeyPrefix...)
+		l.takeBytes(strconv.AppendUint(buf, r.next()%uint64(len(keys)), 10))
+	})
+}
+
+func BenchmarkApplyStoredKeys(b *testing.B) {
+	runLimiters(b, func(l *limiter, keys []string, r *xorshift, _ []byte) {
+		l.take(keys[r.next()%uint64(len(keys))])
+	})
 }
 
 // BenchmarkBytesPerKey reports the heap each limiter holds per live key at

@@ -10,11 +10,11 @@ func (s *Store) Take(key string) (State, bool) {
 	sh := &s.shards[h%shardCount]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	idx, slot, ok := sh.t.find(h, key)
+	slot, ok := sh.t.find(h, key)
 	if !ok {
 		return State{}, false
 	}
-	st := State{sh.t.entry(idx).st}
+	st := State{sh.t.slots[slot].st}
 	sh.t.remove(slot)
 	return st, true
 }
@@ -34,9 +34,9 @@ func (s *Store) All() iter.Seq2[string, State] {
 			sh := &s.shards[i]
 			keys, states = keys[:0], states[:0]
 			sh.mu.Lock()
-			for j := uint32(0); j < sh.t.next; j++ {
-				if e := sh.t.entry(j); e.st.spec != 0 {
-					keys = append(keys, e.key)
+			for j := range sh.t.slots {
+				if e := &sh.t.slots[j]; e.st.spec != 0 {
+					keys = append(keys, sh.t.keyOf(e))
 					states = append(states, State{e.st})
 				}
 			}

@@ -140,8 +140,8 @@ func (s *Store) Get(key string) (State, bool) {
 	sh := &s.shards[h%shardCount]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if idx, _, ok := sh.t.find(h, key); ok {
-		return State{sh.t.entry(idx).st}, true
+	if slot, ok := sh.t.find(h, key); ok {
+		return State{sh.t.slots[slot].st}, true
 	}
 	return State{}, false
 }
@@ -154,10 +154,11 @@ func (s *Store) MergeState(key string, st State, now time.Time) State {
 	sh := &s.shards[h%shardCount]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if idx, _, ok := sh.t.find(h, key); ok {
-		e := sh.t.entry(idx)
+	if slot, ok := sh.t.find(h, key); ok {
+		e := &sh.t.slots[slot]
 		m := Merge(State{e.st}, st)
-		e.st, e.used = m.st, true
+		e.st = m.st
+		e.setUsed(true)
 		sh.t.noteExpiry(m.st.expires())
 		return m
 	}
@@ -165,7 +166,7 @@ func (s *Store) MergeState(key string, st State, now time.Time) State {
 		return st
 	}
 	s.makeRoomLocked(sh, now.UnixNano())
-	sh.t.insert(h, key, st.st)
+	sh.t.insert(h, key, false, st.st)
 	sh.t.noteExpiry(st.st.expires())
 	return st
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"hash/maphash"
 	"math"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -120,22 +119,20 @@ func (s *Store) apply(key string, clone bool, c Check, now time.Time) (Decision,
 	// The check runs on a copy; only a check that consumed hits writes
 	// its state back, so a peek or a refused check changes nothing (not
 	// even under a changed algorithm, window or limit).
-	idx, _, found := sh.t.find(h, key)
+	slot, found := sh.t.find(h, key)
 	var st state
 	if found {
-		st = sh.t.entry(idx).st
+		st = sh.t.slots[slot].st
 	}
 	r := st.apply(c, t)
 	if r.allowed && c.Hits > 0 {
 		if found {
-			e := sh.t.entry(idx)
-			e.st, e.used = st, true
+			e := &sh.t.slots[slot]
+			e.st = st
+			e.setUsed(true)
 		} else {
-			if clone {
-				key = strings.Clone(key)
-			}
 			s.makeRoomLocked(sh, t)
-			sh.t.insert(h, key, st)
+			sh.t.insert(h, key, clone, st)
 		}
 		sh.t.noteExpiry(r.reset)
 	}
@@ -161,13 +158,13 @@ func (s *Store) makeRoomLocked(sh *shard, now int64) {
 		s.swept.Add(int64(n))
 		return
 	}
-	idx := sh.t.evict()
-	if sh.t.entry(idx).st.expires() > now {
+	slot := sh.t.evict()
+	if sh.t.slots[slot].st.expires() > now {
 		s.evictedLive.Add(1)
 	} else {
 		s.swept.Add(1)
 	}
-	sh.t.removeIndex(idx)
+	sh.t.remove(slot)
 }
 
 // Len returns the number of keys that hold state.

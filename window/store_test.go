@@ -3,11 +3,13 @@ package window
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 var t0 = time.Unix(3600*500_000, 0) // a multiple of every window used here
@@ -212,30 +214,33 @@ func TestTableAgainstMap(t *testing.T) {
 		for i := 0; i < len(k); i++ {
 			h = h*31 + uint64(k[i])
 		}
-		return (h % 997) << 32
+		return (h % 997) << 40
 	}
 	for op := 0; op < 100000; op++ {
 		k := fmt.Sprint(rng.IntN(3000))
+		if len(k)%2 == 0 { // about half the keys are too long to be held inline
+			k = "a key longer than twenty bytes:" + k
+		}
 		h := hash(k)
-		idx, slot, ok := tb.find(h, k)
+		slot, ok := tb.find(h, k)
 		_, want := ref[k]
 		if ok != want {
 			t.Fatalf("op %d: find(%s) = %v, map has it: %v", op, k, ok, want)
 		}
 		switch {
 		case ok && rng.IntN(2) == 0:
-			if tb.entry(idx).st.a != ref[k] {
-				t.Fatalf("op %d: %s holds %d, want %d", op, k, tb.entry(idx).st.a, ref[k])
+			if tb.slots[slot].st.a != ref[k] {
+				t.Fatalf("op %d: %s holds %d, want %d", op, k, tb.slots[slot].st.a, ref[k])
 			}
 			tb.remove(slot)
 			delete(ref, k)
 		case ok:
-			tb.entry(idx).st.a++
+			tb.slots[slot].st.a++
 			ref[k]++
-			tb.entry(idx).used = true
+			tb.slots[slot].setUsed(true)
 		default:
 			v := rng.Uint64()
-			tb.insert(h, k, state{a: v, spec: 1})
+			tb.insert(h, k, false, state{a: v, spec: 1})
 			ref[k] = v
 		}
 		if tb.n != len(ref) {
@@ -245,13 +250,13 @@ func TestTableAgainstMap(t *testing.T) {
 	// Evicting every entry through the clock empties the table, each
 	// key once.
 	for tb.n > 0 {
-		idx := tb.evict()
-		k := tb.entry(idx).key
+		slot := tb.evict()
+		k := tb.keyOf(&tb.slots[slot])
 		if _, ok := ref[k]; !ok {
 			t.Fatalf("evict chose %q, not in the table", k)
 		}
 		delete(ref, k)
-		tb.removeIndex(idx)
+		tb.remove(slot)
 	}
 	if len(ref) != 0 {
 		t.Fatalf("%d keys never evicted", len(ref))
@@ -488,5 +493,102 @@ func TestMemoryCap(t *testing.T) {
 	// than its share within one window must evict live keys, and says so.
 	if st.Swept < int64(n/2) || st.EvictedLive == 0 {
 		t.Fatalf("%+v: want most room made by expired keys, and the live evictions counted", st)
+	}
+}
+
+// A long key given as bytes is copied when it is stored: the caller's
+// buffer can be reused, and the key is still found (and yielded) as it
+// was.
+func TestApplyBytesLongKeyIsCopied(t *testing.T) {
+	s := NewStore(StoreConfig{})
+	c := Check{Algorithm: FixedWindow, Limit: 5, Window: time.Minute, Hits: 1}
+	buf := []byte("tenant-42\x00user:someone@example.com")
+	if _, err := s.ApplyBytes(buf, c, t0); err != nil {
+		t.Fatal(err)
+	}
+	want := string(buf)
+	for i := range buf {
+		buf[i] = 'x'
+	}
+	d := mustApply(t, s, want, c, t0)
+	if d.Remaining != 3 {
+		t.Fatalf("remaining after a second hit = %d, want 3 (the key was not found again)", d.Remaining)
+	}
+	for k := range s.All() {
+		if k != want {
+			t.Fatalf("All yielded %q, want %q", k, want)
+		}
+	}
+}
+
+// Sweeps over a table with long probe runs remove exactly the expired
+// keys, whatever the shifts of the Robin Hood runs, and shrinking (with
+// the long keys compacted) keeps every other key findable with its state.
+func TestTableSweepAgainstMap(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 5))
+	var tb table
+	tb.minExpires = math.MaxInt64
+	hash := func(k string) uint64 { // weak, for long runs that wrap around
+		var h uint64
+		for i := 0; i < len(k); i++ {
+			h = h*31 + uint64(k[i])
+		}
+		return (h % 61) << 58
+	}
+	ref := map[string]int64{} // key -> the Unix ns it expires at
+	const w = int64(time.Second)
+	for round := 0; round < 20; round++ {
+		for i := 0; i < 2000; i++ {
+			k := fmt.Sprint(rng.IntN(5000))
+			if rng.IntN(3) == 0 {
+				k = "a key longer than twenty bytes:" + k
+			}
+			if _, ok := ref[k]; ok {
+				continue
+			}
+			// A fixed window with one hit expires at its start + w.
+			start := int64(rng.IntN(40)) * w
+			tb.insert(hash(k), k, false, state{at: start, a: 1, spec: makeSpec(FixedWindow, w)})
+			tb.noteExpiry(start + w)
+			ref[k] = start + w
+		}
+		now := int64(rng.IntN(45)) * w
+		want := 0
+		for k, exp := range ref {
+			if exp <= now {
+				delete(ref, k)
+				want++
+			}
+		}
+		if got := tb.sweep(now); got != want {
+			t.Fatalf("round %d: swept %d, want %d", round, got, want)
+		}
+		if tb.n != len(ref) {
+			t.Fatalf("round %d: %d entries left, want %d", round, tb.n, len(ref))
+		}
+		for k, exp := range ref {
+			slot, ok := tb.find(hash(k), k)
+			if !ok {
+				t.Fatalf("round %d: %q lost", round, k)
+			}
+			if got := tb.slots[slot].st.expires(); got != exp {
+				t.Fatalf("round %d: %q expires at %d, want %d", round, k, got, exp)
+			}
+		}
+	}
+	// Everything expires: the table gives its memory back.
+	tb.sweep(math.MaxInt64 - 1)
+	if tb.n != 0 || tb.slots != nil || tb.long != nil {
+		t.Fatalf("after sweeping everything: n=%d, %d slots, %d long keys held", tb.n, len(tb.slots), len(tb.long))
+	}
+}
+
+// An entry is one cache line, and shards do not share lines.
+func TestLayout(t *testing.T) {
+	if got := unsafe.Sizeof(entry{}); got != 64 {
+		t.Errorf("entry is %d bytes, want 64", got)
+	}
+	if got := unsafe.Sizeof(shard{}); got%64 != 0 {
+		t.Errorf("shard is %d bytes, want a multiple of 64", got)
 	}
 }

@@ -1,166 +1,253 @@
 package window
 
-import "math"
+import (
+	"encoding/binary"
+	"math"
+)
 
-// entry is one key and its state: 64 bytes.
+// inlineKey is the longest key an entry holds in its own bytes; a longer
+// key is kept in the table's long list and the entry holds its index.
+const inlineKey = 20
+
+// entry is one slot of a table: 64 bytes, one cache line, no pointers (so
+// the garbage collector never scans the table). A slot is empty when
+// st.spec == 0.
 type entry struct {
-	key  string
-	st   state
-	tag  uint32 // the high 32 bits of the key's hash (its slot tag)
-	used bool   // referenced since the clock hand last passed (see evict)
+	st state
+	// tagMeta holds the key's 24-bit tag (the high 24 bits of its hash)
+	// in bits 8-31, and meta bits in 0-7: the key's length when it is held
+	// inline (0..inlineKey), or metaLong, plus metaUsed.
+	tagMeta uint32
+	// key holds the key's bytes when they fit, else (metaLong) the index of
+	// the key in table.long as 4 little-endian bytes.
+	key [inlineKey]byte
 }
 
 const (
-	pageBits = 8
-	pageSize = 1 << pageBits // entries per page
-	// maxLoadNum/maxLoadDen is the most slots a table fills before it
-	// doubles.
-	maxLoadNum, maxLoadDen = 3, 4
+	metaLenMask = 0x3f
+	metaLong    = 0x3f // the key is in table.long
+	metaUsed    = 0x40 // referenced since the clock hand last passed
 )
 
+func (e *entry) tag() uint32 { return e.tagMeta >> 8 }
+func (e *entry) used() bool  { return e.tagMeta&metaUsed != 0 }
+func (e *entry) setUsed(u bool) {
+	if u {
+		e.tagMeta |= metaUsed
+	} else {
+		e.tagMeta &^= metaUsed
+	}
+}
+func (e *entry) long() bool        { return e.tagMeta&metaLenMask == metaLong }
+func (e *entry) longIndex() uint32 { return binary.LittleEndian.Uint32(e.key[:4]) }
+
+const (
+	// A table grows by a quarter when an insert would fill more than
+	// maxLoadNum/maxLoadDen of its slots, so it runs between 70 % and
+	// 87.5 % full: 73 to 91 bytes a key.
+	maxLoadNum, maxLoadDen = 7, 8
+	minSlots               = 16
+)
+
+// keyTag returns the tag of a key's hash: its high 24 bits. (The shard
+// is chosen by the low bits.)
+func keyTag(h uint64) uint32 { return uint32(h >> 40) }
+
 // table maps keys to entries: an open-addressing hash table with linear
-// probing over a slot array, the entries in fixed-size pages (so growing
-// never copies them). Recency is kept the CLOCK way (Corbató, 1968; the
-// "second chance" approximation of least-recently-used that operating
-// systems use for pages): a use sets the entry's used bit, and eviction
-// sweeps a hand over the entries, clearing used bits and taking the first
-// entry found unused. A use thus touches no other entry. It takes about
-// 64 bytes per entry plus 8 bytes per slot.
+// probing and Robin Hood displacement (Celis, Larson and Munro, "Robin
+// Hood Hashing", FOCS 1985), deletion by backward shift, and entries held
+// in the slot array itself. A key's home slot is its 24-bit tag scaled to
+// the table's size (Lemire's multiply-shift range reduction), so sizes
+// need not be powers of two and the table can grow by a quarter at a
+// time; a hit reads one cache line when the key is at most 20 bytes (held
+// inline), two when it is longer. Recency is kept the CLOCK way (Corbató,
+// 1968: the "second chance" approximation of least-recently-used): a use
+// sets the entry's used bit; eviction sweeps a hand over the slots,
+// clearing used bits, and takes the first entry found unused.
 //
 // table is not safe for concurrent use: a shard's mutex guards it.
 type table struct {
-	// slots holds, per slot, 0 (empty) or tag<<32 | (entry index + 1),
-	// where tag is the high 32 bits of the key's hash; a key's home slot is
-	// tag & (len(slots)-1). len(slots) is a power of two.
-	slots []uint64
-	pages [][]entry
-	free  []uint32 // indices of unused entries below next
-	next  uint32   // entries ever allocated: the index of the next new one
-	n     int      // live entries
-	hand  uint32   // the clock hand: the next entry eviction looks at
+	slots    []entry
+	long     []string // keys longer than inlineKey; "" where free
+	longFree []uint32 // free indices of long
+	n        int      // live entries
+	hand     int      // the clock hand: the next slot eviction looks at
 	// minExpires is a lower bound of every live entry's expiry (Unix ns):
 	// a sweep before it would find nothing.
 	minExpires int64
 }
 
-func (t *table) entry(i uint32) *entry { return &t.pages[i>>pageBits][i&(pageSize-1)] }
+// home returns the home slot of tag in a table of size n.
+func home(tag uint32, n int) int { return int(uint64(tag) * uint64(n) >> 24) }
 
-func slotTag(h uint64) uint32 { return uint32(h >> 32) }
-
-// find returns the index of key's entry and its slot, or ok = false.
-func (t *table) find(h uint64, key string) (idx uint32, slot int, ok bool) {
-	if len(t.slots) == 0 {
-		return 0, 0, false
+// dist returns how far slot i is from home slot h, cyclically.
+func (t *table) dist(i, h int) int {
+	if d := i - h; d >= 0 {
+		return d
 	}
-	mask := len(t.slots) - 1
-	tag := slotTag(h)
-	for i := int(tag) & mask; ; i = (i + 1) & mask {
-		s := t.slots[i]
-		if s == 0 {
-			return 0, 0, false
+	return i - h + len(t.slots)
+}
+
+// keyIs reports whether entry e holds key.
+func (t *table) keyIs(e *entry, key string) bool {
+	if l := int(e.tagMeta & metaLenMask); l != metaLong {
+		return l == len(key) && string(e.key[:l]) == key
+	}
+	return len(key) > inlineKey && t.long[e.longIndex()] == key
+}
+
+// keyOf returns the key of entry e (a copy when it is inline).
+func (t *table) keyOf(e *entry) string {
+	if e.long() {
+		return t.long[e.longIndex()]
+	}
+	return string(e.key[:e.tagMeta&metaLenMask])
+}
+
+// find returns the slot holding key, whose hash is h, or ok = false.
+func (t *table) find(h uint64, key string) (slot int, ok bool) {
+	n := len(t.slots)
+	if n == 0 {
+		return 0, false
+	}
+	tag := keyTag(h)
+	i := home(tag, n)
+	for d := 0; ; d++ {
+		e := &t.slots[i]
+		if e.st.spec == 0 || t.dist(i, home(e.tag(), n)) < d {
+			return 0, false
 		}
-		if uint32(s>>32) == tag {
-			idx := uint32(s) - 1
-			if t.entry(idx).key == key {
-				return idx, i, true
+		if e.tag() == tag && t.keyIs(e, key) {
+			return i, true
+		}
+		if i++; i == n {
+			i = 0
+		}
+	}
+}
+
+// insert adds key (absent; hash h) with state st and returns its slot.
+// clone says key aliases a caller's buffer: a long key is then copied
+// before it is kept. A new entry starts unused: it has to be used again to
+// earn a second chance, so a stream of one-off keys (a scan, or a client
+// inventing keys) is evicted before the keys that come back.
+func (t *table) insert(h uint64, key string, clone bool, st state) int {
+	if (t.n+1)*maxLoadDen > len(t.slots)*maxLoadNum {
+		t.resize(max(len(t.slots)+len(t.slots)/4, minSlots))
+	}
+	e := entry{st: st, tagMeta: keyTag(h) << 8}
+	if len(key) <= inlineKey {
+		e.tagMeta |= uint32(len(key))
+		copy(e.key[:], key)
+	} else {
+		if clone {
+			key = string([]byte(key))
+		}
+		var li uint32
+		if k := len(t.longFree); k > 0 {
+			li = t.longFree[k-1]
+			t.longFree = t.longFree[:k-1]
+			t.long[li] = key
+		} else {
+			li = uint32(len(t.long))
+			t.long = append(t.long, key)
+		}
+		e.tagMeta |= metaLong
+		binary.LittleEndian.PutUint32(e.key[:4], li)
+	}
+	t.n++
+	return t.place(e)
+}
+
+// place puts e into the table by Robin Hood displacement and returns the
+// slot e itself landed in. There must be an empty slot.
+func (t *table) place(e entry) int {
+	n := len(t.slots)
+	i := home(e.tag(), n)
+	at := -1
+	for d := 0; ; d++ {
+		r := &t.slots[i]
+		if r.st.spec == 0 {
+			*r = e
+			if at < 0 {
+				at = i
+			}
+			return at
+		}
+		if rd := t.dist(i, home(r.tag(), n)); rd < d {
+			// The resident is closer to its home than e is to its own:
+			// e takes the slot, and the resident moves on.
+			*r, e = e, *r
+			d = rd
+			if at < 0 {
+				at = i
 			}
 		}
-	}
-}
-
-// insert adds key (absent) with state st and returns its index. A new
-// entry starts unused: it has to be used again to earn a second chance, so
-// a stream of one-off keys (a scan, or a client inventing keys) is evicted
-// before the keys that come back.
-func (t *table) insert(h uint64, key string, st state) uint32 {
-	if (t.n+1)*maxLoadDen > len(t.slots)*maxLoadNum {
-		t.grow()
-	}
-	var idx uint32
-	if n := len(t.free); n > 0 {
-		idx = t.free[n-1]
-		t.free = t.free[:n-1]
-	} else {
-		idx = t.next
-		t.next++
-		if int(idx>>pageBits) == len(t.pages) {
-			t.pages = append(t.pages, make([]entry, pageSize))
+		if i++; i == n {
+			i = 0
 		}
 	}
-	*t.entry(idx) = entry{key: key, st: st, tag: slotTag(h)}
-	t.place(uint64(slotTag(h))<<32 | uint64(idx+1))
-	t.n++
-	return idx
 }
 
-// place puts slot value s into the first empty slot from its home.
-func (t *table) place(s uint64) {
-	mask := len(t.slots) - 1
-	i := int(s>>32) & mask
-	for t.slots[i] != 0 {
-		i = (i + 1) & mask
-	}
-	t.slots[i] = s
-}
-
-func (t *table) grow() {
-	n := max(2*len(t.slots), 16)
+// resize moves every entry into a slot array of size n (> t.n).
+func (t *table) resize(n int) {
 	old := t.slots
-	t.slots = make([]uint64, n)
-	for _, s := range old {
-		if s != 0 {
-			t.place(s)
+	t.slots = make([]entry, n)
+	for i := range old {
+		if old[i].st.spec != 0 {
+			t.place(old[i])
 		}
+	}
+	if t.hand >= n {
+		t.hand = 0
 	}
 }
 
-// remove deletes the entry in slot, closing the gap by shifting later
-// entries of the probe run back (so no tombstones are needed).
+// remove deletes the entry in slot, closing the gap by shifting the rest
+// of its probe run back one slot (no tombstones).
 func (t *table) remove(slot int) {
-	idx := uint32(t.slots[slot]) - 1
-	*t.entry(idx) = entry{}
-	t.free = append(t.free, idx)
-	t.n--
-	mask := len(t.slots) - 1
-	hole := slot
-	for j := (hole + 1) & mask; t.slots[j] != 0; j = (j + 1) & mask {
-		home := int(t.slots[j]>>32) & mask
-		// Move slot j into the hole unless its home lies cyclically in
-		// (hole, j]: then it would become unreachable.
-		if (j > hole && (home <= hole || home > j)) || (j < hole && home <= hole && home > j) {
-			t.slots[hole] = t.slots[j]
-			hole = j
-		}
+	e := &t.slots[slot]
+	if e.long() {
+		li := e.longIndex()
+		t.long[li] = ""
+		t.longFree = append(t.longFree, li)
 	}
-	t.slots[hole] = 0
+	t.n--
+	n := len(t.slots)
+	i := slot
+	for {
+		j := i + 1
+		if j == n {
+			j = 0
+		}
+		next := &t.slots[j]
+		if next.st.spec == 0 || t.dist(j, home(next.tag(), n)) == 0 {
+			break
+		}
+		t.slots[i] = *next
+		i = j
+	}
+	t.slots[i] = entry{}
 }
 
-// evict picks the entry to remove under a cap: the hand moves over the
-// entries, giving each used one a second chance (clearing its bit), and
-// stops at the first unused one. The table must not be empty.
-func (t *table) evict() uint32 {
+// evict picks the slot whose entry to remove under a cap: the hand moves
+// over the slots, giving each used entry a second chance (clearing its
+// bit), and stops at the first unused one. The table must not be empty.
+func (t *table) evict() int {
 	for {
-		if t.hand >= t.next {
+		if t.hand >= len(t.slots) {
 			t.hand = 0
 		}
 		i := t.hand
 		t.hand++
-		e := t.entry(i)
+		e := &t.slots[i]
 		switch {
-		case e.st.spec == 0: // free
-		case e.used:
-			e.used = false
+		case e.st.spec == 0: // empty
+		case e.used():
+			e.setUsed(false)
 		default:
 			return i
 		}
-	}
-}
-
-// removeIndex removes entry idx.
-func (t *table) removeIndex(idx uint32) {
-	e := t.entry(idx)
-	if _, slot, ok := t.find(uint64(e.tag)<<32, e.key); ok {
-		t.remove(slot)
 	}
 }
 
@@ -172,24 +259,30 @@ func (t *table) noteExpiry(e int64) {
 }
 
 // sweep removes every entry that expires at or before now and returns how
-// many it removed. hash gives a key's hash. It does nothing when
-// minExpires shows that no entry has expired.
+// many it removed. It does nothing when minExpires shows that no entry has
+// expired.
 func (t *table) sweep(now int64) int {
 	if t.n == 0 || t.minExpires > now {
 		return 0
 	}
 	removed := 0
 	next := int64(math.MaxInt64)
-	for i := uint32(0); i < t.next; i++ {
-		e := t.entry(i)
-		if e.st.spec == 0 { // unused
+	// A removal shifts later entries of the run back into slot i, so i
+	// is looked at again; entries only ever move to slots not yet passed
+	// (or from slot 0 to the last slot, looked at twice), so none is
+	// skipped.
+	for i := 0; i < len(t.slots); {
+		e := &t.slots[i]
+		if e.st.spec == 0 {
+			i++
 			continue
 		}
 		if exp := e.st.expires(); exp > now {
 			next = min(next, exp)
+			i++
 			continue
 		}
-		t.removeIndex(i)
+		t.remove(i)
 		removed++
 	}
 	t.minExpires = next
@@ -198,20 +291,28 @@ func (t *table) sweep(now int64) int {
 }
 
 // shrink gives memory back after a sweep left the table sparse: an empty
-// table is dropped whole; one whose live entries fill under 1/8 of its
-// allocated entries (and more than 4 pages) is rebuilt compactly.
+// table is dropped whole; one filled under 1/4 (and larger than 64 slots)
+// is rebuilt at half full.
 func (t *table) shrink() {
 	switch {
 	case t.n == 0:
 		*t = table{minExpires: t.minExpires}
-	case t.n*8 < int(t.next) && t.next > 4*pageSize:
-		old := *t
-		*t = table{minExpires: old.minExpires}
-		for i := uint32(0); i < old.next; i++ {
-			if e := old.entry(i); e.st.spec != 0 {
-				t.insert(uint64(e.tag)<<32, e.key, e.st)
-				t.entry(t.next - 1).used = e.used
-			}
+	case t.n*4 < len(t.slots) && len(t.slots) > 64:
+		t.resize(max(2*t.n, minSlots))
+		if len(t.longFree) > 0 && len(t.longFree)*2 > len(t.long) {
+			t.compactLong()
 		}
 	}
+}
+
+// compactLong rebuilds the long key list without its free indices.
+func (t *table) compactLong() {
+	long := make([]string, 0, len(t.long)-len(t.longFree))
+	for i := range t.slots {
+		if e := &t.slots[i]; e.st.spec != 0 && e.long() {
+			long = append(long, t.long[e.longIndex()])
+			binary.LittleEndian.PutUint32(e.key[:4], uint32(len(long)-1))
+		}
+	}
+	t.long, t.longFree = long, nil
 }
