@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/rls"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
@@ -66,6 +67,9 @@ type NodeConfig struct {
 	Version string
 	// Logger receives the node's logs. Default slog.Default(). (Optional)
 	Logger *slog.Logger
+	// RLS, when set, serves Envoy's rate limit service (RLS v3) from these
+	// rules on the gRPC port (see package rls and docs/envoy.md). (Optional)
+	RLS *rls.Config
 }
 
 // Node is a running sluice node. Stop it with [Node.Close] (graceful) or
@@ -148,6 +152,10 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	sluicev1.RegisterRateLimitServiceServer(gs, srv)
 	sluicev1.RegisterPeerServiceServer(gs, srv)
 	healthpb.RegisterHealthServer(gs, hs)
+	if cfg.RLS != nil {
+		rls.NewService(cfg.RLS, srv, rls.Options{Clock: cfg.Clock, Logger: log.With("component", "rls")}).Register(gs)
+		hs.SetServingStatus(rls.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	}
 	reflection.Register(gs)
 
 	ctx, cancel := context.WithCancel(context.Background())

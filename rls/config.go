@@ -1,0 +1,475 @@
+package rls
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/goccy/go-yaml"
+	"github.com/goccy/go-yaml/ast"
+	"github.com/goccy/go-yaml/parser"
+)
+
+// Limits of what a sluice check accepts (see rpc/wire.go); longer check
+// names and keys are replaced by a hash.
+const (
+	maxNameBytes = 256
+	maxKeyBytes  = 1024
+	// maxWindow is the longest window sluice accepts: 366 days.
+	maxWindow = 366 * 24 * time.Hour
+)
+
+// Unit is the unit of a rule's window, as on the wire of RLS v3
+// (SECOND, MINUTE, HOUR, DAY, WEEK, MONTH, YEAR).
+type Unit = rlsv3.RateLimitResponse_RateLimit_Unit
+
+// unitDurations maps each unit to its length. As in envoyproxy/ratelimit,
+// a month is 30 days and a year 365 days; windows are aligned to the Unix
+// epoch (a week starts on a Thursday, 00:00 UTC).
+var unitDurations = map[Unit]time.Duration{
+	rlsv3.RateLimitResponse_RateLimit_SECOND: time.Second,
+	rlsv3.RateLimitResponse_RateLimit_MINUTE: time.Minute,
+	rlsv3.RateLimitResponse_RateLimit_HOUR:   time.Hour,
+	rlsv3.RateLimitResponse_RateLimit_DAY:    24 * time.Hour,
+	rlsv3.RateLimitResponse_RateLimit_WEEK:   7 * 24 * time.Hour,
+	rlsv3.RateLimitResponse_RateLimit_MONTH:  30 * 24 * time.Hour,
+	rlsv3.RateLimitResponse_RateLimit_YEAR:   365 * 24 * time.Hour,
+}
+
+// Rule is one rate_limit block of a rule file: RequestsPerUnit requests
+// per Window. A Rule is immutable once loaded and safe to share.
+type Rule struct {
+	// Domain is the domain of the file the rule is in.
+	Domain string
+	// FullKey names the rule as envoyproxy/ratelimit does in its stats:
+	// the domain and the path of descriptors, e.g.
+	// "messaging.message_type_marketing.to_number".
+	FullKey string
+	// Name is the rule's optional name (rate_limit.name), which other
+	// rules' Replaces refer to.
+	Name string
+	// Replaces lists the names of the rules this rule replaces: when a
+	// request matches both, only this one is applied.
+	Replaces []string
+	// RequestsPerUnit is the number of hits allowed per Window; 0 refuses
+	// every request.
+	RequestsPerUnit uint32
+	// Unit and UnitMultiplier (>= 1) give the window: Unit x
+	// UnitMultiplier. Unit is UNKNOWN for an unlimited rule.
+	Unit           Unit
+	UnitMultiplier uint32
+	// Window is Unit x UnitMultiplier, at most 366 days.
+	Window time.Duration
+	// Unlimited rules are never counted: every request is OK.
+	Unlimited bool
+	// ShadowMode rules are counted as usual, but their answer is always OK.
+	ShadowMode bool
+	// File and Line locate the rule's descriptor in its rule file.
+	File string
+	Line int
+
+	checkName string // the sluice check name
+}
+
+// ConfigError is a bad rule file: File and Line (1-based; 0 when
+// unknown) locate it, Field names the setting, e.g.
+// "descriptors[0].rate_limit.unit".
+type ConfigError struct {
+	File   string
+	Line   int
+	Column int
+	Field  string
+	Msg    string
+}
+
+// Error returns "file:line:column: field: message".
+func (e *ConfigError) Error() string {
+	var b strings.Builder
+	b.WriteString(e.File)
+	if e.Line > 0 {
+		fmt.Fprintf(&b, ":%d", e.Line)
+		if e.Column > 0 {
+			fmt.Fprintf(&b, ":%d", e.Column)
+		}
+	}
+	b.WriteString(": ")
+	if e.Field != "" {
+		b.WriteString(e.Field)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+// Config is a set of loaded rule files: for each domain, a tree of
+// descriptors. A Config is immutable once loaded and safe for concurrent
+// use. The zero value has no domains: every request is OK.
+type Config struct {
+	domains map[string]*node
+	files   []string
+}
+
+// Domains returns the configured domains, sorted.
+func (c *Config) Domains() []string {
+	if c == nil {
+		return nil
+	}
+	ds := make([]string, 0, len(c.domains))
+	for d := range c.domains {
+		ds = append(ds, d)
+	}
+	sort.Strings(ds)
+	return ds
+}
+
+// Files returns the rule files the Config was loaded from, in load order.
+func (c *Config) Files() []string {
+	if c == nil {
+		return nil
+	}
+	return append([]string(nil), c.files...)
+}
+
+// node is one descriptor of the tree (or a domain's root).
+type node struct {
+	key, value     string
+	wildcard       bool // value holds a '*'
+	shareThreshold bool
+	rule           *Rule
+	line           int
+	id             string // this descriptor's part of the check name
+
+	exact map[pair]*node // key and literal value
+	wild  []*node        // key and wildcard value, in file order
+	byKey map[string]*node
+}
+
+type pair struct{ key, value string }
+
+func (n *node) hasChildren() bool { return len(n.exact)+len(n.wild)+len(n.byKey) > 0 }
+
+// The YAML shapes, as envoyproxy/ratelimit reads them. Unknown keys are
+// refused, as there.
+type yamlRoot struct {
+	Domain      string           `yaml:"domain"`
+	Descriptors []yamlDescriptor `yaml:"descriptors"`
+}
+
+type yamlDescriptor struct {
+	Key         string           `yaml:"key"`
+	Value       string           `yaml:"value"`
+	RateLimit   *yamlRateLimit   `yaml:"rate_limit"`
+	Descriptors []yamlDescriptor `yaml:"descriptors"`
+	ShadowMode  bool             `yaml:"shadow_mode"`
+	// Metrics-only settings of envoyproxy/ratelimit: accepted, no effect.
+	DetailedMetric bool           `yaml:"detailed_metric"`
+	ValueToMetric  bool           `yaml:"value_to_metric"`
+	Metadata       map[string]any `yaml:"metadata"`
+	ShareThreshold bool           `yaml:"share_threshold"`
+}
+
+type yamlRateLimit struct {
+	RequestsPerUnit uint32         `yaml:"requests_per_unit"`
+	Unit            string         `yaml:"unit"`
+	UnitMultiplier  *uint32        `yaml:"unit_multiplier"`
+	Unlimited       bool           `yaml:"unlimited"`
+	Name            string         `yaml:"name"`
+	Replaces        []yamlReplaces `yaml:"replaces"`
+}
+
+type yamlReplaces struct {
+	Name string `yaml:"name"`
+}
+
+// Load reads the rule files at path: one file, or every *.yaml and *.yml
+// file directly in a directory (sorted by name; names starting with "."
+// are skipped, so a Kubernetes ConfigMap volume works). Each file holds
+// one domain; a domain may not appear twice. Any error is a *ConfigError
+// naming the file and, where it has one, the line; nothing is loaded then.
+func Load(path string) (*Config, error) {
+	if path == "" {
+		return nil, &ConfigError{File: "--rls-config", Msg: "empty path"}
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, &ConfigError{File: path, Msg: errMsg(err)}
+	}
+	files := []string{path}
+	if st.IsDir() {
+		entries, err := os.ReadDir(path)
+		if err != nil {
+			return nil, &ConfigError{File: path, Msg: errMsg(err)}
+		}
+		files = files[:0]
+		for _, e := range entries {
+			name := e.Name()
+			if strings.HasPrefix(name, ".") || !(strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml")) {
+				continue
+			}
+			full := filepath.Join(path, name)
+			if fi, err := os.Stat(full); err != nil || fi.IsDir() { // follows symlinks
+				continue
+			}
+			files = append(files, full)
+		}
+		if len(files) == 0 {
+			return nil, &ConfigError{File: path, Msg: "no *.yaml or *.yml files in the directory"}
+		}
+	}
+	b := newBuilder()
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return nil, &ConfigError{File: f, Msg: errMsg(err)}
+		}
+		if err := b.add(f, data); err != nil {
+			return nil, err
+		}
+	}
+	return b.cfg, nil
+}
+
+// errMsg strips the path from a *fs.PathError, which ConfigError names.
+func errMsg(err error) string {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Op + ": " + pe.Err.Error()
+	}
+	return err.Error()
+}
+
+// Parse loads rule files given as (name, contents) pairs, in order, as
+// [Load] does; name is used in errors only.
+func Parse(files ...File) (*Config, error) {
+	b := newBuilder()
+	for _, f := range files {
+		if err := b.add(f.Name, f.Data); err != nil {
+			return nil, err
+		}
+	}
+	return b.cfg, nil
+}
+
+// File is one rule file's name and YAML contents, for [Parse].
+type File struct {
+	Name string
+	Data []byte
+}
+
+type builder struct {
+	cfg         *Config
+	domainFiles map[string]string
+}
+
+func newBuilder() *builder {
+	return &builder{cfg: &Config{domains: map[string]*node{}}, domainFiles: map[string]string{}}
+}
+
+// add parses one file into b.cfg.
+func (b *builder) add(file string, data []byte) error {
+	var root yamlRoot
+	if err := yaml.UnmarshalWithOptions(data, &root, yaml.DisallowUnknownField()); err != nil {
+		ce := &ConfigError{File: file, Msg: err.Error()}
+		var ye yaml.Error
+		if errors.As(err, &ye) {
+			ce.Msg = ye.GetMessage()
+			if tok := ye.GetToken(); tok != nil && tok.Position != nil {
+				ce.Line, ce.Column = tok.Position.Line, tok.Position.Column
+			}
+		}
+		return ce
+	}
+	l := &fileLoader{file: file, data: data}
+	if root.Domain == "" {
+		return l.errorf(nil, "domain", "required (a config file cannot have an empty domain)")
+	}
+	if prev, ok := b.domainFiles[root.Domain]; ok {
+		return l.errorf(ypath{"domain"}, "domain", "duplicate domain %q (also in %s)", root.Domain, prev)
+	}
+	dom := &node{id: "rls " + strconv.Quote(root.Domain)}
+	if err := l.loadLevel(dom, root.Domain, root.Domain, ypath{"descriptors"}, "descriptors", root.Descriptors); err != nil {
+		return err
+	}
+	b.domainFiles[root.Domain] = file
+	b.cfg.domains[root.Domain] = dom
+	b.cfg.files = append(b.cfg.files, file)
+	return nil
+}
+
+// fileLoader turns one file's descriptors into nodes, locating errors.
+type fileLoader struct {
+	file string
+	data []byte
+	ast  *ast.File // parsed on the first lookup of a line
+}
+
+// ypath is a YAML path from the document root: strings are mapping keys,
+// ints sequence indexes.
+type ypath []any
+
+// with returns p extended by segs, sharing nothing with p.
+func (p ypath) with(segs ...any) ypath {
+	return append(append(ypath(nil), p...), segs...)
+}
+
+func (p ypath) build() *yaml.Path {
+	b := (&yaml.PathBuilder{}).Root()
+	for _, s := range p {
+		switch s := s.(type) {
+		case string:
+			b = b.Child(s)
+		case int:
+			b = b.Index(uint(s))
+		}
+	}
+	return b.Build()
+}
+
+// line returns the line and column of the YAML node at path p, or 0, 0.
+func (l *fileLoader) line(p ypath) (int, int) {
+	if p == nil {
+		return 0, 0
+	}
+	if l.ast == nil {
+		f, err := parser.ParseBytes(l.data, 0)
+		if err != nil {
+			return 0, 0
+		}
+		l.ast = f
+	}
+	n, err := p.build().FilterFile(l.ast)
+	if err != nil || n == nil || n.GetToken() == nil || n.GetToken().Position == nil {
+		return 0, 0
+	}
+	pos := n.GetToken().Position
+	return pos.Line, pos.Column
+}
+
+// errorf returns a ConfigError for field at the node at path p (nil: no
+// line).
+func (l *fileLoader) errorf(p ypath, field, format string, args ...any) error {
+	ce := &ConfigError{File: l.file, Field: field, Msg: fmt.Sprintf(format, args...)}
+	ce.Line, ce.Column = l.line(p)
+	return ce
+}
+
+// loadLevel loads descs as the children of parent. fullKey is the
+// parent's envoyproxy/ratelimit stats key; p and field locate descs.
+func (l *fileLoader) loadLevel(parent *node, domain, fullKey string, p ypath, field string, descs []yamlDescriptor) error {
+	for i, d := range descs {
+		dp := p.with(i)
+		df := fmt.Sprintf("%s[%d]", field, i)
+		line, _ := l.line(dp)
+		if d.Key == "" {
+			return l.errorf(dp, df+".key", "required (a descriptor has an empty key)")
+		}
+		n := &node{key: d.Key, value: d.Value, wildcard: strings.Contains(d.Value, "*"),
+			shareThreshold: d.ShareThreshold, line: line}
+		finalKey := d.Key
+		n.id = parent.id + " " + strconv.Quote(d.Key)
+		if d.Value != "" {
+			finalKey += "_" + d.Value
+			n.id += "=" + strconv.Quote(d.Value)
+		}
+		if d.ShareThreshold && !n.wildcard {
+			return l.errorf(dp.with("share_threshold"), df+".share_threshold",
+				"only allowed with a wildcard value (one holding '*'), got value %q", d.Value)
+		}
+		var dup *node
+		switch {
+		case d.Value == "":
+			dup = parent.byKey[d.Key]
+		case n.wildcard:
+			for _, w := range parent.wild {
+				if w.key == d.Key && w.value == d.Value {
+					dup = w
+				}
+			}
+		default:
+			dup = parent.exact[pair{d.Key, d.Value}]
+		}
+		if dup != nil {
+			return l.errorf(dp, df, "duplicate descriptor composite key '%s.%s' (first at line %d)", fullKey, finalKey, dup.line)
+		}
+		if d.RateLimit != nil {
+			r, err := l.loadRule(d.RateLimit, dp.with("rate_limit"), df+".rate_limit")
+			if err != nil {
+				return err
+			}
+			r.Domain, r.FullKey, r.ShadowMode, r.File, r.Line = domain, fullKey+"."+finalKey, d.ShadowMode, l.file, line
+			r.checkName = n.id
+			if len(r.checkName) > maxNameBytes {
+				sum := sha256.Sum256([]byte(n.id))
+				r.checkName = "rls#" + hex.EncodeToString(sum[:])
+			}
+			n.rule = r
+		}
+		if err := l.loadLevel(n, domain, fullKey+"."+finalKey, dp.with("descriptors"), df+".descriptors", d.Descriptors); err != nil {
+			return err
+		}
+		switch {
+		case d.Value == "":
+			if parent.byKey == nil {
+				parent.byKey = map[string]*node{}
+			}
+			parent.byKey[d.Key] = n
+		case n.wildcard:
+			parent.wild = append(parent.wild, n)
+		default:
+			if parent.exact == nil {
+				parent.exact = map[pair]*node{}
+			}
+			parent.exact[pair{d.Key, d.Value}] = n
+		}
+	}
+	return nil
+}
+
+// loadRule checks one rate_limit block as envoyproxy/ratelimit does.
+func (l *fileLoader) loadRule(y *yamlRateLimit, p ypath, field string) (*Rule, error) {
+	r := &Rule{Name: y.Name, RequestsPerUnit: y.RequestsPerUnit, Unlimited: y.Unlimited, UnitMultiplier: 1}
+	unit, known := rlsv3.RateLimitResponse_RateLimit_Unit_value[strings.ToUpper(y.Unit)]
+	valid := known && unit != int32(rlsv3.RateLimitResponse_RateLimit_UNKNOWN)
+	switch {
+	case y.Unlimited && valid:
+		return nil, l.errorf(p.with("unit"), field+".unit", "should not specify a rate limit unit when unlimited")
+	case !y.Unlimited && !valid:
+		return nil, l.errorf(p.with("unit"), field+".unit",
+			"invalid rate limit unit %q (want second, minute, hour, day, week, month or year)", y.Unit)
+	}
+	if y.UnitMultiplier != nil {
+		if *y.UnitMultiplier == 0 {
+			return nil, l.errorf(p.with("unit_multiplier"), field+".unit_multiplier", "must be >= 1, got 0")
+		}
+		r.UnitMultiplier = *y.UnitMultiplier
+	}
+	if !y.Unlimited {
+		r.Unit = Unit(unit)
+		r.Window = unitDurations[r.Unit] * time.Duration(r.UnitMultiplier)
+		if r.Window > maxWindow || r.Window <= 0 {
+			return nil, l.errorf(p.with("unit_multiplier"), field+".unit_multiplier",
+				"the window (%d x %s) is longer than sluice's longest, 366 days", r.UnitMultiplier, strings.ToLower(y.Unit))
+		}
+	}
+	for i, rep := range y.Replaces {
+		rp := p.with("replaces", i)
+		rf := fmt.Sprintf("%s.replaces[%d].name", field, i)
+		if rep.Name == "" {
+			return nil, l.errorf(rp, rf, "should not be empty")
+		}
+		if rep.Name == y.Name {
+			return nil, l.errorf(rp, rf, "should not be the rule's own name %q", y.Name)
+		}
+		r.Replaces = append(r.Replaces, rep.Name)
+	}
+	return r, nil
+}
