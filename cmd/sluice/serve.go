@@ -14,6 +14,7 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/rls"
 	"github.com/sluicehq/sluice/rpc"
 )
 
@@ -42,6 +43,7 @@ func serveCommand(e env) *cli.Command {
 			&cli.StringFlag{Name: "debug-addr", Usage: "host:port to serve Go's /debug/pprof on (off when empty; keep it on loopback)", Sources: e.of("debug-addr")},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", Sources: e.of("log-level")},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json", Sources: e.of("log-format")},
+			&cli.StringFlag{Name: "rls-config", Usage: "serve Envoy's rate limit service (RLS v3) on the gRPC port with the rules in this file, or in the *.yaml/*.yml files of this directory (envoyproxy/ratelimit's format; see docs/envoy.md); off when empty", Sources: e.of("rls-config")},
 		},
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			if err := noArgs(cmd); err != nil {
@@ -91,6 +93,14 @@ func serveCommand(e env) *cli.Command {
 			case cluster.LAN, cluster.WAN, cluster.Local:
 			default:
 				return usagef("profile", "want lan, wan or local, got %q", cfg.Profile)
+			}
+			if path := cmd.String("rls-config"); path != "" {
+				rules, err := rls.Load(path)
+				if err != nil {
+					return usagef("rls-config", "%v", err)
+				}
+				cfg.RLS = rules
+				logger.Info("rls rules loaded", "domains", strings.Join(rules.Domains(), ","), "files", len(rules.Files()))
 			}
 			node, err := rpc.StartNode(cfg)
 			if err != nil {
