@@ -4,11 +4,14 @@
 #   node1: gRPC 127.0.0.1:7070, gossip 127.0.0.1:7946
 #   node2: gRPC 127.0.0.1:7071, gossip 127.0.0.1:7947
 #   node3: gRPC 127.0.0.1:7072, gossip 127.0.0.1:7948
+# Each also serves Envoy's rate limit service with the rules in
+# examples/rls (SLUICE_RUN_RLS_CONFIG=PATH for others).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 bin=${1:-bin/sluice}
 base_grpc=${SLUICE_RUN_GRPC_PORT:-7070}
 base_gossip=${SLUICE_RUN_GOSSIP_PORT:-7946}
+rls_config=${SLUICE_RUN_RLS_CONFIG:-$(dirname "$0")/../examples/rls}
 pids=()
 
 stop() {
@@ -25,7 +28,7 @@ for i in 1 2 3; do
   grpc=127.0.0.1:$((base_grpc + i - 1))
   gossip=127.0.0.1:$((base_gossip + i - 1))
   "$bin" serve --name "node$i" --grpc-addr "$grpc" --gossip-addr "$gossip" \
-    --join "$seeds" --log-level "${SLUICE_LOG_LEVEL:-warn}" --leave-timeout 1s &
+    --join "$seeds" --log-level "${SLUICE_LOG_LEVEL:-warn}" --leave-timeout 1s --rls-config "$rls_config" &
   pids+=($!)
   seeds="127.0.0.1:$base_gossip"
 done

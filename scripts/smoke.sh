@@ -5,8 +5,10 @@
 #   3. grpcurl asks grpc.health.v1 and gets SERVING,
 #   4. grpcurl sends bad input and gets InvalidArgument naming the field,
 # then `make run` is started as the README says and `sluice check` is sent
-# to it. Needs grpcurl on PATH (or GRPCURL=...). Ports are OS-picked for the
-# single node; `make run` uses its README ports 7070-7072 / 7946-7948.
+# to it, and grpcurl calls Envoy's RLS v3 ShouldRateLimit (rules from
+# examples/rls) until it answers OVER_LIMIT. Needs grpcurl on PATH (or
+# GRPCURL=...). Ports are OS-picked for the single node; `make run` uses
+# its README ports 7070-7072 / 7946-7948.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 bin=${1:-bin/sluice}
@@ -15,7 +17,7 @@ with_workdir
 fail() { echo "smoke: FAIL: $*" >&2; exit 1; }
 
 # A single node on OS-picked ports; its log tells the gRPC address.
-"$bin" serve --name smoke --grpc-addr 127.0.0.1:0 --gossip-addr 127.0.0.1:0 2>"$work/node.log" &
+"$bin" serve --name smoke --grpc-addr 127.0.0.1:0 --gossip-addr 127.0.0.1:0 --rls-config examples/rls 2>"$work/node.log" &
 pids+=($!)
 addr=""
 for _ in $(seq 1 100); do
@@ -28,7 +30,7 @@ echo "smoke: node at $addr"
 
 services=$("$grpcurl" -plaintext "$addr" list)
 echo "$services"
-for s in sluice.v1.RateLimitService sluice.v1.PeerService grpc.health.v1.Health grpc.reflection.v1.ServerReflection; do
+for s in sluice.v1.RateLimitService sluice.v1.PeerService grpc.health.v1.Health grpc.reflection.v1.ServerReflection envoy.service.ratelimit.v3.RateLimitService; do
   grep -qx "$s" <<<"$services" || fail "reflection does not list $s"
 done
 
@@ -67,8 +69,26 @@ echo "$members"
 out=$("$bin" check --addr 127.0.0.1:7071 --name api --key user:42 --limit 10 --window 1m --algorithm token_bucket --count 12 --json)
 echo "$out"
 allowed=$(grep -c '"allowed":true' <<<"$out" || true)
+# Envoy's RLS v3 through reflection, entering at node2: examples/rls/edge.yaml
+# allows 10 requests per minute per remote_address. 10 hits fill the
+# minute, the next is over it (tried once more with a fresh address if a
+# minute began in between).
+rls_over=""
+for ip in 203.0.113.7 203.0.113.8; do
+  rls() {
+    "$grpcurl" -plaintext -d "{\"domain\":\"edge\",\"hits_addend\":$1,\"descriptors\":[{\"entries\":[{\"key\":\"remote_address\",\"value\":\"$ip\"}]}]}" \
+      127.0.0.1:7071 envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit
+  }
+  first=$(rls 10) || { kill -INT -- -"$runpid"; fail "ShouldRateLimit failed: $first"; }
+  echo "$first"
+  grep -q '"overallCode": "OK"' <<<"$first" || { kill -INT -- -"$runpid"; fail "ShouldRateLimit: the first 10 hits were not OK"; }
+  second=$(rls 1) || { kill -INT -- -"$runpid"; fail "ShouldRateLimit failed: $second"; }
+  echo "$second"
+  if grep -q '"overallCode": "OVER_LIMIT"' <<<"$second"; then rls_over=yes; break; fi
+done
 kill -INT -- -"$runpid"
 wait "$runpid" || true
 [ "$allowed" = 10 ] || fail "make run: $allowed of 12 allowed, want 10"
+[ -n "$rls_over" ] || fail "ShouldRateLimit did not answer OVER_LIMIT after the limit"
 if pgrep -f "sluice serve --name node" >/dev/null; then fail "make run left nodes running after Ctrl-C"; fi
-echo "smoke: make run OK"
+echo "smoke: make run OK (sluice check, RLS ShouldRateLimit OVER_LIMIT)"
