@@ -63,32 +63,35 @@ type Rule struct {
 	// RequestsPerUnit is the number of hits allowed per Window; 0 refuses
 	// every request.
 	RequestsPerUnit uint32
-	// Unit and UnitMultiplier (>= 1) give the window: Unit x
-	// UnitMultiplier. Unit is UNKNOWN for an unlimited rule.
-	Unit           Unit
+	// Unit is the unit of the window; UNKNOWN for an unlimited rule.
+	Unit Unit
+	// UnitMultiplier is the number of units in the window, >= 1 (default 1).
 	UnitMultiplier uint32
-	// Window is Unit x UnitMultiplier, at most 366 days.
+	// Window is Unit x UnitMultiplier, at most 366 days; 0 when unlimited.
 	Window time.Duration
 	// Unlimited rules are never counted: every request is OK.
 	Unlimited bool
 	// ShadowMode rules are counted as usual, but their answer is always OK.
 	ShadowMode bool
-	// File and Line locate the rule's descriptor in its rule file.
+	// File is the rule file the rule is in.
 	File string
+	// Line is the 1-based line of the rule's descriptor in File.
 	Line int
 
 	checkName string // the sluice check name
 }
 
-// ConfigError is a bad rule file: File and Line (1-based; 0 when
-// unknown) locate it, Field names the setting, e.g.
-// "descriptors[0].rate_limit.unit".
+// ConfigError is a bad rule file (or path given to [Load]).
 type ConfigError struct {
-	File   string
-	Line   int
-	Column int
-	Field  string
-	Msg    string
+	// File is the rule file (or the path) at fault.
+	File string
+	// Line and Column locate the fault, 1-based; 0 when unknown.
+	Line, Column int
+	// Field names the setting, e.g. "descriptors[0].rate_limit.unit";
+	// empty for a YAML syntax or type error, which Msg describes.
+	Field string
+	// Msg says what is wrong.
+	Msg string
 }
 
 // Error returns "file:line:column: field: message".

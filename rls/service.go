@@ -272,6 +272,7 @@ func (s *Service) decide(ctx context.Context, plan []item) ([]*rlsv3.RateLimitRe
 	now := s.clock.Now()
 	out := make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(plan))
 	var idx []int
+	blocked := false // a rule of requests_per_unit 0 refuses the request
 	for i, it := range plan {
 		switch it.kind {
 		case kindNone:
@@ -280,6 +281,7 @@ func (s *Service) decide(ctx context.Context, plan []item) ([]*rlsv3.RateLimitRe
 			out[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
 		case kindZero:
 			out[i] = limitStatus(it, false, 0, now)
+			blocked = blocked || !it.rule.ShadowMode
 		case kindCheck:
 			idx = append(idx, i)
 		}
@@ -287,13 +289,12 @@ func (s *Service) decide(ctx context.Context, plan []item) ([]*rlsv3.RateLimitRe
 	if len(idx) == 0 {
 		return out, nil
 	}
-	if len(idx) > 1 {
+	if len(idx) > 1 || blocked {
 		// Peek at every descriptor first; charge none if one would refuse.
 		peek, err := s.check(ctx, plan, idx, true)
 		if err != nil {
 			return nil, err
 		}
-		blocked := false
 		for j, i := range idx {
 			if !passes(peek[j], plan[i].hits) && !plan[i].rule.ShadowMode {
 				blocked = true

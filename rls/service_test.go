@@ -151,13 +151,15 @@ func TestServiceStatusesInOrder(t *testing.T) {
 	s, _ := newService(t)
 	resp := call(t, s, "shop", 0,
 		desc("nothing", "here"), desc("path", "/checkout"), desc("health", "x"), desc("user", "42"), desc("banned", "1"), desc("week", "w"))
+	// The banned descriptor (requests_per_unit 0) refuses the request, so
+	// none of the others is charged: their remaining is the whole limit.
 	want := []st{
 		{ok, 0, 0, 0},
-		{ok, 2, 1, 40 * time.Second},
+		{ok, 2, 2, 40 * time.Second},
 		{ok, 0, math.MaxUint32, 0},
-		{ok, 3, 2, 40 * time.Second},
-		{over, 0, 0, time.Second}, // requests_per_unit 0: current_limit has 0
-		{ok, 100, 99, week - time.Duration(t0.UnixNano()%int64(week))},
+		{ok, 3, 3, 40 * time.Second},
+		{over, 0, 0, time.Second}, // current_limit.requests_per_unit 0
+		{ok, 100, 100, week - time.Duration(t0.UnixNano()%int64(week))},
 	}
 	for i, w := range want {
 		if g := got(resp.Statuses[i]); g != w {
@@ -172,6 +174,12 @@ func TestServiceStatusesInOrder(t *testing.T) {
 	}
 	if u := resp.Statuses[1].CurrentLimit.Unit; u != rlsv3.RateLimitResponse_RateLimit_MINUTE {
 		t.Errorf("unit = %s, want MINUTE", u)
+	}
+	if g := got(call(t, s, "shop", 0, desc("user", "42")).Statuses[0]); g.remaining != 2 {
+		t.Errorf("user 42 after a banned request: remaining %d, want 2 (its first hit)", g.remaining)
+	}
+	if g := got(call(t, s, "shop", 0, desc("path", "/checkout"), desc("week", "w")).Statuses[1]); g.remaining != 99 {
+		t.Errorf("week after a banned request: remaining %d, want 99 (its first hit)", g.remaining)
 	}
 	// Unknown domain: OK, one empty status per descriptor.
 	resp = call(t, s, "elsewhere", 0, desc("path", "/checkout"), desc("user", "1"))
