@@ -251,6 +251,19 @@ func TestThreeNodesShouldRateLimit(t *testing.T) {
 		}
 	})
 
+	// Every node counted its requests; no request was partially charged.
+	var requests int64
+	for _, n := range nodes {
+		st := n.RLS().Stats()
+		requests += st.Requests
+		if st.PartialCharges != 0 {
+			t.Errorf("%s: %d partial charges", n.Name(), st.PartialCharges)
+		}
+	}
+	if want := int64(1 + 27 + 21 + 10 + 1 + 6 + 7 + 1); requests != want {
+		t.Errorf("%d requests answered, want %d", requests, want)
+	}
+
 	// The next minute starts afresh.
 	t.Run("next window", func(t *testing.T) {
 		clock.Advance(time.Minute)

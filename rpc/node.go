@@ -90,6 +90,8 @@ type Node struct {
 	closeOnce sync.Once
 	closeErr  error
 	failed    chan error // receives the error that made the node give up
+
+	rls *rls.Service // nil unless NodeConfig.RLS is set
 }
 
 // StartNode listens on cfg.GRPCAddr and cfg.GossipAddr, starts serving
@@ -152,8 +154,10 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	sluicev1.RegisterRateLimitServiceServer(gs, srv)
 	sluicev1.RegisterPeerServiceServer(gs, srv)
 	healthpb.RegisterHealthServer(gs, hs)
+	var rlsSvc *rls.Service
 	if cfg.RLS != nil {
-		rls.NewService(cfg.RLS, srv, rls.Options{Clock: cfg.Clock, Logger: log.With("component", "rls")}).Register(gs)
+		rlsSvc = rls.NewService(cfg.RLS, srv, rls.Options{Clock: cfg.Clock, Logger: log.With("component", "rls")})
+		rlsSvc.Register(gs)
 		hs.SetServingStatus(rls.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	}
 	reflection.Register(gs)
@@ -161,6 +165,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &Node{cfg: cfg, lis: lis, grpcAddr: advertised, grpc: gs, health: hs,
 		cluster: cl, server: srv, store: store, log: log, cancel: cancel, failed: make(chan error, 1)}
+	n.rls = rlsSvc
 	_ = srv.SetMembers(cl.Members())
 	n.wg.Go(func() { n.watchMembers(ctx) })
 	n.wg.Go(func() { store.RunSweeper(ctx, cfg.SweepInterval) })
@@ -239,6 +244,10 @@ func (n *Node) Server() *Server { return n.server }
 
 // Store returns the node's windows.
 func (n *Node) Store() *window.Store { return n.store }
+
+// RLS returns the node's Envoy rate limit service (for its Stats), or nil
+// when NodeConfig.RLS was not set.
+func (n *Node) RLS() *rls.Service { return n.rls }
 
 // Close stops the node gracefully: health turns NOT_SERVING, the node
 // leaves the gossip (telling the others, bounded by LeaveTimeout), the gRPC
