@@ -278,7 +278,14 @@ func newBuilder() *builder {
 }
 
 // add parses one file into b.cfg.
-func (b *builder) add(file string, data []byte) error {
+func (b *builder) add(file string, data []byte) (err error) {
+	defer func() {
+		// A bad file is an error, never a crash, whatever the YAML library
+		// does with it.
+		if p := recover(); p != nil {
+			err = &ConfigError{File: file, Msg: fmt.Sprintf("cannot parse the YAML: %v", p)}
+		}
+	}()
 	var root yamlRoot
 	if err := yaml.UnmarshalWithOptions(data, &root, yaml.DisallowUnknownField()); err != nil {
 		ce := &ConfigError{File: file, Msg: err.Error()}

@@ -295,15 +295,21 @@ func (s *Service) decide(ctx context.Context, plan []item) ([]*rlsv3.RateLimitRe
 		if err != nil {
 			return nil, err
 		}
+		// Descriptors that became the same check (the same rule and
+		// values, sent twice) need room for all their hits together.
+		need := make(map[string]int64, len(idx))
+		for _, i := range idx {
+			need[plan[i].name+"\x00"+plan[i].key] += plan[i].hits
+		}
 		for j, i := range idx {
-			if !passes(peek[j], plan[i].hits) && !plan[i].rule.ShadowMode {
+			if !passes(peek[j], need[plan[i].name+"\x00"+plan[i].key]) && !plan[i].rule.ShadowMode {
 				blocked = true
 			}
 		}
 		if blocked {
 			for j, i := range idx {
 				d := peek[j]
-				out[i] = limitStatus(plan[i], passes(d, plan[i].hits), d.GetRemaining(), now)
+				out[i] = limitStatus(plan[i], passes(d, need[plan[i].name+"\x00"+plan[i].key]), d.GetRemaining(), now)
 			}
 			return out, nil
 		}

@@ -238,6 +238,27 @@ func TestServiceAllOrNone(t *testing.T) {
 	}
 }
 
+// The same descriptor twice in one request needs room for both hits.
+func TestServiceSameDescriptorTwice(t *testing.T) {
+	s, _ := newService(t)
+	call(t, s, "shop", 0, desc("user", "twice"))
+	r := call(t, s, "shop", 0, desc("user", "twice"), desc("user", "twice"))
+	if r.OverallCode != ok || got(r.Statuses[0]).remaining != 1 || got(r.Statuses[1]).remaining != 0 {
+		t.Fatalf("2 of 2 left: %s %+v %+v", r.OverallCode, got(r.Statuses[0]), got(r.Statuses[1]))
+	}
+	call(t, s, "shop", 0, desc("user", "thrice"), desc("user", "thrice"))
+	r = call(t, s, "shop", 0, desc("user", "thrice"), desc("user", "thrice"))
+	if r.OverallCode != over || got(r.Statuses[0]).code != over || got(r.Statuses[1]).code != over {
+		t.Fatalf("1 left, 2 asked: %s %+v %+v", r.OverallCode, got(r.Statuses[0]), got(r.Statuses[1]))
+	}
+	if st := s.Stats(); st.PartialCharges != 0 {
+		t.Errorf("PartialCharges = %d, want 0", st.PartialCharges)
+	}
+	if g := got(call(t, s, "shop", 0, desc("user", "thrice")).Statuses[0]); g != (st{ok, 3, 0, 40 * time.Second}) {
+		t.Errorf("the last hit: %+v", g)
+	}
+}
+
 func TestServiceHitsAddend(t *testing.T) {
 	s, _ := newService(t)
 	// Request-level 0 means 1; 2 counts 2; a descriptor's own wins.
