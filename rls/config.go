@@ -464,11 +464,12 @@ func (l *fileLoader) loadRule(y *yamlRateLimit, p ypath, field string) (*Rule, e
 	}
 	if !y.Unlimited {
 		r.Unit = Unit(unit)
-		r.Window = unitDurations[r.Unit] * time.Duration(r.UnitMultiplier)
-		if r.Window > maxWindow || r.Window <= 0 {
+		u := unitDurations[r.Unit]
+		if time.Duration(r.UnitMultiplier) > maxWindow/u {
 			return nil, l.errorf(p.with("unit_multiplier"), field+".unit_multiplier",
 				"the window (%d x %s) is longer than sluice's longest, 366 days", r.UnitMultiplier, strings.ToLower(y.Unit))
 		}
+		r.Window = u * time.Duration(r.UnitMultiplier)
 	}
 	for i, rep := range y.Replaces {
 		rp := p.with("replaces", i)

@@ -35,6 +35,7 @@ func TestConfigErrors(t *testing.T) {
 		{"share_threshold without wildcard", "domain: d\ndescriptors:\n  - key: a\n    value: b\n    share_threshold: true\n", 5, `descriptors[0].share_threshold: only allowed with a wildcard value (one holding '*'), got value "b"`},
 		{"zero multiplier", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      unit_multiplier: 0\n      requests_per_unit: 1\n", 6, "descriptors[0].rate_limit.unit_multiplier: must be >= 1, got 0"},
 		{"window too long", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: year\n      unit_multiplier: 2\n      requests_per_unit: 1\n", 6, "descriptors[0].rate_limit.unit_multiplier: the window (2 x year) is longer than sluice's longest, 366 days"},
+		{"window overflows", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: year\n      unit_multiplier: 4294967295\n      requests_per_unit: 1\n", 6, "descriptors[0].rate_limit.unit_multiplier: the window (4294967295 x year) is longer"},
 		{"list of strings", "domain: d\ndescriptors:\n  - a\n", 3, ""},
 	}
 	for _, c := range cases {

@@ -238,22 +238,19 @@ func overrideItem(domain string, i int, d *ratelimitv3.RateLimitDescriptor, hits
 	if m := o.GetUnitMultiplier(); m != nil && m.GetValue() > 0 {
 		mult = m.GetValue()
 	}
-	w *= time.Duration(mult)
-	if w > maxWindow {
-		return item{}, status.Errorf(codes.InvalidArgument, "descriptors[%d].limit.unit_multiplier: window %s longer than 366 days", i, w)
+	if time.Duration(mult) > maxWindow/w {
+		return item{}, status.Errorf(codes.InvalidArgument, "descriptors[%d].limit.unit_multiplier: %d x %s is longer than 366 days", i, mult, o.GetUnit())
 	}
+	w *= time.Duration(mult)
 	r := &Rule{Domain: domain, RequestsPerUnit: o.GetRequestsPerUnit(), Unit: unit, UnitMultiplier: mult, Window: w}
+	// The window is part of the key, so that overrides of other units
+	// never share (and reset) a count.
 	var key strings.Builder
-	for j, e := range d.GetEntries() {
-		if j > 0 {
-			key.WriteByte(' ')
-		}
-		key.WriteString(strconv.Quote(e.GetKey()) + "=" + strconv.Quote(e.GetValue()))
+	key.WriteString(strconv.FormatInt(w.Milliseconds(), 10) + "ms")
+	for _, e := range d.GetEntries() {
+		key.WriteString(" " + strconv.Quote(e.GetKey()) + "=" + strconv.Quote(e.GetValue()))
 	}
 	k := key.String()
-	if k == "" {
-		k = `""`
-	}
 	if len(k) > maxKeyBytes {
 		k = hashed(k)
 	}

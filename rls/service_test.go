@@ -356,6 +356,11 @@ func TestServiceLimitOverride(t *testing.T) {
 	if r := call(t, s, "shop", 0, d); r.OverallCode != over {
 		t.Errorf("override second: %s", r.OverallCode)
 	}
+	// Another unit: another count.
+	d.Limit.Unit = typev3.RateLimitUnit_MINUTE
+	if g := got(call(t, s, "shop", 0, d).Statuses[0]); g != (st{ok, 1, 0, 40 * time.Second}) {
+		t.Errorf("override per minute: %+v", g)
+	}
 	if r := call(t, s, "unknown", 0, d); r.OverallCode != ok || r.Statuses[0].CurrentLimit != nil {
 		t.Errorf("override in an unknown domain: %v", r)
 	}
@@ -373,6 +378,9 @@ func TestServiceErrors(t *testing.T) {
 		{&rlsv3.RateLimitRequest{Domain: "shop", Descriptors: make([]*ratelimitv3.RateLimitDescriptor, 1001)}, codes.InvalidArgument, "descriptors: at most 1000, got 1001"},
 		{&rlsv3.RateLimitRequest{Domain: "shop", Descriptors: []*ratelimitv3.RateLimitDescriptor{{Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: 99}}}},
 			codes.InvalidArgument, "descriptors[0].limit.unit: unknown unit 99"},
+		{&rlsv3.RateLimitRequest{Domain: "shop", Descriptors: []*ratelimitv3.RateLimitDescriptor{{Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{
+			RequestsPerUnit: 1, Unit: typev3.RateLimitUnit_YEAR, UnitMultiplier: wrapperspb.UInt32(math.MaxUint32)}}}},
+			codes.InvalidArgument, "descriptors[0].limit.unit_multiplier: 4294967295 x YEAR is longer than 366 days"},
 	}
 	for _, c := range cases {
 		_, err := s.ShouldRateLimit(context.Background(), c.req)
