@@ -19,8 +19,9 @@
 // counts.
 //
 // A request is charged to all its limited descriptors or to none: when it
-// has more than one, [Service] first peeks at every one (hits 0) and
-// charges them only if all would pass. A concurrent request can still take
+// has more than one (or a rule of requests_per_unit 0 refuses it),
+// [Service] first peeks at every one (hits 0; a fixed window's remaining
+// is exactly what is left) and charges them only if all would pass. A concurrent request can still take
 // the last hits between the peek and the charge; the descriptors already
 // charged then stay charged (counted in [Stats].PartialCharges).
 package rls
