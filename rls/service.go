@@ -80,7 +80,8 @@ type Service struct {
 var _ rlsv3.RateLimitServiceServer = (*Service)(nil)
 
 // NewService returns a Service answering from cfg (nil: no domains, every
-// request OK) and deciding through checker.
+// request OK) and deciding through checker (nil: every limited descriptor
+// is UNAVAILABLE).
 func NewService(cfg *Config, checker Checker, opts Options) *Service {
 	if cfg == nil {
 		cfg = &Config{}
@@ -349,6 +350,9 @@ func (s *Service) check(ctx context.Context, plan []item, idx []int, peek bool) 
 			Limit: int64(it.rule.RequestsPerUnit), WindowMs: it.window.Milliseconds(),
 			Algorithm: sluicev1.Algorithm_ALGORITHM_FIXED_WINDOW,
 		}
+	}
+	if s.checker == nil {
+		return nil, status.Error(codes.Unavailable, "rls: no checker to decide the descriptors")
 	}
 	resp, err := s.checker.Check(ctx, req)
 	if err != nil {
