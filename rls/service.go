@@ -328,10 +328,11 @@ func (s *Service) decide(ctx context.Context, plan []item) ([]*rlsv3.RateLimitRe
 	return out, nil
 }
 
-// passes reports whether a peek's decision leaves room for hits: a fixed
-// window's remaining is exactly limit - count.
+// passes reports whether a peek's decision leaves room for hits (a fixed
+// window's remaining is exactly limit - count); 0 hits pass as a peek
+// does, when one more hit would.
 func passes(d *sluicev1.Decision, hits int64) bool {
-	return d.GetError() == "" && d.GetRemaining() >= hits
+	return d.GetError() == "" && d.GetRemaining() >= max(hits, 1)
 }
 
 // check sends the checks plan[i], i in idx, in one batch (peek: hits 0)
