@@ -273,6 +273,16 @@ func TestServiceHitsAddend(t *testing.T) {
 	if g := got(call(t, s, "shop", 2, d).Statuses[0]); g.remaining != 87 {
 		t.Errorf("descriptor hits_addend 10: remaining %d, want 87", g.remaining)
 	}
+	// A descriptor's hits_addend 0 peeks.
+	p := desc("user", "peek")
+	p.HitsAddend = wrapperspb.UInt64(0)
+	if g := got(call(t, s, "shop", 5, p).Statuses[0]); g != (st{ok, 3, 3, 40 * time.Second}) {
+		t.Errorf("peek of a fresh key: %+v", g)
+	}
+	call(t, s, "shop", 3, desc("user", "peek"))
+	if r := call(t, s, "shop", 0, p, desc("week", "peek")); r.OverallCode != over || got(r.Statuses[1]).remaining != 100 {
+		t.Errorf("peek of a full key with another descriptor: %s %+v %+v", r.OverallCode, got(r.Statuses[0]), got(r.Statuses[1]))
+	}
 	// More hits than the limit: over limit, nothing counted.
 	if r := call(t, s, "shop", 4, desc("user", "h")); r.OverallCode != over {
 		t.Errorf("4 hits on a limit of 3: %s", r.OverallCode)
