@@ -45,20 +45,32 @@ tidy-check: ## fail if go mod tidy would change go.mod or go.sum
 	git diff --exit-code go.mod go.sum
 
 .PHONY: proto
-proto: ## regenerate rpc/sluicev1 from proto/ (needs protoc, protoc-gen-go, protoc-gen-go-grpc)
+proto: ## regenerate rpc/sluicev1 and rpc/sluicev1gw from proto/ (needs protoc and the plugins of make proto-tools)
 	$(PROTOC) -I proto \
 		--go_out=. --go_opt=module=$(MODULE) \
 		--go-grpc_out=. --go-grpc_opt=module=$(MODULE) \
 		proto/sluice/v1/sluice.proto
+	@# The HTTP/JSON gateway goes in a package of its own (standalone), so
+	@# that clients importing the messages do not pull in grpc-gateway.
+	rm -rf .proto-gw && mkdir -p .proto-gw rpc/sluicev1gw
+	$(PROTOC) -I proto \
+		--grpc-gateway_out=.proto-gw \
+		--grpc-gateway_opt=paths=source_relative,standalone=true \
+		--grpc-gateway_opt=grpc_api_configuration=proto/sluice/v1/sluice_http.yaml \
+		proto/sluice/v1/sluice.proto
+	sed -e 's/^package sluicev1$$/package sluicev1gw/' -e 's/^Package sluicev1 is/Package sluicev1gw is/' \
+		.proto-gw/sluice/v1/sluice.pb.gw.go > rpc/sluicev1gw/sluice.pb.gw.go
+	rm -rf .proto-gw
 
-.PHONY: proto-tools
 proto-tools: ## install the protoc plugins at the versions the committed code was made with
 	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
+	$(GO) install github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-grpc-gateway@v2.33.0
 
 .PHONY: verify-proto
 verify-proto: proto ## fail if the committed generated code differs from a fresh make proto
-	git diff --exit-code rpc/sluicev1
+	git diff --exit-code rpc/sluicev1 rpc/sluicev1gw
+	@test -z "$$(git status --porcelain rpc/sluicev1 rpc/sluicev1gw)" || { git status --porcelain rpc/sluicev1 rpc/sluicev1gw; echo 'generated files not committed'; exit 1; }
 
 .PHONY: clean
 clean: ## remove build output

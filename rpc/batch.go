@@ -64,6 +64,7 @@ type reply struct {
 // peerStats counts one peer's forwards; read them through Server.Stats.
 type peerStats struct {
 	batches, checks, errors, latencyNs atomic.Int64
+	obs                                Observer // told of each call; may be nil
 }
 
 // senders is the number of long-lived goroutines per peer that make the
@@ -287,9 +288,13 @@ func forwardCall(ctx context.Context, p *peer, req *sluicev1.ForwardRequest, st 
 	} else {
 		resp, err = p.client.Forward(ctx, req)
 	}
+	took := time.Since(start)
 	st.batches.Add(1)
 	st.checks.Add(int64(len(req.Checks)))
-	st.latencyNs.Add(int64(time.Since(start)))
+	st.latencyNs.Add(int64(took))
+	if st.obs != nil {
+		st.obs.Forwarded(p.name, len(req.Checks), took, err)
+	}
 	switch {
 	case err != nil:
 		st.errors.Add(1)

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -17,6 +19,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/limits"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/rls"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
@@ -67,6 +70,22 @@ type NodeConfig struct {
 	Version string
 	// Logger receives the node's logs. Default slog.Default(). (Optional)
 	Logger *slog.Logger
+	// HTTPAddr is the host:port of the HTTP face (POST /v1/check,
+	// GET /v1/members, /healthz, /readyz, /metrics; see NewHTTPHandler);
+	// port 0 lets the OS pick; empty: no HTTP. (Optional)
+	HTTPAddr string
+	// Limits holds the named limits; nil: none. The node reads it on
+	// every check; reloading it is the caller's (see limits.Source). (Optional)
+	Limits *limits.Source
+	// ServerOptions are added to the gRPC server's options (e.g. a stats
+	// handler for tracing). (Optional)
+	ServerOptions []grpc.ServerOption
+	// DialOptions are added to the options of connections to peers.
+	// (Optional)
+	DialOptions []grpc.DialOption
+	// SettleTime is how long membership must have been unchanged before
+	// the node reports ready on /readyz. Default 1 s. (Optional)
+	SettleTime time.Duration
 	// RLS, when set, serves Envoy's rate limit service (RLS v3) from these
 	// rules on the gRPC port (see package rls and docs/envoy.md). (Optional)
 	RLS *rls.Config
@@ -83,7 +102,14 @@ type Node struct {
 	cluster  *cluster.Cluster
 	server   *Server
 	store    *window.Store
+	metrics  *Metrics
+	http     *http.Server // nil without HTTPAddr
+	httpAddr string
 	log      *slog.Logger
+
+	joined     atomic.Bool  // the join (if any) has succeeded
+	draining   atomic.Bool  // Close has begun
+	lastChange atomic.Int64 // Unix ns of the last membership change seen
 
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
@@ -129,14 +155,27 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	// The advertised port is the bound one (the OS may have picked it).
 	advertised = net.JoinHostPort(advertised, strconv.Itoa(lis.Addr().(*net.TCPAddr).Port))
 
+	if cfg.SettleTime <= 0 {
+		cfg.SettleTime = time.Second
+	}
 	store := window.NewStore(window.StoreConfig{Clock: cfg.Clock, MaxKeys: cfg.MaxKeys})
+	metrics := NewMetrics()
 	srv, err := NewServer(ServerConfig{
 		Name: cfg.Name, Store: store, Ring: cfg.Ring,
 		ForwardTimeout: cfg.ForwardTimeout, Batch: cfg.Batch, Logger: log.With("component", "rpc"),
+		Limits: cfg.Limits, Observer: metrics, DialOptions: cfg.DialOptions,
 	})
 	if err != nil {
 		lis.Close()
 		return nil, err
+	}
+	metrics.Attach(srv, store, cfg.Limits)
+	var httpLis net.Listener
+	if cfg.HTTPAddr != "" {
+		if httpLis, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
+			lis.Close()
+			return nil, fmt.Errorf("http_addr: %w", err)
+		}
 	}
 	cl, err := cluster.New(cluster.Config{
 		Name: cfg.Name, BindAddr: cfg.GossipAddr, AdvertiseHost: cfg.AdvertiseHost,
@@ -145,11 +184,14 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	})
 	if err != nil {
 		lis.Close()
+		if httpLis != nil {
+			httpLis.Close()
+		}
 		return nil, err
 	}
 	// Stream workers serve RPCs on long-lived goroutines instead of a new
 	// goroutine (and a new, growing stack) per RPC.
-	gs := grpc.NewServer(grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))))
+	gs := grpc.NewServer(append([]grpc.ServerOption{grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0)))}, cfg.ServerOptions...)...)
 	hs := health.NewServer()
 	sluicev1.RegisterRateLimitServiceServer(gs, srv)
 	sluicev1.RegisterPeerServiceServer(gs, srv)
@@ -164,13 +206,31 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &Node{cfg: cfg, lis: lis, grpcAddr: advertised, grpc: gs, health: hs,
-		cluster: cl, server: srv, store: store, log: log, cancel: cancel, failed: make(chan error, 1)}
+		cluster: cl, server: srv, store: store, metrics: metrics, log: log, cancel: cancel, failed: make(chan error, 1)}
+	n.lastChange.Store(time.Now().UnixNano())
 	n.rls = rlsSvc
 	_ = srv.SetMembers(cl.Members())
 	n.wg.Go(func() { n.watchMembers(ctx) })
-	n.wg.Go(func() { store.RunSweeper(ctx, cfg.SweepInterval) })
+	n.wg.Go(func() { n.sweep(ctx) })
+	if httpLis != nil {
+		h, err := NewHTTPHandler(HTTPConfig{Server: srv, Ready: n.Ready, Metrics: metrics})
+		if err != nil { // cannot happen: the gateway's registration does not fail
+			log.Error("no HTTP face", "error", err)
+		} else {
+			n.http = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+			n.httpAddr = httpLis.Addr().String()
+			n.wg.Go(func() {
+				if err := n.http.Serve(httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+					log.Error("http server stopped", "error", err)
+				}
+			})
+		}
+	}
 	n.wg.Go(func() {
 		_, err := cl.Join(ctx, cfg.Join)
+		if err == nil {
+			n.joined.Store(true)
+		}
 		switch {
 		case errors.Is(err, cluster.ErrNameTaken):
 			// Stop gossip without a leave message: a leave under this
@@ -190,7 +250,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	})
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(sluicev1.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	log.Info("node started", "grpc_addr", advertised, "gossip_addr", cl.GossipAddr(), "region", cfg.Region)
+	log.Info("node started", "grpc_addr", advertised, "gossip_addr", cl.GossipAddr(), "http_addr", n.httpAddr, "region", cfg.Region)
 	return n, nil
 }
 
@@ -220,10 +280,51 @@ func (n *Node) watchMembers(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-n.cluster.Changes():
+			n.lastChange.Store(time.Now().UnixNano())
 			_ = n.server.SetMembers(n.cluster.Members())
 		}
 	}
 }
+
+// sweep removes idle keys every SweepInterval until ctx is done, timing
+// each sweep for the metrics.
+func (n *Node) sweep(ctx context.Context) {
+	tick := time.NewTicker(n.cfg.SweepInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			start := time.Now()
+			n.store.Sweep(n.store.Now())
+			n.metrics.ObserveSweep(time.Since(start))
+		}
+	}
+}
+
+// Ready returns nil when the node should take traffic, else why not: it
+// is leaving, it has not joined the cluster yet (when it was given members
+// to join), or membership changed less than SettleTime ago (the ring is
+// settling). It backs /readyz.
+func (n *Node) Ready() error {
+	switch {
+	case n.draining.Load():
+		return errors.New("draining: the node is leaving")
+	case len(n.cfg.Join) > 0 && !n.joined.Load():
+		return errors.New("joining the cluster")
+	}
+	if since := time.Since(time.Unix(0, n.lastChange.Load())); since < n.cfg.SettleTime {
+		return fmt.Errorf("ring settling: membership changed %s ago", since.Round(time.Millisecond))
+	}
+	return nil
+}
+
+// HTTPAddr returns the host:port the HTTP face listens on ("" without one).
+func (n *Node) HTTPAddr() string { return n.httpAddr }
+
+// Metrics returns the node's metrics.
+func (n *Node) Metrics() *Metrics { return n.metrics }
 
 // Failed returns a channel that receives the error that made the node give
 // up (e.g. cluster.ErrNameTaken); the node has then stopped gossip and
@@ -255,6 +356,7 @@ func (n *Node) RLS() *rls.Service { return n.rls }
 // stops. It is idempotent and returns the first error.
 func (n *Node) Close(ctx context.Context) error {
 	n.closeOnce.Do(func() {
+		n.draining.Store(true)
 		n.health.Shutdown()
 		n.log.Info("leaving the cluster")
 		err := n.cluster.Leave(n.cfg.LeaveTimeout)
@@ -286,6 +388,13 @@ func (n *Node) Kill() {
 }
 
 func (n *Node) stop() {
+	n.draining.Store(true)
+	if n.http != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = n.http.Shutdown(ctx)
+		cancel()
+		_ = n.http.Close()
+	}
 	n.cancel()
 	n.wg.Wait()
 	st := n.server.Stats()

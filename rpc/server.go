@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/limits"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
@@ -45,6 +46,12 @@ type ServerConfig struct {
 	DialOptions []grpc.DialOption
 	// Batch shapes the per-owner queues of forwarded checks. (Optional)
 	Batch BatchConfig
+	// Limits holds the named limits that checks without numbers take
+	// theirs from; nil: none. (Optional)
+	Limits *limits.Source
+	// Observer is told of every answered check and every peer call, for
+	// metrics; nil: nobody. (Optional)
+	Observer Observer
 }
 
 // Server implements sluicev1.RateLimitServiceServer and
@@ -62,9 +69,12 @@ type Server struct {
 	log            *slog.Logger
 	dialOpts       []grpc.DialOption
 	batch          BatchConfig
+	limits         *limits.Source
+	obs            Observer
 
-	view  atomic.Pointer[view]
-	setMu sync.Mutex // serializes SetMembers
+	view       atomic.Pointer[view]
+	setMu      sync.Mutex   // serializes SetMembers
+	ringBuilds atomic.Int64 // rings built (the first, and one per SetMembers that changed it)
 
 	stats     counters
 	peerStats sync.Map // member name -> *peerStats
@@ -178,7 +188,7 @@ func (s *Server) peerStatsSnapshot() map[string]PeerStats {
 
 // statsFor returns the counters of the named peer.
 func (s *Server) statsFor(name string) *peerStats {
-	v, _ := s.peerStats.LoadOrStore(name, &peerStats{})
+	v, _ := s.peerStats.LoadOrStore(name, &peerStats{obs: s.obs})
 	return v.(*peerStats)
 }
 
@@ -204,6 +214,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		forwardTimeout: cfg.ForwardTimeout,
 		log:            cfg.Logger,
 		batch:          cfg.Batch.withDefaults(),
+		limits:         cfg.Limits,
+		obs:            cfg.Observer,
 		retired:        map[*peer]*time.Timer{},
 		draining:       make(chan struct{}),
 		dialOpts:       append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...),
@@ -213,6 +225,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		return nil, fmt.Errorf("rpc: %w", err)
 	}
 	s.view.Store(&view{ring: r, members: []cluster.Member{{Name: cfg.Name, State: cluster.Alive}}})
+	s.ringBuilds.Add(1)
 	return s, nil
 }
 
@@ -260,6 +273,7 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 		peers[m.Name] = p
 	}
 	s.view.Store(&view{ring: r, members: ms, peers: peers})
+	s.ringBuilds.Add(1)
 	for name, p := range old.peers {
 		if peers[name] != p {
 			go s.retire(p, s.forwardTimeout) // off the membership path
@@ -310,7 +324,7 @@ func (s *Server) RingFingerprint() string { return s.view.Load().ring.Fingerprin
 // the checks this node owns, forwards the others to their owners (owners
 // in parallel; see forward) and answers in request order.
 func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (*sluicev1.CheckResponse, error) {
-	reqs, fe := parseChecks(req.GetChecks())
+	reqs, fe := parseChecks(req.GetChecks(), s.limits.Current())
 	if fe != nil {
 		return nil, invalidArgument(fe)
 	}
@@ -333,6 +347,27 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (*sluice
 		pending = pending[:0]
 		for _, f := range failed {
 			pending = append(pending, f.index)
+		}
+	}
+	for i, d := range out {
+		r := &reqs[i]
+		outcome := OutcomeAllowed
+		switch {
+		case d.Error != "":
+			outcome = OutcomeError
+		case !d.Allowed && r.shadow:
+			// Shadow mode: report the would-be denial, deny nothing.
+			d.Allowed, d.Shadow, d.RetryAfter = true, true, 0
+			outcome = OutcomeShadowDenied
+		case !d.Allowed:
+			outcome = OutcomeDenied
+		}
+		if s.obs != nil {
+			name := InlineName
+			if r.named {
+				name = r.name
+			}
+			s.obs.Checked(name, outcome)
 		}
 	}
 	return &sluicev1.CheckResponse{Decisions: out}, nil
@@ -465,7 +500,7 @@ func (s *Server) decide(storeKey []byte, c window.Check) *sluicev1.Decision {
 // check here, whatever this node's ring says, so a check is never forwarded
 // in a loop. A peer's input is validated like a client's.
 func (s *Server) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sluicev1.ForwardResponse, error) {
-	reqs, fe := parseChecks(req.GetChecks())
+	reqs, fe := parseChecks(req.GetChecks(), nil) // the sender filled in named limits' numbers
 	if fe != nil {
 		return nil, invalidArgument(fe)
 	}

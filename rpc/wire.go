@@ -8,7 +8,9 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/sluicehq/sluice/limits"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
@@ -50,12 +52,15 @@ func invalidArgument(fe *fieldError) error {
 type request struct {
 	name, key string
 	check     window.Check
-	pb        *sluicev1.RateLimitCheck // as received, to forward unchanged
+	pb        *sluicev1.RateLimitCheck // to forward: as received, or with a named limit's numbers filled in
+	named     bool                     // name is a configured limit (its numbers may be the check's own)
+	shadow    bool                     // the configured limit is in shadow mode
 }
 
-// parseChecks validates a batch and converts it. It returns a *fieldError
-// for the first bad field.
-func parseChecks(pbs []*sluicev1.RateLimitCheck) ([]request, *fieldError) {
+// parseChecks validates a batch and converts it; a check without numbers
+// takes those of the limit set configures under its name (set may be nil:
+// none configured). It returns a *fieldError for the first bad field.
+func parseChecks(pbs []*sluicev1.RateLimitCheck, set *limits.Set) ([]request, *fieldError) {
 	switch {
 	case len(pbs) == 0:
 		return nil, &fieldError{"checks", "at least one check is required"}
@@ -64,7 +69,7 @@ func parseChecks(pbs []*sluicev1.RateLimitCheck) ([]request, *fieldError) {
 	}
 	out := make([]request, len(pbs))
 	for i, pb := range pbs {
-		r, fe := parseCheck(pb)
+		r, fe := parseCheck(pb, set)
 		if fe != nil {
 			fe.field = fmt.Sprintf("checks[%d].%s", i, fe.field)
 			return nil, fe
@@ -75,9 +80,24 @@ func parseChecks(pbs []*sluicev1.RateLimitCheck) ([]request, *fieldError) {
 }
 
 // parseCheck validates one check; the fieldError names the field alone.
-func parseCheck(pb *sluicev1.RateLimitCheck) (request, *fieldError) {
+func parseCheck(pb *sluicev1.RateLimitCheck, set *limits.Set) (request, *fieldError) {
 	if pb == nil {
 		return request{}, &fieldError{"name", "must not be empty"}
+	}
+	var named, shadow bool
+	if l, ok := set.Resolve(pb.Name, pb.Key); ok {
+		named, shadow = true, l.Shadow
+		if pb.Limit == 0 && pb.WindowMs == 0 && pb.Burst == 0 && pb.Algorithm == sluicev1.Algorithm_ALGORITHM_UNSPECIFIED {
+			// The check carries no numbers: the configured ones apply,
+			// and are what is forwarded, so the owner decides with them.
+			pb = proto.CloneOf(pb)
+			pb.Limit, pb.WindowMs, pb.Burst = l.Limit, l.Window.Milliseconds(), l.Burst
+			pb.Algorithm = sluicev1.Algorithm(l.Algorithm)
+		} else {
+			shadow = false // inline numbers: the check's own limit, not the configured one
+		}
+	} else if pb.Limit == 0 && pb.WindowMs == 0 && pb.Name != "" && len(pb.Name) <= MaxNameBytes {
+		return request{}, &fieldError{"limit", fmt.Sprintf("must be > 0, got 0 (and no limit called %q is configured to take the numbers from)", pb.Name)}
 	}
 	switch {
 	case pb.Name == "":
@@ -120,7 +140,7 @@ func parseCheck(pb *sluicev1.RateLimitCheck) (request, *fieldError) {
 		}
 		return request{}, &fieldError{fe.Field, fe.Reason}
 	}
-	return request{name: pb.Name, key: pb.Key, check: c, pb: pb}, nil
+	return request{name: pb.Name, key: pb.Key, check: c, pb: pb, named: named, shadow: shadow}, nil
 }
 
 // toProto converts a window decision to the wire, rounding times up to

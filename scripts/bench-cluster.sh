@@ -24,7 +24,7 @@ addrs=127.0.0.1:7270,127.0.0.1:7271,127.0.0.1:7272
 for i in 0 1 2; do
   join=""
   [ "$i" -gt 0 ] && join=127.0.0.1:7370
-  "$bin" serve --name "bench$((i + 1))" --grpc-addr "127.0.0.1:$((7270 + i))" --gossip-addr "127.0.0.1:$((7370 + i))" \
+  "$bin" serve --name "bench$((i + 1))" --grpc-addr "127.0.0.1:$((7270 + i))" --gossip-addr "127.0.0.1:$((7370 + i))" --http-addr "" \
     --join "$join" --log-level warn --leave-timeout 1s 2>>"$work/nodes.log" &
   pids+=($!)
 done

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Starts a local three-node sluice cluster on loopback and stops all three
 # on Ctrl-C (or when any of them exits).
-#   node1: gRPC 127.0.0.1:7070, gossip 127.0.0.1:7946
-#   node2: gRPC 127.0.0.1:7071, gossip 127.0.0.1:7947
-#   node3: gRPC 127.0.0.1:7072, gossip 127.0.0.1:7948
+#   node1: gRPC 127.0.0.1:7070, gossip 127.0.0.1:7946, HTTP 127.0.0.1:7080
+#   node2: gRPC 127.0.0.1:7071, gossip 127.0.0.1:7947, HTTP 127.0.0.1:7081
+#   node3: gRPC 127.0.0.1:7072, gossip 127.0.0.1:7948, HTTP 127.0.0.1:7082
+# with the named limits of examples/limits.yaml (SLUICE_RUN_LIMITS to change).
 # Each also serves Envoy's rate limit service with the rules in
 # examples/rls (SLUICE_RUN_RLS_CONFIG=PATH for others).
 set -euo pipefail
@@ -11,6 +12,8 @@ set -euo pipefail
 bin=${1:-bin/sluice}
 base_grpc=${SLUICE_RUN_GRPC_PORT:-7070}
 base_gossip=${SLUICE_RUN_GOSSIP_PORT:-7946}
+base_http=${SLUICE_RUN_HTTP_PORT:-7080}
+limits=${SLUICE_RUN_LIMITS:-examples/limits.yaml}
 rls_config=${SLUICE_RUN_RLS_CONFIG:-$(dirname "$0")/../examples/rls}
 pids=()
 
@@ -28,7 +31,8 @@ for i in 1 2 3; do
   grpc=127.0.0.1:$((base_grpc + i - 1))
   gossip=127.0.0.1:$((base_gossip + i - 1))
   "$bin" serve --name "node$i" --grpc-addr "$grpc" --gossip-addr "$gossip" \
-    --join "$seeds" --log-level "${SLUICE_LOG_LEVEL:-warn}" --leave-timeout 1s --rls-config "$rls_config" &
+    --http-addr "127.0.0.1:$((base_http + i - 1))" --limits "$limits" --rls-config "$rls_config" \
+    --join "$seeds" --log-level "${SLUICE_LOG_LEVEL:-warn}" --leave-timeout 1s &
   pids+=($!)
   seeds="127.0.0.1:$base_gossip"
 done
@@ -41,7 +45,8 @@ wait_rings "$bin" "127.0.0.1:$base_grpc" "127.0.0.1:$((base_grpc + 1))" "127.0.0
 
 cat <<MSG
 
-sluice is running: three nodes on 127.0.0.1:$base_grpc, $((base_grpc + 1)) and $((base_grpc + 2)) (gRPC).
+sluice is running: three nodes on 127.0.0.1:$base_grpc, $((base_grpc + 1)) and $((base_grpc + 2)) (gRPC),
+HTTP on 127.0.0.1:$base_http, $((base_http + 1)) and $((base_http + 2)), named limits from $limits.
 In another terminal, send a check to any of them, e.g.:
 
   $bin check --addr 127.0.0.1:$((base_grpc + 1)) --name api --key user:42 --limit 10 --window 1m --count 12

@@ -17,7 +17,7 @@ with_workdir
 fail() { echo "smoke: FAIL: $*" >&2; exit 1; }
 
 # A single node on OS-picked ports; its log tells the gRPC address.
-"$bin" serve --name smoke --grpc-addr 127.0.0.1:0 --gossip-addr 127.0.0.1:0 --rls-config examples/rls 2>"$work/node.log" &
+"$bin" serve --name smoke --grpc-addr 127.0.0.1:0 --gossip-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 --rls-config examples/rls 2>"$work/node.log" &
 pids+=($!)
 addr=""
 for _ in $(seq 1 100); do
@@ -26,7 +26,8 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 [ -n "$addr" ] || { cat "$work/node.log"; fail "node did not start"; }
-echo "smoke: node at $addr"
+http=$(sed -n 's/.*msg="node started".* http_addr=\([^ ]*\).*/\1/p' "$work/node.log" | head -n1)
+echo "smoke: node at $addr (HTTP $http)"
 
 services=$("$grpcurl" -plaintext "$addr" list)
 echo "$services"
@@ -54,6 +55,18 @@ grep -q 'checks\[0\].limit' <<<"$bad" || fail "the error does not name checks[0]
 "$grpcurl" -plaintext "$addr" grpc.health.v1.Health/Check | grep -q SERVING || fail "node stopped serving after bad input"
 echo "smoke: grpcurl OK"
 
+# The HTTP face: the same check in JSON, a refusal naming the field, health.
+answer=$(curl -sS -X POST "http://$http/v1/check" -d '{"checks":[{"name":"api","key":"user:42","limit":10,"window_ms":60000,"algorithm":"ALGORITHM_TOKEN_BUCKET"}]}')
+echo "$answer"
+grep -Eq '"remaining": ?"8"' <<<"$answer" || fail "POST /v1/check did not answer remaining 8 after the grpcurl check"
+code=$(curl -sS -o "$work/bad.json" -w '%{http_code}' -X POST "http://$http/v1/check" -d '{"checks":[{"name":"api","key":"k","limit":-1,"window_ms":60000}]}')
+[ "$code" = 400 ] && grep -q 'checks\[0\].limit' "$work/bad.json" || fail "limit -1 over HTTP: $code $(cat "$work/bad.json")"
+[ "$(curl -sS "http://$http/healthz")" = ok ] || fail "/healthz is not ok"
+curl -sS "http://$http/readyz" | grep -q ready || fail "/readyz is not ready"
+curl -sS "http://$http/metrics" | grep -q '^sluice_checks_total{name="(inline)",outcome="allowed"} 2$' || fail "/metrics does not count the two checks"
+"$bin" healthcheck --addr "$addr" || fail "sluice healthcheck failed on a serving node"
+echo "smoke: HTTP OK"
+
 # `make run` and `sluice check` against it, as the README says.
 setsid make --no-print-directory run >"$work/run.log" 2>&1 &
 runpid=$!
@@ -69,6 +82,9 @@ echo "$members"
 out=$("$bin" check --addr 127.0.0.1:7071 --name api --key user:42 --limit 10 --window 1m --algorithm token_bucket --count 12 --json)
 echo "$out"
 allowed=$(grep -c '"allowed":true' <<<"$out" || true)
+# A named limit of examples/limits.yaml over HTTP: api gives tier:pro: keys 300.
+named=$(curl -sS -X POST 127.0.0.1:7082/v1/check -d '{"checks":[{"name":"api","key":"tier:pro:acme"}]}')
+echo "$named"
 # Envoy's RLS v3 through reflection, entering at node2: examples/rls/edge.yaml
 # allows 10 requests per minute per remote_address. 10 hits fill the
 # minute, the next is over it (tried once more with a fresh address if a
@@ -89,6 +105,7 @@ done
 kill -INT -- -"$runpid"
 wait "$runpid" || true
 [ "$allowed" = 10 ] || fail "make run: $allowed of 12 allowed, want 10"
+grep -Eq '"limit": ?"300"' <<<"$named" || fail "make run: the named limit api did not give tier:pro: keys 300"
 [ -n "$rls_over" ] || fail "ShouldRateLimit did not answer OVER_LIMIT after the limit"
 if pgrep -f "sluice serve --name node" >/dev/null; then fail "make run left nodes running after Ctrl-C"; fi
 echo "smoke: make run OK (sluice check, RLS ShouldRateLimit OVER_LIMIT)"

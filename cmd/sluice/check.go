@@ -30,7 +30,8 @@ type checkLine struct {
 	ResetTime  int64  `json:"reset_time"`  // Unix ms
 	RetryAfter int64  `json:"retry_after"` // ms; -1: never
 	Owner      string `json:"owner"`
-	Delay      int64  `json:"delay"` // ms; leaky_bucket: until the queue ahead has drained
+	Delay      int64  `json:"delay"`  // ms; leaky_bucket: until the queue ahead has drained
+	Shadow     bool   `json:"shadow"` // over a limit in shadow mode: allowed anyway
 }
 
 // clientFlags are the flags every client command has.
@@ -55,6 +56,7 @@ func checkCommand(e env) *cli.Command {
 			&cli.StringFlag{Name: "algorithm", Value: "fixed_window", Usage: "fixed_window, sliding_window, token_bucket or leaky_bucket"},
 			&cli.Int64Flag{Name: "burst", Usage: "bucket capacity for the bucket algorithms (0: the limit)"},
 			&cli.Int64Flag{Name: "hits", Value: 1, Usage: "hits to consume (0: peek)"},
+			&cli.BoolFlag{Name: "named", Usage: "send no numbers: the node applies the limit configured under --name (serve --limits); --limit, --window, --algorithm and --burst may not be given"},
 			&cli.IntFlag{Name: "count", Value: 1, Usage: "how many times to send the check"},
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per answer"},
 		),
@@ -93,6 +95,14 @@ func runCheck(ctx context.Context, cmd *cli.Command) error {
 		Name: name, Key: key, Hits: proto.Int64(cmd.Int64("hits")), Limit: cmd.Int64("limit"),
 		WindowMs: w.Milliseconds(), Burst: cmd.Int64("burst"), Algorithm: sluicev1.Algorithm(alg),
 	}
+	if cmd.Bool("named") {
+		for _, f := range []string{"limit", "window", "algorithm", "burst"} {
+			if cmd.IsSet(f) {
+				return usagef(f, "cannot be given with --named (the node's configured numbers apply)")
+			}
+		}
+		rc.Limit, rc.WindowMs, rc.Burst, rc.Algorithm = 0, 0, 0, sluicev1.Algorithm_ALGORITHM_UNSPECIFIED
+	}
 	conn, err := dialNode(cmd.String("addr"))
 	if err != nil {
 		return err
@@ -119,12 +129,15 @@ func runCheck(ctx context.Context, cmd *cli.Command) error {
 		}
 		if cmd.Bool("json") {
 			b, _ := json.Marshal(checkLine{Name: name, Key: key, Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
-				ResetTime: d.ResetTime, RetryAfter: d.RetryAfter, Owner: d.Owner, Delay: d.Delay})
+				ResetTime: d.ResetTime, RetryAfter: d.RetryAfter, Owner: d.Owner, Delay: d.Delay, Shadow: d.Shadow})
 			fmt.Fprintf(out, "%s\n", b)
 			continue
 		}
 		verdict := "allowed"
-		if !d.Allowed {
+		switch {
+		case d.Shadow:
+			verdict = "shadow" // over a limit in shadow mode: allowed anyway
+		case !d.Allowed:
 			verdict = "over limit"
 		}
 		delay := ""

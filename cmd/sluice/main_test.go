@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -51,7 +53,7 @@ func TestCheckJSON(t *testing.T) {
 	if len(lines) != 4 {
 		t.Fatalf("%d lines, want 4:\n%s", len(lines), out)
 	}
-	wantKeys := []string{"name", "key", "allowed", "limit", "remaining", "reset_time", "retry_after", "owner", "delay"}
+	wantKeys := []string{"name", "key", "allowed", "limit", "remaining", "reset_time", "retry_after", "owner", "delay", "shadow"}
 	for i, l := range lines {
 		// Exactly these fields, in this order.
 		keys := regexp.MustCompile(`"([a-z_]+)":`).FindAllStringSubmatch(l, -1)
@@ -187,34 +189,57 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-// serve reads its flags from SLUICE_<FLAG>, answers checks, and exits 0
-// after a graceful leave when its context ends (as on SIGTERM).
-func TestServeFromEnvAndGracefulStop(t *testing.T) {
-	env := map[string]string{
-		"SLUICE_NAME":        "env-node",
-		"SLUICE_GRPC_ADDR":   "127.0.0.1:0",
-		"SLUICE_GOSSIP_ADDR": "127.0.0.1:0",
-		"SLUICE_REGION":      "env-region",
-		"SLUICE_PROFILE":     "local",
-	}
+// startServe runs `sluice serve` with args and the environment env until
+// the returned stop is called, and returns the gRPC address from its start
+// line (which must name the node name). stop ends it as SIGTERM does and
+// returns its exit code and stderr.
+func startServe(t *testing.T, name string, args []string, env map[string]string) (addr string, stop func() (int, string)) {
+	t.Helper()
 	getenv := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	ctx, cancel := context.WithCancel(context.Background())
 	var out, errOut lockedBuffer
-	done := make(chan int)
-	go func() { done <- run(ctx, []string{"sluice", "serve"}, getenv, &out, &errOut) }()
-	addrRe := regexp.MustCompile(`msg="node started" node=env-node grpc_addr=(\S+)`)
-	var addr string
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, append([]string{"sluice", "serve"}, args...), getenv, &out, &errOut) }()
+	stop = func() (int, string) {
+		cancel()
+		select {
+		case code := <-done:
+			return code, errOut.String()
+		case <-time.After(10 * time.Second):
+			t.Fatal("serve did not stop")
+			return -1, ""
+		}
+	}
+	addrRe := regexp.MustCompile(`msg="node started" node=` + regexp.QuoteMeta(name) + ` grpc_addr=(\S+)`)
 	deadline := time.Now().Add(10 * time.Second)
-	for addr == "" {
+	for {
+		if m := addrRe.FindStringSubmatch(errOut.String()); m != nil {
+			return m[1], stop
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("serve exited %d before starting:\n%s", code, errOut.String())
+		default:
+		}
 		if time.Now().After(deadline) {
-			cancel()
+			stop()
 			t.Fatalf("no start line:\n%s", errOut.String())
 		}
 		time.Sleep(10 * time.Millisecond)
-		if m := addrRe.FindStringSubmatch(errOut.String()); m != nil {
-			addr = m[1]
-		}
 	}
+}
+
+// serve reads its flags from SLUICE_<FLAG>, answers checks, and exits 0
+// after a graceful leave when its context ends (as on SIGTERM).
+func TestServeFromEnvAndGracefulStop(t *testing.T) {
+	addr, stop := startServe(t, "env-node", nil, map[string]string{
+		"SLUICE_NAME":        "env-node",
+		"SLUICE_GRPC_ADDR":   "127.0.0.1:0",
+		"SLUICE_GOSSIP_ADDR": "127.0.0.1:0",
+		"SLUICE_HTTP_ADDR":   "127.0.0.1:0",
+		"SLUICE_REGION":      "env-region",
+		"SLUICE_PROFILE":     "local",
+	})
 	code, jsonOut, stderr := sluice(t, "members", "--addr", addr, "--json")
 	if code != 0 || !strings.Contains(jsonOut, `"name":"env-node"`) || !strings.Contains(jsonOut, `"region":"env-region"`) {
 		t.Fatalf("members: exit %d %s %s", code, jsonOut, stderr)
@@ -222,17 +247,71 @@ func TestServeFromEnvAndGracefulStop(t *testing.T) {
 	if code, _, stderr := sluice(t, "check", "--addr", addr, "--name", "api", "--key", "k"); code != 0 {
 		t.Fatalf("check: exit %d %s", code, stderr)
 	}
-	cancel()
-	select {
-	case code := <-done:
-		if code != 0 {
-			t.Fatalf("serve exited %d:\n%s", code, errOut.String())
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("serve did not stop")
+	if code, out, stderr := sluice(t, "healthcheck", "--addr", addr); code != 0 || !strings.Contains(out, "SERVING") {
+		t.Fatalf("healthcheck: exit %d %s %s", code, out, stderr)
 	}
-	if !strings.Contains(errOut.String(), `msg="node stopped"`) {
-		t.Fatalf("no graceful stop in the log:\n%s", errOut.String())
+	code, log := stop()
+	if code != 0 {
+		t.Fatalf("serve exited %d:\n%s", code, log)
+	}
+	if !strings.Contains(log, `msg="node stopped"`) {
+		t.Fatalf("no graceful stop in the log:\n%s", log)
+	}
+	if code, _, _ := sluice(t, "healthcheck", "--addr", addr, "--timeout", "1s"); code != 1 {
+		t.Fatalf("healthcheck of a stopped node: exit %d, want 1", code)
+	}
+}
+
+// serve's settings come from the command line, then SLUICE_* variables,
+// then the --config file; named limits come from --limits.
+func TestServeConfigFileAndNamedLimits(t *testing.T) {
+	dir := t.TempDir()
+	limitsFile := filepath.Join(dir, "limits.yaml")
+	if err := os.WriteFile(limitsFile, []byte("limits:\n  login:\n    limit: 2\n    window: 1m\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte(strings.Join([]string{
+		"name: file-node", "region: file-region", "grpc-addr: 127.0.0.1:0", "gossip-addr: 127.0.0.1:0",
+		"http-addr: 127.0.0.1:0", "profile: local", "join: []", "limits: " + limitsFile, "",
+	}, "\n")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addr, stop := startServe(t, "cli-node", []string{"--config", cfg, "--name", "cli-node"},
+		map[string]string{"SLUICE_REGION": "env-region", "SLUICE_NAME": "env-node"})
+	defer stop()
+	_, jsonOut, _ := sluice(t, "members", "--addr", addr, "--json")
+	if !strings.Contains(jsonOut, `"name":"cli-node"`) || !strings.Contains(jsonOut, `"region":"env-region"`) {
+		t.Fatalf("members: %s (want the name from the command line, the region from the environment)", jsonOut)
+	}
+	code, out, stderr := sluice(t, "check", "--addr", addr, "--name", "login", "--key", "u1", "--named", "--count", "3", "--json")
+	if code != 0 || strings.Count(out, `"allowed":true`) != 2 || strings.Count(out, `"limit":2`) != 3 {
+		t.Fatalf("named check: exit %d\n%s%s", code, out, stderr)
+	}
+	if code, _, stderr := sluice(t, "check", "--addr", addr, "--name", "login", "--key", "u1", "--named", "--limit", "5"); code != 2 || !strings.Contains(stderr, "--limit") {
+		t.Fatalf("--named with --limit: exit %d %s", code, stderr)
+	}
+}
+
+func TestServeRefusesBadConfigFiles(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct{ file, msg string }{
+		{"grpc-addr: 127.0.0.1:0\ngrpc_adr: x\n", `:2: unknown setting "grpc_adr"`},
+		{"max-keys: lots\n", ":1: max-keys:"},
+		{"- a\n- b\n", ":1: want a mapping"},
+		{"limits: " + filepath.Join(dir, "missing.yaml") + "\n", "--limits"},
+	} {
+		path := filepath.Join(dir, "c.yaml")
+		if err := os.WriteFile(path, []byte(tc.file), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		code, _, errOut := sluice(t, "serve", "--config", path, "--grpc-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0", "--http-addr", "")
+		if code != 2 || !strings.Contains(errOut, tc.msg) {
+			t.Errorf("config %q: exit %d, stderr %q; want exit 2 naming %q", tc.file, code, errOut, tc.msg)
+		}
+	}
+	if code, _, errOut := sluice(t, "serve", "--config", filepath.Join(dir, "none.yaml")); code != 2 || !strings.Contains(errOut, "--config") {
+		t.Errorf("missing config file: exit %d %q", code, errOut)
 	}
 }
 

@@ -8,12 +8,15 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/urfave/cli/v3"
 
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/limits"
 	"github.com/sluicehq/sluice/rls"
 	"github.com/sluicehq/sluice/rpc"
 )
@@ -27,6 +30,7 @@ func serveCommand(e env) *cli.Command {
 			"and joins the members listed in --join (none: a cluster of one). SIGINT or SIGTERM\n" +
 			"makes it leave the cluster gracefully and exit.",
 		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "config", Usage: "YAML file of settings by flag name (e.g. grpc-addr: 10.0.0.5:7070); the command line, then SLUICE_* variables, win over it", Sources: e.of("config")},
 			&cli.StringFlag{Name: "name", Value: host, Usage: "unique, stable member name; the default is the host name", Sources: e.of("name")},
 			&cli.StringFlag{Name: "grpc-addr", Value: "127.0.0.1:7070", Usage: "host:port to serve gRPC on; port 0 lets the OS pick", Sources: e.of("grpc-addr")},
 			&cli.StringFlag{Name: "gossip-addr", Value: "127.0.0.1:7946", Usage: "host:port to gossip on (TCP and UDP)", Sources: e.of("gossip-addr")},
@@ -40,6 +44,8 @@ func serveCommand(e env) *cli.Command {
 			&cli.DurationFlag{Name: "leave-timeout", Value: 5 * time.Second, Usage: "bound on the graceful leave at shutdown", Sources: e.of("leave-timeout")},
 			&cli.DurationFlag{Name: "sweep-interval", Value: 5 * time.Second, Usage: "how often idle keys are removed", Sources: e.of("sweep-interval")},
 			&cli.IntFlag{Name: "max-keys", Value: 1_000_000, Usage: "cap on the keys this node holds state for (0: no cap); over it, keys back at full capacity go first, then the least recently used", Sources: e.of("max-keys")},
+			&cli.StringFlag{Name: "http-addr", Value: "127.0.0.1:7080", Usage: "host:port of the HTTP face: POST /v1/check, GET /v1/members, /healthz, /readyz, /metrics (empty: off; port 0 lets the OS pick)", Sources: e.of("http-addr")},
+			&cli.StringFlag{Name: "limits", Usage: "YAML file of named limits (see README); reloaded on SIGHUP and when the file changes", Sources: e.of("limits")},
 			&cli.StringFlag{Name: "debug-addr", Usage: "host:port to serve Go's /debug/pprof on (off when empty; keep it on loopback)", Sources: e.of("debug-addr")},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", Sources: e.of("log-level")},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json", Sources: e.of("log-format")},
@@ -48,6 +54,11 @@ func serveCommand(e env) *cli.Command {
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			if err := noArgs(cmd); err != nil {
 				return err
+			}
+			if path := cmd.String("config"); path != "" {
+				if err := applyConfigFile(cmd, path); err != nil {
+					return usagef("config", "%v", err)
+				}
 			}
 			logger, err := newLogger(cmd.String("log-level"), cmd.String("log-format"), cmd.Root().ErrWriter)
 			if err != nil {
@@ -93,6 +104,49 @@ func serveCommand(e env) *cli.Command {
 			case cluster.LAN, cluster.WAN, cluster.Local:
 			default:
 				return usagef("profile", "want lan, wan or local, got %q", cfg.Profile)
+			}
+			cfg.HTTPAddr = cmd.String("http-addr")
+			if want, warn := tracingWanted(e.getenv); warn != "" {
+				logger.Warn(warn)
+			} else if want {
+				tr, err := setupTracing(ctx, logger.With("component", "tracing"))
+				if err != nil {
+					return cli.Exit("tracing: "+err.Error(), exitFailure)
+				}
+				defer func() {
+					sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					defer cancel()
+					_ = tr.shutdown(sctx) // flushes the last spans
+				}()
+				cfg.ServerOptions, cfg.DialOptions = tr.server, tr.dial
+				logger.Info("tracing RPCs with OpenTelemetry (OTLP)")
+			}
+			if path := cmd.String("limits"); path != "" {
+				src, err := limits.Open(path, logger.With("component", "limits"))
+				if err != nil {
+					return usagef("limits", "%v", err)
+				}
+				cfg.Limits = src
+				watchCtx, stopWatch := context.WithCancel(ctx)
+				defer stopWatch()
+				go func() {
+					if err := src.Watch(watchCtx); err != nil {
+						logger.Warn("not watching the limits file; reload it with SIGHUP", "file", path, "error", err)
+					}
+				}()
+				hup := make(chan os.Signal, 1)
+				signal.Notify(hup, syscall.SIGHUP)
+				defer signal.Stop(hup)
+				go func() {
+					for {
+						select {
+						case <-watchCtx.Done():
+							return
+						case <-hup:
+							_ = src.Reload() // a refused file is logged; the running limits stay
+						}
+					}
+				}()
 			}
 			if path := cmd.String("rls-config"); path != "" {
 				rules, err := rls.Load(path)

@@ -97,7 +97,10 @@ type RateLimitCheck struct {
 	// Hits to consume, >= 0; unset means 1. 0 peeks: it consumes nothing,
 	// and allowed says whether one more hit would be allowed.
 	Hits *int64 `protobuf:"varint,3,opt,name=hits,proto3,oneof" json:"hits,omitempty"`
-	// Hits allowed per window, 1..2^53.
+	// Hits allowed per window, 1..2^53. A check that leaves limit,
+	// window_ms, burst and algorithm all unset takes the numbers of the limit
+	// configured under name on the node (serve --limits); naming no
+	// configured limit, it is refused.
 	Limit int64 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
 	// The window in milliseconds, 1..31622400000 (366 days).
 	WindowMs int64 `protobuf:"varint,5,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
@@ -221,7 +224,11 @@ type Decision struct {
 	Delay int64 `protobuf:"varint,7,opt,name=delay,proto3" json:"delay,omitempty"`
 	// Set when this check could not be decided (e.g. its owner could not be
 	// reached); allowed is then false and nothing was counted by this node.
-	Error         string `protobuf:"bytes,8,opt,name=error,proto3" json:"error,omitempty"`
+	Error string `protobuf:"bytes,8,opt,name=error,proto3" json:"error,omitempty"`
+	// Set when the check's named limit is in shadow mode (serve --limits) and
+	// the check would have been denied: allowed is true anyway, and nothing
+	// was consumed.
+	Shadow        bool `protobuf:"varint,16,opt,name=shadow,proto3" json:"shadow,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -310,6 +317,13 @@ func (x *Decision) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *Decision) GetShadow() bool {
+	if x != nil {
+		return x.Shadow
+	}
+	return false
 }
 
 type CheckRequest struct {
@@ -733,7 +747,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\talgorithm\x18\a \x01(\x0e2\x14.sluice.v1.AlgorithmR\talgorithm\x12\x1f\n" +
 	"\vno_batching\x18\b \x01(\bR\n" +
 	"noBatchingB\a\n" +
-	"\x05_hits\"\xda\x01\n" +
+	"\x05_hits\"\xf2\x01\n" +
 	"\bDecision\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
@@ -744,7 +758,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"retryAfter\x12\x14\n" +
 	"\x05owner\x18\x06 \x01(\tR\x05owner\x12\x14\n" +
 	"\x05delay\x18\a \x01(\x03R\x05delay\x12\x14\n" +
-	"\x05error\x18\b \x01(\tR\x05error\"A\n" +
+	"\x05error\x18\b \x01(\tR\x05error\x12\x16\n" +
+	"\x06shadow\x18\x10 \x01(\bR\x06shadow\"A\n" +
 	"\fCheckRequest\x121\n" +
 	"\x06checks\x18\x01 \x03(\v2\x19.sluice.v1.RateLimitCheckR\x06checks\"B\n" +
 	"\rCheckResponse\x121\n" +

@@ -1,0 +1,73 @@
+package rpc
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/sluicehq/sluice/rpc/sluicev1gw"
+)
+
+// MaxHTTPBodyBytes bounds the body of an HTTP request: 1 MiB, enough for
+// MaxBatch checks with the longest names and keys.
+const MaxHTTPBodyBytes = 1 << 20
+
+// HTTPConfig configures a node's HTTP face.
+type HTTPConfig struct {
+	// Server answers /v1/check and /v1/members. (Required)
+	Server *Server
+	// Ready reports nil when the node should take traffic, else why not;
+	// it backs /readyz. nil: always ready. (Optional)
+	Ready func() error
+	// Metrics backs /metrics; nil: no /metrics. (Optional)
+	Metrics *Metrics
+}
+
+// NewHTTPHandler returns the HTTP/JSON face of a node:
+//
+//   - POST /v1/check: a CheckRequest in the JSON form of the protobuf
+//     messages (grpc-gateway; field names as in the .proto, e.g.
+//     "window_ms"; 64-bit numbers may be given as numbers or strings, and
+//     are answered as strings, as proto3 JSON does) answered with a
+//     CheckResponse. Bad input gets 400 and a google.rpc.Status JSON
+//     naming the field.
+//   - GET /v1/members: the MembersResponse.
+//   - GET /healthz: 200 while the process serves (liveness).
+//   - GET /readyz: 200 when Ready says so, else 503 with the reason.
+//   - GET /metrics: Prometheus text format.
+//
+// It returns an error only if the gateway cannot register the service.
+func NewHTTPHandler(cfg HTTPConfig) (http.Handler, error) {
+	gw := runtime.NewServeMux(runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
+		MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
+		UnmarshalOptions: protojson.UnmarshalOptions{},
+	}))
+	if err := sluicev1gw.RegisterRateLimitServiceHandlerServer(context.Background(), gw, cfg.Server); err != nil {
+		return nil, fmt.Errorf("http gateway: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/v1/", http.MaxBytesHandler(gw, MaxHTTPBodyBytes))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if cfg.Ready != nil {
+			if err := cfg.Ready(); err != nil {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				fmt.Fprintf(w, "not ready: %v\n", err)
+				return
+			}
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	if cfg.Metrics != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Metrics.Registry(), promhttp.HandlerOpts{}))
+	}
+	return mux, nil
+}

@@ -1,0 +1,172 @@
+package rpc
+
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/sluicehq/sluice/limits"
+	"github.com/sluicehq/sluice/window"
+)
+
+// Metrics is a node's Prometheus metrics: an [Observer] for the request
+// path plus a collector that reads the server's, the store's and the
+// limits' counters at scrape time. Every name starts with sluice_; no
+// label ever holds a key or an IP (limit names are labels only when they
+// are configured limits; peers are member names).
+type Metrics struct {
+	reg *prometheus.Registry
+
+	checks     *prometheus.CounterVec
+	byName     sync.Map // name -> *[4]prometheus.Counter, by Outcome
+	fwdSeconds prometheus.Histogram
+	fwdBatch   prometheus.Histogram
+	sweep      prometheus.Histogram
+
+	mu     sync.Mutex
+	server *Server
+	store  *window.Store
+	limits *limits.Source
+}
+
+// NewMetrics returns Metrics registered in a registry of their own, with
+// the Go runtime and process collectors.
+func NewMetrics() *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_checks_total",
+			Help: `Checks answered to clients by this node, by limit name (configured limits; "(inline)" for the rest) and outcome (allowed, denied, shadow_denied, error).`,
+		}, []string{"name", "outcome"}),
+		fwdSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sluice_forward_duration_seconds",
+			Help:    "Duration of calls that carried forwarded checks to their owners.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}),
+		fwdBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sluice_forward_batch_size",
+			Help:    "Checks per call to an owner (the batch size).",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000},
+		}),
+		sweep: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sluice_sweep_duration_seconds",
+			Help:    "Duration of each sweep of idle keys.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
+		}),
+	}
+	m.reg.MustRegister(m.checks, m.fwdSeconds, m.fwdBatch, m.sweep, (*statsCollector)(m),
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Registry returns the registry to serve (e.g. with promhttp.HandlerFor).
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Attach makes the collector read srv's, store's and src's counters (src
+// may be nil). A node calls it once it has them.
+func (m *Metrics) Attach(srv *Server, store *window.Store, src *limits.Source) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.server, m.store, m.limits = srv, store, src
+}
+
+// Checked implements [Observer].
+func (m *Metrics) Checked(name string, outcome Outcome) {
+	cs, ok := m.byName.Load(name)
+	if !ok {
+		var c [4]prometheus.Counter
+		for o := range c {
+			c[o] = m.checks.WithLabelValues(name, Outcome(o).String())
+		}
+		cs, _ = m.byName.LoadOrStore(name, &c)
+	}
+	cs.(*[4]prometheus.Counter)[outcome].Inc()
+}
+
+// Forwarded implements [Observer].
+func (m *Metrics) Forwarded(_ string, checks int, took time.Duration, _ error) {
+	m.fwdSeconds.Observe(took.Seconds())
+	m.fwdBatch.Observe(float64(checks))
+}
+
+// ObserveSweep records one sweep's duration.
+func (m *Metrics) ObserveSweep(took time.Duration) { m.sweep.Observe(took.Seconds()) }
+
+// statsCollector turns the counters that Server, Store and limits keep as
+// atomics into metrics at scrape time.
+type statsCollector Metrics
+
+var (
+	descLocal        = prometheus.NewDesc("sluice_local_checks_total", "Checks decided by this node as owner that entered at this node.", nil, nil)
+	descForwarded    = prometheus.NewDesc("sluice_forwarded_checks_total", "Checks sent to their owner on another node, by peer.", []string{"peer"}, nil)
+	descFwdCalls     = prometheus.NewDesc("sluice_forward_calls_total", "Calls to peers carrying forwarded checks, by peer.", []string{"peer"}, nil)
+	descFwdErrors    = prometheus.NewDesc("sluice_forward_errors_total", "Calls to peers that failed, by peer.", []string{"peer"}, nil)
+	descNoConn       = prometheus.NewDesc("sluice_forward_no_connection_total", "Checks whose owner had no connection.", nil, nil)
+	descReceived     = prometheus.NewDesc("sluice_received_checks_total", "Checks received from peers, decided here as owner.", nil, nil)
+	descReceivedRPCs = prometheus.NewDesc("sluice_received_calls_total", "Calls received from peers.", nil, nil)
+	descMembers      = prometheus.NewDesc("sluice_members", "Members in this node's ring, itself included.", nil, nil)
+	descRingEpoch    = prometheus.NewDesc("sluice_ring_epoch", "Number of ring builds on this node since it started (each membership change builds one).", nil, nil)
+	descKeys         = prometheus.NewDesc("sluice_keys", "Keys holding state on this node.", nil, nil)
+	descSwept        = prometheus.NewDesc("sluice_keys_swept_total", "Keys removed because they were back at full capacity (changes no decision).", nil, nil)
+	descEvictedLive  = prometheus.NewDesc("sluice_keys_evicted_live_total", "Keys removed under --max-keys while still inside their window: each handed its client a fresh budget.", nil, nil)
+	descReloads      = prometheus.NewDesc("sluice_limits_reloads_total", "Reloads of the named limits file, by result (ok, refused).", []string{"result"}, nil)
+	descLimits       = prometheus.NewDesc("sluice_limits_configured", "Named limits in force.", nil, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descLocal, descForwarded, descFwdCalls, descFwdErrors, descNoConn,
+		descReceived, descReceivedRPCs, descMembers, descRingEpoch, descKeys, descSwept, descEvictedLive, descReloads, descLimits} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	srv, store, src := c.server, c.store, c.limits
+	c.mu.Unlock()
+	counter := func(d *prometheus.Desc, v int64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v int64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v))
+	}
+	if srv != nil {
+		st := srv.Stats()
+		counter(descLocal, st.LocalChecks)
+		counter(descNoConn, st.ForwardErrors-sumErrors(st.Peers))
+		counter(descReceived, st.ReceivedChecks)
+		counter(descReceivedRPCs, st.ReceivedRPCs)
+		for name, p := range st.Peers {
+			counter(descForwarded, p.Checks, name)
+			counter(descFwdCalls, p.Batches, name)
+			counter(descFwdErrors, p.Errors, name)
+		}
+		v := srv.view.Load()
+		gauge(descMembers, int64(len(v.members)))
+		gauge(descRingEpoch, srv.ringBuilds.Load())
+	}
+	if store != nil {
+		st := store.Stats()
+		gauge(descKeys, int64(st.Keys))
+		counter(descSwept, st.Swept)
+		counter(descEvictedLive, st.EvictedLive)
+	}
+	if src != nil {
+		st := src.Stats()
+		counter(descReloads, st.Reloads-st.Failures, "ok")
+		counter(descReloads, st.Failures, "refused")
+		gauge(descLimits, int64(st.Limits))
+	}
+}
+
+func sumErrors(ps map[string]PeerStats) int64 {
+	var n int64
+	for _, p := range ps {
+		n += p.Errors
+	}
+	return n
+}
