@@ -63,7 +63,9 @@ code=$(curl -sS -o "$work/bad.json" -w '%{http_code}' -X POST "http://$http/v1/c
 [ "$code" = 400 ] && grep -q 'checks\[0\].limit' "$work/bad.json" || fail "limit -1 over HTTP: $code $(cat "$work/bad.json")"
 [ "$(curl -sS "http://$http/healthz")" = ok ] || fail "/healthz is not ok"
 curl -sS "http://$http/readyz" | grep -q ready || fail "/readyz is not ready"
-curl -sS "http://$http/metrics" | grep -q '^sluice_checks_total{name="(inline)",outcome="allowed"} 2$' || fail "/metrics does not count the two checks"
+# (read whole first: with pipefail, grep -q quitting early would fail curl)
+metrics=$(curl -sS "http://$http/metrics")
+grep -q '^sluice_checks_total{name="(inline)",outcome="allowed"} 2$' <<<"$metrics" || fail "/metrics does not count the two checks"
 "$bin" healthcheck --addr "$addr" || fail "sluice healthcheck failed on a serving node"
 echo "smoke: HTTP OK"
 
