@@ -438,6 +438,22 @@ func TestMatchCheckNamesAndKeys(t *testing.T) {
 	}
 }
 
+// A rule whose path is longer than a sluice name gets a hashed name of
+// its own.
+func TestMatchLongNames(t *testing.T) {
+	long := strings.Repeat("d", 300)
+	y := "domain: " + long + "\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 1}\n"
+	cfg, err := rls.Parse(rls.File{Name: "long.yaml", Data: []byte(y)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, okA := cfg.Match(long, d("a", "x"))
+	b, okB := cfg.Match(long, d("b", "x"))
+	if !okA || !okB || len(a.Name) > 256 || len(b.Name) > 256 || a.Name == b.Name || !strings.HasPrefix(a.Name, "rls#") {
+		t.Errorf("names %q %q", a.Name, b.Name)
+	}
+}
+
 func TestGlob(t *testing.T) {
 	cases := []struct {
 		pattern, s string
