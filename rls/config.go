@@ -172,22 +172,58 @@ type yamlDescriptor struct {
 	Value       string           `yaml:"value"`
 	RateLimit   *yamlRateLimit   `yaml:"rate_limit"`
 	Descriptors []yamlDescriptor `yaml:"descriptors"`
-	ShadowMode  bool             `yaml:"shadow_mode"`
+	ShadowMode  yamlBool         `yaml:"shadow_mode"`
 	// Metrics-only settings of envoyproxy/ratelimit: accepted, no effect.
-	DetailedMetric bool           `yaml:"detailed_metric"`
-	ValueToMetric  bool           `yaml:"value_to_metric"`
+	DetailedMetric yamlBool       `yaml:"detailed_metric"`
+	ValueToMetric  yamlBool       `yaml:"value_to_metric"`
 	Metadata       map[string]any `yaml:"metadata"`
-	ShareThreshold bool           `yaml:"share_threshold"`
+	ShareThreshold yamlBool       `yaml:"share_threshold"`
 }
 
 type yamlRateLimit struct {
 	RequestsPerUnit uint32         `yaml:"requests_per_unit"`
 	Unit            string         `yaml:"unit"`
 	UnitMultiplier  *uint32        `yaml:"unit_multiplier"`
-	Unlimited       bool           `yaml:"unlimited"`
+	Unlimited       yamlBool       `yaml:"unlimited"`
 	Name            string         `yaml:"name"`
 	Replaces        []yamlReplaces `yaml:"replaces"`
 }
+
+// yamlBool is a boolean as YAML 1.1 writes it, as envoyproxy/ratelimit's
+// loader (yaml.v2) reads it: true/false, yes/no, y/n, on/off, in lower,
+// title or upper case.
+type yamlBool bool
+
+var yamlBools = map[string]bool{
+	"true": true, "yes": true, "y": true, "on": true,
+	"false": false, "no": false, "n": false, "off": false,
+}
+
+// UnmarshalYAML implements yaml.NodeUnmarshaler.
+func (b *yamlBool) UnmarshalYAML(node ast.Node) error {
+	tok := node.GetToken()
+	if tok == nil {
+		return errors.New("want true or false")
+	}
+	s := tok.Value
+	if v, ok := yamlBools[strings.ToLower(s)]; ok && (s == strings.ToLower(s) || s == strings.ToUpper(s) || s == strings.ToUpper(s[:1])+s[1:]) {
+		*b = yamlBool(v)
+		return nil
+	}
+	pe := &posError{msg: fmt.Sprintf("want true or false, got %q", s)}
+	if tok.Position != nil {
+		pe.line, pe.column = tok.Position.Line, tok.Position.Column
+	}
+	return pe
+}
+
+// posError is an error of a YAML value at a known line and column.
+type posError struct {
+	line, column int
+	msg          string
+}
+
+func (e *posError) Error() string { return e.msg }
 
 type yamlReplaces struct {
 	Name string `yaml:"name"`
@@ -290,7 +326,10 @@ func (b *builder) add(file string, data []byte) (err error) {
 	if err := yaml.UnmarshalWithOptions(data, &root, yaml.DisallowUnknownField()); err != nil {
 		ce := &ConfigError{File: file, Msg: err.Error()}
 		var ye yaml.Error
-		if errors.As(err, &ye) {
+		var pe *posError
+		if errors.As(err, &pe) {
+			ce.Line, ce.Column, ce.Msg = pe.line, pe.column, pe.msg
+		} else if errors.As(err, &ye) {
 			ce.Msg = ye.GetMessage()
 			if tok := ye.GetToken(); tok != nil && tok.Position != nil {
 				ce.Line, ce.Column = tok.Position.Line, tok.Position.Column
@@ -383,14 +422,14 @@ func (l *fileLoader) loadLevel(parent *node, domain, fullKey string, p ypath, fi
 			return l.errorf(dp, df+".key", "required (a descriptor has an empty key)")
 		}
 		n := &node{key: d.Key, value: d.Value, wildcard: strings.Contains(d.Value, "*"),
-			shareThreshold: d.ShareThreshold, line: line}
+			shareThreshold: bool(d.ShareThreshold), line: line}
 		finalKey := d.Key
 		n.id = parent.id + " " + strconv.Quote(d.Key)
 		if d.Value != "" {
 			finalKey += "_" + d.Value
 			n.id += "=" + strconv.Quote(d.Value)
 		}
-		if d.ShareThreshold && !n.wildcard {
+		if n.shareThreshold && !n.wildcard {
 			return l.errorf(dp.with("share_threshold"), df+".share_threshold",
 				"only allowed with a wildcard value (one holding '*'), got value %q", d.Value)
 		}
@@ -415,7 +454,7 @@ func (l *fileLoader) loadLevel(parent *node, domain, fullKey string, p ypath, fi
 			if err != nil {
 				return err
 			}
-			r.Domain, r.FullKey, r.ShadowMode, r.File, r.Line = domain, fullKey+"."+finalKey, d.ShadowMode, l.file, line
+			r.Domain, r.FullKey, r.ShadowMode, r.File, r.Line = domain, fullKey+"."+finalKey, bool(d.ShadowMode), l.file, line
 			r.checkName = n.id
 			if len(r.checkName) > maxNameBytes {
 				sum := sha256.Sum256([]byte(n.id))
@@ -446,13 +485,13 @@ func (l *fileLoader) loadLevel(parent *node, domain, fullKey string, p ypath, fi
 
 // loadRule checks one rate_limit block as envoyproxy/ratelimit does.
 func (l *fileLoader) loadRule(y *yamlRateLimit, p ypath, field string) (*Rule, error) {
-	r := &Rule{Name: y.Name, RequestsPerUnit: y.RequestsPerUnit, Unlimited: y.Unlimited, UnitMultiplier: 1}
+	r := &Rule{Name: y.Name, RequestsPerUnit: y.RequestsPerUnit, Unlimited: bool(y.Unlimited), UnitMultiplier: 1}
 	unit, known := rlsv3.RateLimitResponse_RateLimit_Unit_value[strings.ToUpper(y.Unit)]
 	valid := known && unit != int32(rlsv3.RateLimitResponse_RateLimit_UNKNOWN)
 	switch {
-	case y.Unlimited && valid:
+	case bool(y.Unlimited) && valid:
 		return nil, l.errorf(p.with("unit"), field+".unit", "should not specify a rate limit unit when unlimited")
-	case !y.Unlimited && !valid:
+	case !bool(y.Unlimited) && !valid:
 		return nil, l.errorf(p.with("unit"), field+".unit",
 			"invalid rate limit unit %q (want second, minute, hour, day, week, month or year)", y.Unit)
 	}
@@ -462,7 +501,7 @@ func (l *fileLoader) loadRule(y *yamlRateLimit, p ypath, field string) (*Rule, e
 		}
 		r.UnitMultiplier = *y.UnitMultiplier
 	}
-	if !y.Unlimited {
+	if !r.Unlimited {
 		r.Unit = Unit(unit)
 		u := unitDurations[r.Unit]
 		if time.Duration(r.UnitMultiplier) > maxWindow/u {

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/rls"
 )
@@ -85,6 +86,23 @@ descriptors:
 	if m, ok := cfg.Match("s", d("flag", "true")); !ok || m.Rule.RequestsPerUnit != 2 {
 		t.Errorf("flag true: %v %v", m, ok)
 	}
+	// Anchors and aliases.
+	cfg, err = rls.Parse(rls.File{Name: "a.yaml", Data: []byte(`
+domain: a
+descriptors:
+  - key: one
+    rate_limit: &perMinute
+      unit: minute
+      requests_per_unit: 7
+  - key: two
+    rate_limit: *perMinute
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, ok := cfg.Match("a", d("two", "x")); !ok || m.Rule.RequestsPerUnit != 7 || m.Rule.Window != time.Minute {
+		t.Errorf("alias: %+v %v", m.Rule, ok)
+	}
 }
 
 func TestLoadFileAndDirectory(t *testing.T) {
@@ -129,5 +147,32 @@ func TestLoadFileAndDirectory(t *testing.T) {
 	// The repository's example rules load.
 	if _, err := rls.Load("../examples/rls"); err != nil {
 		t.Errorf("examples/rls: %v", err)
+	}
+}
+
+// Booleans as YAML 1.1 (and so envoyproxy/ratelimit) writes them.
+func TestConfigYAML11Booleans(t *testing.T) {
+	for _, c := range []struct {
+		v      string
+		shadow bool
+	}{{"true", true}, {"yes", true}, {"Yes", true}, {"ON", true}, {"y", true}, {"false", false}, {"no", false}, {"Off", false}} {
+		cfg, err := rls.Parse(rls.File{Name: "b.yaml", Data: []byte("domain: b\ndescriptors:\n  - key: k\n    shadow_mode: " + c.v + "\n    rate_limit: {unit: second, requests_per_unit: 1}\n")})
+		if err != nil {
+			t.Fatalf("%s: %v", c.v, err)
+		}
+		if m, _ := cfg.Match("b", d("k", "x")); m.Rule.ShadowMode != c.shadow {
+			t.Errorf("shadow_mode: %s gave %v", c.v, m.Rule.ShadowMode)
+		}
+	}
+	_, err := rls.Parse(rls.File{Name: "b.yaml", Data: []byte("domain: b\ndescriptors:\n  - key: k\n    shadow_mode: maybe\n")})
+	if err == nil || !strings.Contains(err.Error(), `want true or false, got "maybe"`) || !strings.HasPrefix(err.Error(), "b.yaml:4:") {
+		t.Errorf("shadow_mode: maybe: %v", err)
+	}
+	cfg, err := rls.Parse(rls.File{Name: "u.yaml", Data: []byte("domain: u\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: yes}\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, _ := cfg.Match("u", d("k", "x")); !m.Rule.Unlimited {
+		t.Error("unlimited: yes is not unlimited")
 	}
 }
