@@ -448,3 +448,29 @@ func TestFailureAnswers(t *testing.T) {
 		t.Errorf("short secret: %v", err)
 	}
 }
+
+// PassOverLimit: over the limit the handler still runs and sees the
+// denial; no 429 and no Retry-After.
+func TestPassOverLimit(t *testing.T) {
+	e := newEnv(t)
+	cfg := middleware.Config{Name: "pass", Limit: fixed(1, time.Minute), Key: middleware.Const("k"), PassOverLimit: true,
+		Checker: e.client, Now: e.clock.Now}
+	m, err := middleware.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []bool
+	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d, _ := middleware.DecisionFrom(r.Context())
+		seen = append(seen, d.Allowed)
+	}))
+	for range 2 {
+		resp := do(h, "DELETE", "192.0.2.1:1")
+		if resp.StatusCode != 200 || resp.Header.Get("Retry-After") != "" || resp.Header.Get("X-RateLimit-Limit") != "1" {
+			t.Fatalf("pass over limit: %d %v", resp.StatusCode, resp.Header)
+		}
+	}
+	if len(seen) != 2 || !seen[0] || seen[1] {
+		t.Fatalf("handler saw allowed %v, want [true false]", seen)
+	}
+}

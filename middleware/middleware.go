@@ -76,6 +76,12 @@ type Config struct {
 	// "retry_after":50} (seconds). It may instead call the next handler
 	// (see DecisionFrom). (Optional)
 	OnLimited func(w http.ResponseWriter, r *http.Request, d client.Decision)
+	// PassOverLimit lets a request over the limit through to the next
+	// handler anyway, with the rate-limit headers but no 429, Retry-After
+	// or OnLimited: the handler tells by DecisionFrom and skips only the
+	// work the limit guards (e.g. a logout that must always clear the
+	// session but may skip calling an upstream system). (Optional)
+	PassOverLimit bool
 	// OnError answers a request that could not be checked: err wraps
 	// client.ErrUnavailable (the cluster did not answer and the client
 	// fails closed), client.ErrInvalid, or a KeyFunc's error. Default: 503
@@ -178,7 +184,7 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			return
 		}
 		m.setHeaders(w.Header(), d)
-		if d.Allowed {
+		if d.Allowed || m.cfg.PassOverLimit {
 			next.ServeHTTP(w, r)
 			return
 		}
