@@ -319,3 +319,16 @@ func TestProxyRefusesBadRules(t *testing.T) {
 		}
 	}
 }
+
+// The example rules file loads.
+func TestExampleRulesFileLoads(t *testing.T) {
+	rs, err := loadRules("../../examples/proxy.yaml", func(k string) (string, bool) {
+		return "example-secret-0123456789", k == "IP_KEY_SECRET"
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs.rules) != 2 || rs.rules[0].win != time.Minute || rs.rules[1].win != time.Hour || rs.timeout != 500*time.Millisecond {
+		t.Fatalf("examples/proxy.yaml: %+v", rs)
+	}
+}
