@@ -134,8 +134,19 @@ type rulesFile struct {
 	Rules      []ruleSpec `yaml:"rules"`
 }
 
+// ruleSpec is one rule: a route and its check (limit, key, ...) or its
+// checks.
 type ruleSpec struct {
-	Match     string `yaml:"match"`
+	Match     string      `yaml:"match"`
+	Limit     string      `yaml:"limit"`
+	Key       string      `yaml:"key"`
+	OverLimit string      `yaml:"over_limit"`
+	Window    string      `yaml:"window"`
+	Checks    []checkSpec `yaml:"checks"`
+}
+
+// checkSpec is one limit a request of a rule is checked against.
+type checkSpec struct {
 	Limit     string `yaml:"limit"`
 	Key       string `yaml:"key"`
 	OverLimit string `yaml:"over_limit"`
@@ -195,14 +206,31 @@ type rules struct {
 	windows *limits.Set
 	exempt  []route
 	rules   []rule
+	// now is the clock of signature freshness and of the headers' deltas;
+	// nil means time.Now (tests set it).
+	now func() time.Time
 }
 
+func (rs *rules) clock() time.Time {
+	if rs.now != nil {
+		return rs.now()
+	}
+	return time.Now()
+}
+
+// rule is a route and the checks of the requests it matches.
 type rule struct {
 	route
-	spec ruleSpec
-	line int
+	line   int
+	checks []ruleCheck
+}
+
+// ruleCheck is one compiled check of a rule.
+type ruleCheck struct {
+	spec checkSpec
 	key  middleware.KeyFunc
 	win  time.Duration
+	mw   *middleware.Middleware // set by newProxyHandler
 }
 
 // loadRules reads and checks a rules file; getenv supplies the secrets.
@@ -300,7 +328,7 @@ func parseRules(file string, data []byte, getenv func(string) (string, bool)) (*
 		if err != nil {
 			return nil, err
 		}
-		cfg := middleware.SignedIPConfig{Secret: s, Header: spec.SignedIP.Header}
+		cfg := middleware.SignedIPConfig{Secret: s, Header: spec.SignedIP.Header, Now: rs.clock}
 		if spec.SignedIP.MaxAge != "" {
 			d, err := time.ParseDuration(spec.SignedIP.MaxAge)
 			if err != nil || d <= 0 {
@@ -329,43 +357,50 @@ func parseRules(file string, data []byte, getenv func(string) (string, bool)) (*
 		return nil, errf(line(), "rules", "at least one rule is required")
 	}
 	for i, rspec := range spec.Rules {
-		at := func(f string) (int, string) {
-			if l := line("rules", i, f); l > 0 {
-				return l, fmt.Sprintf("rules[%d].%s", i, f)
-			}
-			return line("rules", i), fmt.Sprintf("rules[%d].%s", i, f)
-		}
-		r := rule{spec: rspec, line: line("rules", i)}
+		r := rule{line: line("rules", i)}
 		var err error
 		if r.route, err = parseRoute(rspec.Match); err != nil {
-			l, f := at("match")
-			return nil, errf(l, f, "%v", err)
+			return nil, errf(lineOr(line("rules", i, "match"), r.line), fmt.Sprintf("rules[%d].match", i), "%v", err)
 		}
-		if rspec.Limit == "" {
-			l, f := at("limit")
-			return nil, errf(l, f, "required: the name of a limit configured on the nodes")
+		checks, at := rspec.Checks, []any{"rules", i, "checks"}
+		if len(checks) == 0 {
+			checks, at = []checkSpec{{Limit: rspec.Limit, Key: rspec.Key, OverLimit: rspec.OverLimit, Window: rspec.Window}}, []any{"rules", i}
+		} else if rspec.Limit != "" || rspec.Key != "" || rspec.OverLimit != "" || rspec.Window != "" {
+			return nil, errf(r.line, fmt.Sprintf("rules[%d]", i), "give limit, key, over_limit and window, or checks, not both")
 		}
-		if rs.windows != nil && !rs.windows.Has(rspec.Limit) {
-			l, f := at("limit")
-			return nil, errf(l, f, "no limit called %q in %s", rspec.Limit, spec.LimitsFile)
-		}
-		if r.key, err = rs.keyFunc(rspec.Key, rspec.Match); err != nil {
-			l, f := at("key")
-			return nil, errf(l, f, "%v", err)
-		}
-		switch rspec.OverLimit {
-		case "", "deny", "forward":
-		default:
-			l, f := at("over_limit")
-			return nil, errf(l, f, "want deny or forward, got %q", rspec.OverLimit)
-		}
-		if rspec.Window != "" {
-			if r.win, err = time.ParseDuration(rspec.Window); err != nil || r.win <= 0 {
-				l, f := at("window")
-				return nil, errf(l, f, "want a positive duration, got %q", rspec.Window)
+		for j, cs := range checks {
+			base := append([]any(nil), at...)
+			name := fmt.Sprintf("rules[%d]", i)
+			if len(rspec.Checks) > 0 {
+				base = append(base, j)
+				name = fmt.Sprintf("rules[%d].checks[%d]", i, j)
 			}
-		} else if rs.windows != nil {
-			r.win = rs.windows.Get(rspec.Limit).Default.Window
+			fail := func(field, format string, a ...any) error {
+				return errf(lineOr(line(append(base, field)...), line(base...)), name+"."+field, format, a...)
+			}
+			c := ruleCheck{spec: cs}
+			if cs.Limit == "" {
+				return nil, fail("limit", "required: the name of a limit configured on the nodes")
+			}
+			if rs.windows != nil && !rs.windows.Has(cs.Limit) {
+				return nil, fail("limit", "no limit called %q in %s", cs.Limit, spec.LimitsFile)
+			}
+			if c.key, err = rs.keyFunc(cs.Key, rspec.Match); err != nil {
+				return nil, fail("key", "%v", err)
+			}
+			switch cs.OverLimit {
+			case "", "deny", "forward":
+			default:
+				return nil, fail("over_limit", "want deny or forward, got %q", cs.OverLimit)
+			}
+			if cs.Window != "" {
+				if c.win, err = time.ParseDuration(cs.Window); err != nil || c.win <= 0 {
+					return nil, fail("window", "want a positive duration, got %q", cs.Window)
+				}
+			} else if rs.windows != nil {
+				c.win = rs.windows.Get(cs.Limit).Default.Window
+			}
+			r.checks = append(r.checks, c)
 		}
 		rs.rules = append(rs.rules, r)
 	}
@@ -443,6 +478,14 @@ func yamlError(file string, err error) error {
 	return fmt.Errorf("%s: %s", file, strings.TrimPrefix(err.Error(), "yaml: "))
 }
 
+// lineOr returns line, or def when line is 0.
+func lineOr(line, def int) int {
+	if line > 0 {
+		return line
+	}
+	return def
+}
+
 // strs formats a path of keys and indexes.
 func strs(keys []any) []string {
 	out := make([]string, len(keys))
@@ -491,7 +534,6 @@ func lineOf(root *yaml.Node, keys ...any) int {
 type proxyHandler struct {
 	rules    *rules
 	upstream http.Handler
-	mws      []*middleware.Middleware // per rule
 }
 
 // newProxyHandler builds the proxy of rs in front of upstream.
@@ -508,28 +550,34 @@ func newProxyHandler(rs *rules, upstream *url.URL, checker middleware.Checker, l
 		},
 	}
 	p := &proxyHandler{rules: rs, upstream: rp}
-	for _, r := range rs.rules {
-		m, err := middleware.New(middleware.Config{
-			Checker:       checker,
-			Name:          r.spec.Limit,
-			Window:        r.win,
-			Key:           r.key,
-			ExemptMethods: []string{}, // the proxy's exempt list decides
-			ResetDelta:    rs.reset == "delta",
-			PassOverLimit: r.spec.OverLimit == "forward",
-			Logger:        logger,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("%s:%d: rule: %w", rs.file, r.line, err)
+	for i := range rs.rules {
+		r := &rs.rules[i]
+		for j := range r.checks {
+			c := &r.checks[j]
+			m, err := middleware.New(middleware.Config{
+				Checker:       checker,
+				Name:          c.spec.Limit,
+				Window:        c.win,
+				Key:           c.key,
+				ExemptMethods: []string{}, // the proxy's exempt list decides
+				ResetDelta:    rs.reset == "delta",
+				PassOverLimit: c.spec.OverLimit == "forward",
+				Now:           rs.clock,
+				Logger:        logger,
+			})
+			if err != nil {
+				return nil, fmt.Errorf("%s:%d: rule: %w", rs.file, r.line, err)
+			}
+			c.mw = m
 		}
-		p.mws = append(p.mws, m)
 	}
 	return p, nil
 }
 
-// ServeHTTP applies every rule that matches the request, in file order
-// (the first that denies answers; the headers are those of the last rule
-// checked), then forwards it.
+// ServeHTTP forwards exempt requests; others are checked against the
+// checks of the first rule that matches them (in file order), the first
+// check that denies answering; requests no rule matches are forwarded
+// unlimited.
 func (p *proxyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.Header.Del(overLimitHeader)
 	for _, ex := range p.rules.exempt {
@@ -539,22 +587,25 @@ func (p *proxyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	h := p.upstream
-	for i := len(p.rules.rules) - 1; i >= 0; i-- {
-		rule := p.rules.rules[i]
+	for _, rule := range p.rules.rules {
 		if !rule.matches(r) {
 			continue
 		}
-		next := h
-		if rule.spec.OverLimit == "forward" {
-			name, inner := rule.spec.Limit, h
-			next = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if d, ok := middleware.DecisionFrom(r.Context()); ok && !d.Allowed {
-					r.Header.Add(overLimitHeader, name)
-				}
-				inner.ServeHTTP(w, r)
-			})
+		for i := len(rule.checks) - 1; i >= 0; i-- {
+			c := &rule.checks[i]
+			next := h
+			if c.spec.OverLimit == "forward" {
+				name, inner := c.spec.Limit, h
+				next = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					if d, ok := middleware.DecisionFrom(r.Context()); ok && !d.Allowed {
+						r.Header.Add(overLimitHeader, name)
+					}
+					inner.ServeHTTP(w, r)
+				})
+			}
+			h = c.mw.Handler(next)
 		}
-		h = p.mws[i].Handler(next)
+		break
 	}
 	h.ServeHTTP(w, r)
 }

@@ -133,19 +133,20 @@ client_ip:
 user_header: X-User-Id
 exempt: [OPTIONS, POST /api/jobs]
 rules:
-  - match: /api/
+  - match: POST /api/login
+    checks:
+      - {limit: api, key: user|ip}
+      - {limit: login, key: ip}
+  - match: DELETE /api/session
     limit: api
     key: user|ip
-  - match: POST /api/login
-    limit: login
-    key: ip
-  - match: DELETE /api/session
-    limit: login
-    key: ip
     over_limit: forward
   - match: POST /signin
     limit: signin
     key: route+ip+field:email
+  - match: /api/
+    limit: api
+    key: user|ip
 `
 
 var testSecrets = map[string]string{"T_IP_SECRET": "proxy-test-secret-0123456789"}
@@ -156,8 +157,9 @@ func hourClock() *window.ManualClock {
 	return window.NewManualClock(time.Now().Truncate(time.Hour))
 }
 
-// The proxy applies every matching rule, keys by user or IP, exempts what
-// the file says, and answers 429 with the headers and body.
+// The proxy applies the checks of the first matching rule, keys by user
+// or IP, exempts what the file says, and answers 429 with the headers and
+// body.
 func TestProxyRules(t *testing.T) {
 	clock := hourClock()
 	nodes := testcluster.Start(t, 3, testcluster.Options{Clock: clock, Limits: proxyLimits})
@@ -203,7 +205,7 @@ func TestProxyRules(t *testing.T) {
 			}
 		}
 	}
-	// Two rules on POST /api/login: api (3) and login (2), for a fresh IP.
+	// Two checks on POST /api/login: api (3) and login (2), for a fresh IP.
 	for i, want := range []int{200, 200, 429} {
 		resp, _ := send(t, "POST", base+"/api/login", "203.0.113.2", "")
 		if resp.StatusCode != want {
@@ -217,10 +219,10 @@ func TestProxyRules(t *testing.T) {
 	}
 	// over_limit: forward reaches the app, marked; a client's own mark is
 	// dropped.
-	for i := range 3 {
+	for i := range 4 {
 		resp, body := send(t, "DELETE", base+"/api/session", "203.0.113.3", "", overLimitHeader, "forged")
 		over := resp.Header.Get("Upstream-Over-Limit")
-		if resp.StatusCode != 200 || body != "upstream DELETE /api/session" || over != []string{"", "", "login"}[i] {
+		if resp.StatusCode != 200 || body != "upstream DELETE /api/session" || over != []string{"", "", "", "api"}[i] {
 			t.Fatalf("logout %d: %d %q over-limit %q", i+1, resp.StatusCode, body, over)
 		}
 	}
@@ -295,6 +297,8 @@ func TestProxyRefusesBadRules(t *testing.T) {
 		{"timeout: soon\nrules: []\n", "proxy.yaml:1: timeout:"},
 		{"failure: sometimes\n", "proxy.yaml:1: failure: want open or closed"},
 		{"rules:\n  - match: /\n    limit: api\n    key: route\n    limt: 3\n", "proxy.yaml:5: field limt is not a setting of the rules file"},
+		{"rules:\n  - match: /\n    limit: api\n    checks:\n      - limit: api\n        key: route\n", "proxy.yaml:2: rules[0]: give limit, key, over_limit and window, or checks, not both"},
+		{"rules:\n  - match: /\n    checks:\n      - limit: api\n        key: route\n      - limit: api\n        key: nope\n", `proxy.yaml:7: rules[0].checks[1].key: unknown key source "nope"`},
 		{"limits_file: limits.yaml\nrules:\n  - match: /\n    limit: nope\n    key: route\n", `proxy.yaml:4: rules[0].limit: no limit called "nope"`},
 		{"", "proxy.yaml:1: rules: at least one rule is required"},
 		{"rules: [\n", "proxy.yaml:1: did not find expected node content"},
@@ -328,7 +332,7 @@ func TestExampleRulesFileLoads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rs.rules) != 2 || rs.rules[0].win != time.Minute || rs.rules[1].win != time.Hour || rs.timeout != 500*time.Millisecond {
+	if len(rs.rules) != 2 || rs.rules[0].checks[0].win != time.Hour || rs.rules[1].checks[0].win != time.Minute || rs.timeout != 500*time.Millisecond {
 		t.Fatalf("examples/proxy.yaml: %+v", rs)
 	}
 }
