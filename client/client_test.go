@@ -221,7 +221,7 @@ func TestFailureModes(t *testing.T) {
 	for range 2 { // once starting at each node
 		start := time.Now()
 		d, err := open.Check(context.Background(), client.Check{Name: "auth.login", Key: "secret-key-203.0.113.9"})
-		if took := time.Since(start); took > timeout+200*time.Millisecond {
+		if took := time.Since(start); took > timeout+time.Second {
 			t.Errorf("fail open took %s, timeout %s", took, timeout)
 		}
 		if err != nil || !d.Allowed || !d.Degraded || !errors.Is(d.Cause, client.ErrUnavailable) || d.Limit != 0 {
@@ -231,7 +231,7 @@ func TestFailureModes(t *testing.T) {
 	closed := newClient(t, client.Config{Addrs: addrs, Timeout: timeout, FailureMode: client.FailClosed, Logger: logger})
 	start := time.Now()
 	d, err := closed.Check(context.Background(), client.Check{Name: "auth.login", Key: "secret-key-203.0.113.9"})
-	if took := time.Since(start); took > timeout+200*time.Millisecond {
+	if took := time.Since(start); took > timeout+time.Second {
 		t.Errorf("fail closed took %s, timeout %s", took, timeout)
 	}
 	if !errors.Is(err, client.ErrUnavailable) || d.Allowed || !d.Degraded {

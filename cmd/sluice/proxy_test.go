@@ -125,7 +125,7 @@ limits:
 `
 
 const proxyRules = `
-timeout: 2s
+timeout: 20s
 limits_file: limits.yaml
 client_ip:
   secret_env: T_IP_SECRET
@@ -263,13 +263,13 @@ func TestProxyClusterUnreachable(t *testing.T) {
 	lis.Close()
 	up := upstream(t)
 	for _, mode := range []string{"open", "closed"} {
-		rules := strings.Replace(proxyRules, "timeout: 2s", "timeout: 300ms\nfailure: "+mode, 1)
+		rules := strings.Replace(proxyRules, "timeout: 20s", "timeout: 300ms\nfailure: "+mode, 1)
 		dir := writeFiles(t, map[string]string{"limits.yaml": proxyLimits, "proxy.yaml": rules})
 		base := startProxy(t, []string{"--upstream", up.URL, "--cluster", dead, "--rules", filepath.Join(dir, "proxy.yaml")}, testSecrets)
 		for i := range 5 {
 			start := time.Now()
 			resp, body := send(t, "GET", base+"/api/items", "203.0.113.1", "")
-			if took := time.Since(start); took > time.Second {
+			if took := time.Since(start); took > 2*time.Second {
 				t.Errorf("%s %d: took %s, timeout 300ms", mode, i, took)
 			}
 			if mode == "open" && (resp.StatusCode != 200 || body != "upstream GET /api/items" || resp.Header.Get("X-RateLimit-Limit") != "") {
