@@ -93,12 +93,14 @@ func newIPKeyer(cfg IPConfig) (*ipKeyer, error) {
 	default:
 		return nil, fmt.Errorf("middleware: IPConfig.Header: want X-Forwarded-For or Forwarded, got %q", cfg.Header)
 	}
+	trusted := make([]netip.Prefix, len(cfg.TrustedProxies)) // the caller's slice stays as it was
 	for i, p := range cfg.TrustedProxies {
 		if !p.IsValid() {
 			return nil, fmt.Errorf("middleware: IPConfig.TrustedProxies[%d]: invalid prefix", i)
 		}
-		cfg.TrustedProxies[i] = p.Masked()
+		trusted[i] = p.Masked()
 	}
+	cfg.TrustedProxies = trusted
 	if cfg.IPv6Prefix == 0 {
 		cfg.IPv6Prefix = 64
 	}

@@ -460,7 +460,13 @@ func (rs *rules) source(s, match string) (middleware.KeyFunc, error) {
 	case kind == "field" && arg != "":
 		return middleware.Field(arg), nil
 	case kind == "header" && arg != "":
-		return func(r *http.Request) (string, error) { return "h:" + r.Header.Get(arg), nil }, nil
+		return func(r *http.Request) (string, error) {
+			v := r.Header.Get(arg)
+			if v == "" {
+				return "", fmt.Errorf("%w: no %s header", middleware.ErrNoKey, arg)
+			}
+			return "h:" + v, nil
+		}, nil
 	}
 	return nil, fmt.Errorf("unknown key source %q (want ip, signed_ip, user, route, field:NAME or header:NAME)", s)
 }
