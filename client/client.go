@@ -86,10 +86,16 @@ type Algorithm string
 
 // The algorithms. The empty Algorithm means FixedWindow.
 const (
-	FixedWindow   Algorithm = "fixed_window"
+	// FixedWindow: windows aligned to the Unix epoch; allowed iff
+	// count + hits <= limit.
+	FixedWindow Algorithm = "fixed_window"
+	// SlidingWindow: Cloudflare's weighted two-window counter.
 	SlidingWindow Algorithm = "sliding_window"
-	TokenBucket   Algorithm = "token_bucket"
-	LeakyBucket   Algorithm = "leaky_bucket"
+	// TokenBucket: burst tokens refilled at limit per window (GCRA).
+	TokenBucket Algorithm = "token_bucket"
+	// LeakyBucket: a queue of room burst drained at limit per window;
+	// allowed checks get a Delay.
+	LeakyBucket Algorithm = "leaky_bucket"
 )
 
 // ParseAlgorithm returns the Algorithm called s ("" is FixedWindow), or an

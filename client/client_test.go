@@ -190,11 +190,23 @@ func TestCheckRefusesBadInput(t *testing.T) {
 	}
 }
 
-// Calls spread over the nodes in turn; a dead node is skipped and costs
-// no failed check.
+// Calls spread over the nodes in turn; a dead node costs no failed check,
+// is tried once, then skipped for SkipFor, and tried again after it.
 func TestSpreadsAndSkipsDeadNodes(t *testing.T) {
 	a, b := startFake(t), startFake(t)
-	c := newClient(t, client.Config{Addrs: []string{a.addr, deadAddr(t), b.addr}, FailureMode: client.FailClosed})
+	dead := deadAddr(t)
+	var mu sync.Mutex
+	attempts := map[string]int{}
+	count := grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		mu.Lock()
+		attempts[cc.Target()]++
+		mu.Unlock()
+		return invoker(ctx, method, req, reply, cc, opts...)
+	})
+	now := time.Unix(1000, 0)
+	c := newClient(t, client.Config{Addrs: []string{a.addr, dead, b.addr}, FailureMode: client.FailClosed,
+		SkipFor: 2 * time.Second, Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now },
+		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), count}})
 	for i := range 60 {
 		d, err := c.Check(context.Background(), client.Check{Name: "api", Key: "k"})
 		if err != nil || !d.Allowed || d.Degraded {
@@ -204,6 +216,22 @@ func TestSpreadsAndSkipsDeadNodes(t *testing.T) {
 	na, nb := len(a.got()), len(b.got())
 	if na+nb != 60 || na < 20 || nb < 20 {
 		t.Fatalf("checks per live node: %d and %d, want 60 spread over both", na, nb)
+	}
+	mu.Lock()
+	if attempts[dead] != 1 {
+		t.Errorf("the dead node was tried %d times in 60 checks, want once (then skipped)", attempts[dead])
+	}
+	now = now.Add(3 * time.Second) // past SkipFor: worth another try
+	mu.Unlock()
+	for range 3 {
+		if _, err := c.Check(context.Background(), client.Check{Name: "api", Key: "k"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if attempts[dead] != 2 {
+		t.Errorf("after SkipFor the dead node was tried %d times in all, want 2", attempts[dead])
 	}
 }
 
