@@ -53,7 +53,7 @@ func run(ctx context.Context, args []string, getenv func(string) (string, bool),
 		Version:   version,
 		Writer:    stdout,
 		ErrWriter: stderr,
-		Commands:  []*cli.Command{serveCommand(e), checkCommand(e), membersCommand(e), benchCommand(e), healthcheckCommand(e)},
+		Commands:  []*cli.Command{serveCommand(e), checkCommand(e), membersCommand(e), benchCommand(e), healthcheckCommand(e), proxyCommand(e)},
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			if cmd.Args().Len() > 0 {
 				return usageError{fmt.Errorf("unknown command %q (want serve, check, members, bench or healthcheck; see sluice --help)", cmd.Args().First())}
