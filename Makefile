@@ -27,6 +27,17 @@ test: ## vet, then run every test with the race detector
 bench: ## window benchmarks against go-limiter (see BENCHMARKS.md)
 	$(GO) test ./window -run '^$$' -bench . -benchmem -count 5
 
+.PHONY: fuzz
+FUZZTIME ?= 10s
+fuzz: ## run every fuzz target for FUZZTIME each (default 10s; CI runs 5s)
+	@set -e; for t in $$(grep -rlE '^func Fuzz' --include='*_test.go' .); do \
+	  pkg=$$(dirname $$t); \
+	  for f in $$(grep -oE '^func Fuzz[A-Za-z0-9_]+' $$t | cut -d' ' -f2); do \
+	    echo "fuzz $$pkg $$f ($(FUZZTIME))"; \
+	    $(GO) test $$pkg -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) >/tmp/sluice-fuzz.log 2>&1 || { cat /tmp/sluice-fuzz.log; exit 1; }; \
+	  done; \
+	done
+
 .PHONY: bench-cluster
 bench-cluster: build ## start 3 nodes on loopback, run the four sluice bench workloads, write BENCHMARKS.md
 	./scripts/bench-cluster.sh $(BIN)

@@ -5,6 +5,7 @@
 //	sluice members  show the cluster as a node sees it
 //	sluice bench    load a cluster and measure it
 //	sluice healthcheck  exit 0 if a node serves (container health checks)
+//	sluice proxy    a reverse proxy that applies limits per route
 //
 // Every flag of serve, and --addr and --timeout of the client commands, can
 // also come from the environment as SLUICE_<FLAG> (upper case, dashes as
@@ -53,10 +54,10 @@ func run(ctx context.Context, args []string, getenv func(string) (string, bool),
 		Version:   version,
 		Writer:    stdout,
 		ErrWriter: stderr,
-		Commands:  []*cli.Command{serveCommand(e), checkCommand(e), membersCommand(e), benchCommand(e), healthcheckCommand(e)},
+		Commands:  []*cli.Command{serveCommand(e), checkCommand(e), membersCommand(e), benchCommand(e), healthcheckCommand(e), proxyCommand(e)},
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			if cmd.Args().Len() > 0 {
-				return usageError{fmt.Errorf("unknown command %q (want serve, check, members, bench or healthcheck; see sluice --help)", cmd.Args().First())}
+				return usageError{fmt.Errorf("unknown command %q (want serve, check, members, bench, healthcheck or proxy; see sluice --help)", cmd.Args().First())}
 			}
 			return cli.ShowAppHelp(cmd)
 		},

@@ -28,7 +28,8 @@ func serveCommand(e env) *cli.Command {
 		Usage: "run a sluice node",
 		Description: "Runs a node: it answers checks on --grpc-addr, gossips membership on --gossip-addr,\n" +
 			"and joins the members listed in --join (none: a cluster of one). SIGINT or SIGTERM\n" +
-			"makes it leave the cluster gracefully and exit.",
+			"makes it leave the cluster gracefully and exit; SIGHUP reloads --limits.\n\n" +
+			"Each setting comes from its flag, else from SLUICE_<FLAG>, else from the --config file.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "config", Usage: "YAML file of settings by flag name (e.g. grpc-addr: 10.0.0.5:7070); the command line, then SLUICE_* variables, win over it", Sources: e.of("config")},
 			&cli.StringFlag{Name: "name", Value: host, Usage: "unique, stable member name; the default is the host name", Sources: e.of("name")},

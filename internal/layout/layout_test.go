@@ -9,13 +9,17 @@ import (
 )
 
 // TestImportDirections fails when window or ring gains network, logging or
-// other non-allowed dependencies, or cluster depends on anything of ours.
+// other non-allowed dependencies, cluster depends on anything of ours, or
+// client or middleware reach past rpc's generated types.
 func TestImportDirections(t *testing.T) {
 	allowed := map[string][]string{
 		// the package: prefixes of the non-standard imports it may have (transitively)
 		"github.com/sluicehq/sluice/window":  {"github.com/sluicehq/sluice/window"},
 		"github.com/sluicehq/sluice/ring":    {"github.com/sluicehq/sluice/ring", "github.com/buraksezer/consistent", "github.com/cespare/xxhash/v2"},
 		"github.com/sluicehq/sluice/cluster": {"github.com/sluicehq/sluice/cluster", "github.com/hashicorp/", "github.com/armon/", "github.com/google/btree", "github.com/miekg/dns", "github.com/sean-/seed", "golang.org/x/"},
+		// the SDK: rpc's generated types and gRPC, never the server, memberlist or the windows
+		"github.com/sluicehq/sluice/client":     {"github.com/sluicehq/sluice/client", "github.com/sluicehq/sluice/rpc/sluicev1", "google.golang.org/", "golang.org/x/"},
+		"github.com/sluicehq/sluice/middleware": {"github.com/sluicehq/sluice/middleware", "github.com/sluicehq/sluice/client", "github.com/sluicehq/sluice/rpc/sluicev1", "google.golang.org/", "golang.org/x/", "github.com/dunglas/httpsfv"},
 	}
 	for pkg, prefixes := range allowed {
 		out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", pkg).CombinedOutput()

@@ -1,0 +1,462 @@
+// Package client is the Go client of sluice's Check API: give it the gRPC
+// addresses of any nodes of a cluster (any node answers for any key), a
+// per-call timeout and a failure mode, and ask it whether a hit is allowed.
+//
+//	c, err := client.New(client.Config{Addrs: []string{"10.0.0.5:7070", "10.0.0.6:7070"}})
+//	...
+//	d, err := c.Check(ctx, client.Check{Name: "api", Key: "user:42"})
+//	if err != nil { ... } // invalid check, or the cluster is unreachable and the client fails closed
+//	if !d.Allowed { ... } // over limit: d.RetryAfter says for how long
+//
+// Calls start at the next node in turn (round robin), so load spreads over
+// the addresses; a node whose call fails is skipped for [Config.SkipFor]
+// and the call moves on to the next node, all within one [Config.Timeout]:
+// the client never retries past it. When no node answers in time the
+// failure mode decides: [FailOpen] (the default) answers allowed and marks
+// the decision [Decision.Degraded]; [FailClosed] answers an error wrapping
+// [ErrUnavailable]. Failures are logged (event "rate_limit.unavailable")
+// with the limit's name, the node's address and the gRPC code only: never
+// the key, which may identify a person, nor error text.
+//
+// A check moved to another node after a failed attempt may be counted
+// twice when the first node had counted it before failing (a node that
+// dies with the call in flight); the client accepts that over failing the
+// request.
+//
+// The package imports only sluice's generated API types (rpc/sluicev1),
+// never the server.
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sluicehq/sluice/rpc/sluicev1"
+)
+
+// Errors returned by [Client.Check] (test with errors.Is).
+var (
+	// ErrInvalid is wrapped by errors about a check the client or the
+	// node refused as malformed; the message names the field, e.g.
+	// "client: invalid check: checks[0].limit: must be > 0, got 0".
+	// Trying again does not help.
+	ErrInvalid = errors.New("client: invalid check")
+	// ErrUnavailable is wrapped by errors (fail closed) and by
+	// [Decision.Cause] (fail open) when no node gave an answer within the
+	// timeout, or the key's owner could not be reached.
+	ErrUnavailable = errors.New("client: rate limiter unavailable")
+	// ErrClosed is returned by Check after Close.
+	ErrClosed = errors.New("client: closed")
+)
+
+// FailureMode says what a check answers when the cluster cannot.
+type FailureMode int
+
+const (
+	// FailOpen answers allowed, with Decision.Degraded set and
+	// Decision.Cause saying why, and a nil error. The default.
+	FailOpen FailureMode = iota
+	// FailClosed answers not allowed with an error wrapping ErrUnavailable.
+	FailClosed
+)
+
+// String returns "open" or "closed".
+func (m FailureMode) String() string {
+	if m == FailClosed {
+		return "closed"
+	}
+	return "open"
+}
+
+// Algorithm names how hits are counted (see DESIGN.md): the names are
+// those of the limits file.
+type Algorithm string
+
+// The algorithms. The empty Algorithm means FixedWindow.
+const (
+	// FixedWindow: windows aligned to the Unix epoch; allowed iff
+	// count + hits <= limit.
+	FixedWindow Algorithm = "fixed_window"
+	// SlidingWindow: Cloudflare's weighted two-window counter.
+	SlidingWindow Algorithm = "sliding_window"
+	// TokenBucket: burst tokens refilled at limit per window (GCRA).
+	TokenBucket Algorithm = "token_bucket"
+	// LeakyBucket: a queue of room burst drained at limit per window;
+	// allowed checks get a Delay.
+	LeakyBucket Algorithm = "leaky_bucket"
+)
+
+// ParseAlgorithm returns the Algorithm called s ("" is FixedWindow), or an
+// error naming the valid ones.
+func ParseAlgorithm(s string) (Algorithm, error) {
+	switch a := Algorithm(s); a {
+	case "", FixedWindow, SlidingWindow, TokenBucket, LeakyBucket:
+		if a == "" {
+			a = FixedWindow
+		}
+		return a, nil
+	}
+	return "", fmt.Errorf("unknown algorithm %q (want fixed_window, sliding_window, token_bucket or leaky_bucket)", s)
+}
+
+func (a Algorithm) proto() sluicev1.Algorithm {
+	switch a {
+	case SlidingWindow:
+		return sluicev1.Algorithm_ALGORITHM_SLIDING_WINDOW
+	case TokenBucket:
+		return sluicev1.Algorithm_ALGORITHM_TOKEN_BUCKET
+	case LeakyBucket:
+		return sluicev1.Algorithm_ALGORITHM_LEAKY_BUCKET
+	}
+	return sluicev1.Algorithm_ALGORITHM_FIXED_WINDOW
+}
+
+// Limit is a check's own numbers ("inline"), as opposed to the numbers of
+// a limit configured on the nodes under the check's name.
+type Limit struct {
+	// Limit is the hits allowed per Window, 1..2^53. (Required)
+	Limit int64
+	// Window is the period, whole milliseconds, up to 366 days. (Required)
+	Window time.Duration
+	// Burst is the bucket capacity in hits for the bucket algorithms; 0
+	// means Limit. (Optional)
+	Burst int64
+	// Algorithm; empty means FixedWindow. (Optional)
+	Algorithm Algorithm
+}
+
+// Check asks to consume hits of Key within the limit called Name.
+type Check struct {
+	// Name is the limit's name, e.g. "api". (Required)
+	Name string
+	// Key is who is limited within Name, e.g. "user:42" or an HMAC of an
+	// IP; at most 1 KiB of UTF-8. (Required)
+	Key string
+	// Hits to consume; 0 means 1 (see Peek). Must not be negative.
+	Hits int64
+	// Peek consumes nothing and asks whether one more hit would be
+	// allowed; Hits is then ignored.
+	Peek bool
+	// Limit gives the check numbers of its own. Nil names a limit
+	// configured on the nodes (serve --limits): the check then sends no
+	// numbers at all (limit, window_ms, burst and algorithm unset).
+	Limit *Limit
+}
+
+// Decision answers one check.
+type Decision struct {
+	// Allowed is true when the hits were admitted (or, degraded and
+	// failing open, when the client allowed them without an answer).
+	Allowed bool
+	// Limit is the check's limit in hits per window; 0 when degraded.
+	Limit int64
+	// Remaining is the hits still allowed now; 0 when degraded.
+	Remaining int64
+	// ResetTime is when the key is back at full capacity (the owner's
+	// clock); zero when degraded.
+	ResetTime time.Time
+	// RetryAfter is how long until this same check would be allowed: 0
+	// when allowed, negative when it never can be (hits above capacity).
+	RetryAfter time.Duration
+	// Delay is, for an allowed leaky-bucket check, how long until the
+	// queue ahead of it has drained.
+	Delay time.Duration
+	// Owner is the name of the node that decided; empty when degraded.
+	Owner string
+	// Shadow is set when the named limit is in shadow mode and would have
+	// denied the check (Allowed is true anyway).
+	Shadow bool
+	// Degraded is set when the decision is not the owner's normal answer:
+	// the client answered by its failure mode (Cause says why), or the
+	// node marked its answer degraded.
+	Degraded bool
+	// Cause is why the client answered by its failure mode (it wraps
+	// ErrUnavailable); nil otherwise.
+	Cause error
+}
+
+// Config configures a Client. The zero value of every optional field is
+// its default.
+type Config struct {
+	// Addrs are host:port gRPC addresses of nodes of one cluster; any
+	// node answers for any key. (Required, at least one)
+	Addrs []string
+	// Timeout bounds one Check, every attempt on every node included.
+	// Default 1 s. (Optional)
+	Timeout time.Duration
+	// FailureMode says what Check answers when no node does. Default
+	// FailOpen. (Optional)
+	FailureMode FailureMode
+	// SkipFor is how long a node whose call failed is tried only after
+	// the others. Default 2 s. (Optional)
+	SkipFor time.Duration
+	// Logger receives failures (warnings). Default slog.Default().
+	// (Optional)
+	Logger *slog.Logger
+	// DialOptions replace the default options of the connections
+	// (plaintext). (Optional)
+	DialOptions []grpc.DialOption
+	// Now is the client's clock, used only to skip failed nodes. Default
+	// time.Now. (Optional)
+	Now func() time.Time
+}
+
+// node is one address and its connection.
+type node struct {
+	addr      string
+	conn      *grpc.ClientConn
+	api       sluicev1.RateLimitServiceClient
+	downUntil atomic.Int64 // Unix ns; skipped until then
+}
+
+// Client sends checks to a sluice cluster. It is safe for concurrent use.
+type Client struct {
+	cfg    Config
+	nodes  []*node
+	next   atomic.Uint64
+	closed atomic.Bool
+	once   sync.Once
+	log    *slog.Logger
+}
+
+// New validates cfg and returns a Client. Connections are made lazily, so
+// New succeeds while nodes are down. Close it when done.
+func New(cfg Config) (*Client, error) {
+	if len(cfg.Addrs) == 0 {
+		return nil, errors.New("client: Config.Addrs: at least one address is required")
+	}
+	if cfg.Timeout < 0 {
+		return nil, fmt.Errorf("client: Config.Timeout: must be >= 0, got %s", cfg.Timeout)
+	}
+	if cfg.SkipFor < 0 {
+		return nil, fmt.Errorf("client: Config.SkipFor: must be >= 0, got %s", cfg.SkipFor)
+	}
+	if cfg.FailureMode != FailOpen && cfg.FailureMode != FailClosed {
+		return nil, fmt.Errorf("client: Config.FailureMode: unknown mode %d", cfg.FailureMode)
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = time.Second
+	}
+	if cfg.SkipFor == 0 {
+		cfg.SkipFor = 2 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	opts := cfg.DialOptions
+	if len(opts) == 0 {
+		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	c := &Client{cfg: cfg, log: cfg.Logger.With("package", "client")}
+	for i, addr := range cfg.Addrs {
+		if addr == "" {
+			c.closeConns()
+			return nil, fmt.Errorf("client: Config.Addrs[%d]: empty address", i)
+		}
+		conn, err := grpc.NewClient(addr, opts...)
+		if err != nil {
+			c.closeConns()
+			return nil, fmt.Errorf("client: Config.Addrs[%d]: %w", i, err)
+		}
+		c.nodes = append(c.nodes, &node{addr: addr, conn: conn, api: sluicev1.NewRateLimitServiceClient(conn)})
+	}
+	return c, nil
+}
+
+// Close closes the connections. It is idempotent; Check fails with
+// ErrClosed afterwards.
+func (c *Client) Close() error {
+	c.once.Do(func() {
+		c.closed.Store(true)
+		c.closeConns()
+	})
+	return nil
+}
+
+func (c *Client) closeConns() {
+	for _, n := range c.nodes {
+		_ = n.conn.Close()
+	}
+}
+
+// FailureMode returns the client's failure mode.
+func (c *Client) FailureMode() FailureMode { return c.cfg.FailureMode }
+
+// request validates ch and builds its wire form.
+func request(ch Check) (*sluicev1.RateLimitCheck, error) {
+	switch {
+	case ch.Name == "":
+		return nil, fmt.Errorf("%w: name: must not be empty", ErrInvalid)
+	case ch.Key == "":
+		return nil, fmt.Errorf("%w: key: must not be empty", ErrInvalid)
+	case ch.Hits < 0:
+		return nil, fmt.Errorf("%w: hits: must be >= 0, got %d", ErrInvalid, ch.Hits)
+	}
+	rc := &sluicev1.RateLimitCheck{Name: ch.Name, Key: ch.Key}
+	switch {
+	case ch.Peek:
+		rc.Hits = proto.Int64(0)
+	case ch.Hits > 0:
+		rc.Hits = proto.Int64(ch.Hits)
+	}
+	if l := ch.Limit; l != nil {
+		alg, err := ParseAlgorithm(string(l.Algorithm))
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("%w: limit.algorithm: %v", ErrInvalid, err)
+		case l.Limit <= 0:
+			return nil, fmt.Errorf("%w: limit.limit: must be > 0, got %d", ErrInvalid, l.Limit)
+		case l.Window <= 0 || l.Window%time.Millisecond != 0:
+			return nil, fmt.Errorf("%w: limit.window: must be a positive whole number of milliseconds, got %s", ErrInvalid, l.Window)
+		case l.Burst < 0:
+			return nil, fmt.Errorf("%w: limit.burst: must be >= 0, got %d", ErrInvalid, l.Burst)
+		}
+		rc.Limit, rc.WindowMs, rc.Burst, rc.Algorithm = l.Limit, l.Window.Milliseconds(), l.Burst, alg.proto()
+	}
+	return rc, nil
+}
+
+// Check sends ch to a node and returns its decision. Attempts go to the
+// nodes in turn, skipping recently failed ones, until one answers or
+// Config.Timeout (or ctx) ends. Errors: ErrInvalid (the check is malformed;
+// no failure mode applies), ErrUnavailable (no answer and FailClosed; the
+// Decision is then not allowed and Degraded), ErrClosed, or ctx's error
+// when ctx ended before the timeout did.
+func (c *Client) Check(ctx context.Context, ch Check) (Decision, error) {
+	if c.closed.Load() {
+		return Decision{}, ErrClosed
+	}
+	rc, err := request(ch)
+	if err != nil {
+		return Decision{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	req := &sluicev1.CheckRequest{Checks: []*sluicev1.RateLimitCheck{rc}}
+
+	var last error
+	for _, n := range c.order() {
+		if ctx.Err() != nil {
+			break
+		}
+		resp, err := n.api.Check(ctx, req)
+		if err == nil && len(resp.GetDecisions()) != 1 {
+			err = status.Errorf(codes.Internal, "%d decisions for 1 check", len(resp.GetDecisions()))
+		}
+		if err != nil {
+			code := status.Code(err)
+			if code == codes.InvalidArgument {
+				return Decision{}, fmt.Errorf("%w: %s", ErrInvalid, status.Convert(err).Message())
+			}
+			if code != codes.Canceled { // also a node that used up the whole timeout
+				n.downUntil.Store(c.cfg.Now().Add(c.cfg.SkipFor).UnixNano())
+			}
+			c.log.WarnContext(ctx, "rate limit check failed", "event", "rate_limit.unavailable",
+				"name", ch.Name, "addr", n.addr, "code", code.String())
+			last = fmt.Errorf("%w: node %s: %s", ErrUnavailable, n.addr, code)
+			continue
+		}
+		d := resp.Decisions[0]
+		if d.Error != "" {
+			// The owner could not be reached; another entry node would
+			// forward to the same owner, so this is the answer.
+			c.log.WarnContext(ctx, "rate limit check failed", "event", "rate_limit.unavailable",
+				"name", ch.Name, "addr", n.addr, "owner", d.Owner, "code", "owner_unreachable")
+			return c.fail(fmt.Errorf("%w: owner %s unreachable", ErrUnavailable, d.Owner))
+		}
+		return decision(d), nil
+	}
+	if err := ctx.Err(); err != nil {
+		if errors.Is(err, context.Canceled) { // the caller gave up: no answer is wanted
+			return Decision{}, err
+		}
+		c.log.WarnContext(context.WithoutCancel(ctx), "rate limit check timed out", "event", "rate_limit.unavailable",
+			"name", ch.Name, "timeout", c.cfg.Timeout)
+		last = fmt.Errorf("%w: no answer within %s", ErrUnavailable, c.cfg.Timeout)
+	}
+	return c.fail(last)
+}
+
+// fail answers by the failure mode; cause wraps ErrUnavailable.
+func (c *Client) fail(cause error) (Decision, error) {
+	if c.cfg.FailureMode == FailClosed {
+		return Decision{Degraded: true, Cause: cause}, cause
+	}
+	return Decision{Allowed: true, Degraded: true, Cause: cause}, nil
+}
+
+// order returns the nodes to try: from the next in turn, the healthy ones
+// first, then the skipped ones.
+func (c *Client) order() []*node {
+	k := len(c.nodes)
+	start := int(c.next.Add(1) % uint64(k))
+	now := c.cfg.Now().UnixNano()
+	out := make([]*node, 0, k)
+	var skipped []*node
+	for i := range k {
+		n := c.nodes[(start+i)%k]
+		if n.downUntil.Load() > now {
+			skipped = append(skipped, n)
+		} else {
+			out = append(out, n)
+		}
+	}
+	return append(out, skipped...)
+}
+
+// serverDegraded reports whether the node marked d degraded.
+//
+// DEGRADED: the proto's Decision.degraded field is being added in other
+// work; once rpc/sluicev1 has it, this returns d.GetDegraded(). Until
+// then only the client's own failure mode marks a decision degraded.
+func serverDegraded(d *sluicev1.Decision) bool {
+	_ = d
+	return false
+}
+
+// decision converts a node's answer.
+func decision(d *sluicev1.Decision) Decision {
+	out := Decision{
+		Allowed:   d.Allowed,
+		Limit:     d.Limit,
+		Remaining: d.Remaining,
+		ResetTime: time.UnixMilli(d.ResetTime),
+		Delay:     durationFromMillis(d.Delay),
+		Owner:     d.Owner,
+		Shadow:    d.Shadow,
+		Degraded:  serverDegraded(d),
+	}
+	if d.RetryAfter < 0 {
+		out.RetryAfter = -1
+	} else {
+		out.RetryAfter = durationFromMillis(d.RetryAfter)
+	}
+	return out
+}
+
+// durationFromMillis converts ms to a Duration, saturating instead of
+// overflowing.
+func durationFromMillis(ms int64) time.Duration {
+	if ms > math.MaxInt64/int64(time.Millisecond) {
+		return math.MaxInt64
+	}
+	if ms < 0 {
+		return 0
+	}
+	return time.Duration(ms) * time.Millisecond
+}

@@ -1,0 +1,338 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/testcluster"
+	"github.com/sluicehq/sluice/window"
+)
+
+// startProxy runs `sluice proxy` with args and env until the test ends,
+// and returns its base URL (from its start line).
+func startProxy(t *testing.T, args []string, env map[string]string) string {
+	t.Helper()
+	getenv := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	ctx, cancel := context.WithCancel(context.Background())
+	var out, errOut lockedBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, append([]string{"sluice", "proxy", "--listen", "127.0.0.1:0", "--log-level", "error"}, args...), getenv, &out, &errOut)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case code := <-done:
+			if code != 0 {
+				t.Errorf("proxy exited %d: %s", code, errOut.String())
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("proxy did not stop")
+		}
+	})
+	re := regexp.MustCompile(`proxy listening on (\S+)`)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if m := re.FindStringSubmatch(out.String()); m != nil {
+			return "http://" + m[1]
+		}
+		select {
+		case code := <-done:
+			done <- code
+			t.Fatalf("proxy exited %d before listening:\n%s", code, errOut.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no start line:\n%s%s", out.String(), errOut.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// upstream is an app that knows nothing of rate limits: it answers 200
+// "upstream METHOD PATH" and echoes the over-limit header it got.
+func upstream(t *testing.T) *httptest.Server {
+	t.Helper()
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Upstream-Over-Limit", r.Header.Get(overLimitHeader))
+		fmt.Fprintf(w, "upstream %s %s", r.Method, r.URL.Path)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+func writeFiles(t *testing.T, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// send makes one request to base+path from the client IP from (sent as
+// X-Forwarded-For: the proxy trusts loopback) with headers (name, value
+// pairs) and body, and returns the answer with its body read.
+func send(t *testing.T, method, url, from, body string, headers ...string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if from != "" {
+		req.Header.Set("X-Forwarded-For", from)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+const proxyLimits = `
+limits:
+  api:
+    limit: 3
+    window: 1h
+    overrides:
+      - key_prefix: "user:"
+        limit: 5
+  login:
+    limit: 2
+    window: 1h
+  signin:
+    limit: 1
+    window: 1h
+`
+
+const proxyRules = `
+timeout: 20s
+limits_file: limits.yaml
+client_ip:
+  secret_env: T_IP_SECRET
+  trusted_proxies: [127.0.0.0/8]
+user_header: X-User-Id
+exempt: [OPTIONS, POST /api/jobs]
+rules:
+  - match: POST /api/login
+    checks:
+      - {limit: api, key: user|ip}
+      - {limit: login, key: ip}
+  - match: DELETE /api/session
+    limit: api
+    key: user|ip
+    over_limit: forward
+  - match: POST /signin
+    limit: signin
+    key: route+ip+field:email
+  - match: /api/
+    limit: api
+    key: user|ip
+`
+
+var testSecrets = map[string]string{"T_IP_SECRET": "proxy-test-secret-0123456789"}
+
+// hourClock is a manual clock at the start of the current hour, so that
+// windows of an hour are whole and X-RateLimit-Reset is known exactly.
+func hourClock() *window.ManualClock {
+	return window.NewManualClock(time.Now().Truncate(time.Hour))
+}
+
+// The proxy applies the checks of the first matching rule, keys by user
+// or IP, exempts what the file says, and answers 429 with the headers and
+// body.
+func TestProxyRules(t *testing.T) {
+	clock := hourClock()
+	nodes := testcluster.Start(t, 3, testcluster.Options{Clock: clock, Limits: proxyLimits})
+	dir := writeFiles(t, map[string]string{"limits.yaml": proxyLimits, "proxy.yaml": proxyRules})
+	up := upstream(t)
+	base := startProxy(t, []string{"--upstream", up.URL, "--cluster", strings.Join(testcluster.Addrs(nodes), ","),
+		"--rules", filepath.Join(dir, "proxy.yaml")}, testSecrets)
+	reset := strconv.FormatInt(clock.Now().Add(time.Hour).Unix(), 10)
+
+	// Anonymous: 3 per hour by IP; the 4th is 429 with every header.
+	for i := 1; i <= 4; i++ {
+		resp, body := send(t, "GET", base+"/api/items", "203.0.113.1", "")
+		h := resp.Header
+		want := []string{"", "2", "1", "0", "0"}[i]
+		if h.Get("X-RateLimit-Limit") != "3" || h.Get("X-RateLimit-Remaining") != want || h.Get("X-RateLimit-Reset") != reset ||
+			h.Get("RateLimit-Policy") != `"api";q=3;w=3600` || !strings.HasPrefix(h.Get("RateLimit"), `"api";r=`+want+";t=") {
+			t.Errorf("anonymous %d: headers %v", i, h)
+		}
+		if i <= 3 && (resp.StatusCode != 200 || body != "upstream GET /api/items") {
+			t.Fatalf("anonymous %d: %d %q", i, resp.StatusCode, body)
+		}
+		if i == 4 {
+			ra, _ := strconv.Atoi(h.Get("Retry-After"))
+			if resp.StatusCode != 429 || ra < 1 || ra > 3600 || h.Get("Cache-Control") != "no-store" ||
+				body != fmt.Sprintf(`{"error":"rate_limited","limit":"api","retry_after":%d}`+"\n", ra) {
+				t.Fatalf("anonymous 4: %d Retry-After %q Cache-Control %q body %q", resp.StatusCode, h.Get("Retry-After"), h.Get("Cache-Control"), body)
+			}
+		}
+	}
+	// A signed-in user (same IP): own budget of 5 (override by prefix).
+	for i := 1; i <= 6; i++ {
+		resp, _ := send(t, "GET", base+"/api/items", "203.0.113.1", "", "X-User-Id", "u-42")
+		if (resp.StatusCode == 200) != (i <= 5) || resp.Header.Get("X-RateLimit-Limit") != "5" {
+			t.Fatalf("user request %d: %d limit %q", i, resp.StatusCode, resp.Header.Get("X-RateLimit-Limit"))
+		}
+	}
+	// Exempt: OPTIONS anywhere, POST /api/jobs; no headers.
+	for range 5 {
+		for _, m := range []string{"OPTIONS", "POST"} {
+			resp, _ := send(t, m, base+"/api/jobs", "203.0.113.1", "")
+			if resp.StatusCode != 200 || resp.Header.Get("X-RateLimit-Limit") != "" {
+				t.Fatalf("exempt %s /api/jobs: %d %v", m, resp.StatusCode, resp.Header)
+			}
+		}
+	}
+	// Two checks on POST /api/login: api (3) and login (2), for a fresh IP.
+	for i, want := range []int{200, 200, 429} {
+		resp, _ := send(t, "POST", base+"/api/login", "203.0.113.2", "")
+		if resp.StatusCode != want {
+			t.Fatalf("login %d: %d, want %d", i+1, resp.StatusCode, want)
+		}
+	}
+	// api is checked first (file order), so it counted all three logins:
+	// a GET is that IP's 4th api hit.
+	if resp, _ := send(t, "GET", base+"/api/x", "203.0.113.2", ""); resp.StatusCode != 429 {
+		t.Fatalf("api after logins: %d", resp.StatusCode)
+	}
+	// over_limit: forward reaches the app, marked; a client's own mark is
+	// dropped.
+	for i := range 4 {
+		resp, body := send(t, "DELETE", base+"/api/session", "203.0.113.3", "", overLimitHeader, "forged")
+		over := resp.Header.Get("Upstream-Over-Limit")
+		if resp.StatusCode != 200 || body != "upstream DELETE /api/session" || over != []string{"", "", "", "api"}[i] {
+			t.Fatalf("logout %d: %d %q over-limit %q", i+1, resp.StatusCode, body, over)
+		}
+	}
+	// Composite key: route + IP + e-mail.
+	for i, tc := range []struct {
+		from, email string
+		code        int
+	}{
+		{"203.0.113.4", "a@example.com", 200},
+		{"203.0.113.4", "A@Example.com", 429},
+		{"203.0.113.4", "b@example.com", 200},
+		{"203.0.113.5", "a@example.com", 200},
+	} {
+		resp, body := send(t, "POST", base+"/signin", tc.from, "email="+tc.email, "Content-Type", "application/x-www-form-urlencoded")
+		if resp.StatusCode != tc.code {
+			t.Fatalf("signin %d: %d, want %d", i+1, resp.StatusCode, tc.code)
+		}
+		if tc.code == 200 && body != "upstream POST /signin" {
+			t.Fatalf("signin %d: body %q", i+1, body)
+		}
+	}
+	// No rule matches: forwarded unlimited.
+	for range 5 {
+		if resp, _ := send(t, "GET", base+"/public", "203.0.113.1", ""); resp.StatusCode != 200 || resp.Header.Get("X-RateLimit-Limit") != "" {
+			t.Fatalf("unlimited route: %d", resp.StatusCode)
+		}
+	}
+}
+
+// The cluster unreachable: fail open answers within the timeout with no
+// rate-limit headers; fail closed answers 503.
+func TestProxyClusterUnreachable(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := lis.Addr().String()
+	lis.Close()
+	up := upstream(t)
+	for _, mode := range []string{"open", "closed"} {
+		rules := strings.Replace(proxyRules, "timeout: 20s", "timeout: 300ms\nfailure: "+mode, 1)
+		dir := writeFiles(t, map[string]string{"limits.yaml": proxyLimits, "proxy.yaml": rules})
+		base := startProxy(t, []string{"--upstream", up.URL, "--cluster", dead, "--rules", filepath.Join(dir, "proxy.yaml")}, testSecrets)
+		for i := range 5 {
+			start := time.Now()
+			resp, body := send(t, "GET", base+"/api/items", "203.0.113.1", "")
+			if took := time.Since(start); took > 2*time.Second {
+				t.Errorf("%s %d: took %s, timeout 300ms", mode, i, took)
+			}
+			if mode == "open" && (resp.StatusCode != 200 || body != "upstream GET /api/items" || resp.Header.Get("X-RateLimit-Limit") != "") {
+				t.Fatalf("fail open %d: %d %q %v", i, resp.StatusCode, body, resp.Header)
+			}
+			if mode == "closed" && resp.StatusCode != 503 {
+				t.Fatalf("fail closed %d: %d %q", i, resp.StatusCode, body)
+			}
+		}
+	}
+}
+
+// Bad rules files are refused with their line and field; bad flags name
+// the flag.
+func TestProxyRefusesBadRules(t *testing.T) {
+	env := func(k string) (string, bool) { v, ok := testSecrets[k]; return v, ok }
+	for _, tc := range []struct{ file, want string }{
+		{"rules:\n  - match: /\n    limit: api\n    key: ip\n", "proxy.yaml:4: rules[0].key: ip needs client_ip.secret_env"},
+		{"client_ip:\n  secret_env: NOPE\nrules: []\n", "proxy.yaml:2: client_ip.secret_env: environment variable NOPE is not set"},
+		{"client_ip:\n  secret_env: T_IP_SECRET\n  trusted_proxies: [10.0.0.0/8, nope]\nrules: []\n", "proxy.yaml:3: client_ip.trusted_proxies[1]: want a CIDR prefix"},
+		{"rules:\n  - match: /\n    limit: api\n    key: route\n  - match: here\n    limit: api\n    key: route\n", "proxy.yaml:5: rules[1].match:"},
+		{"rules:\n  - match: /\n    key: route\n", "proxy.yaml:2: rules[0].limit: required"},
+		{"rules:\n  - match: /\n    limit: api\n    key: route+bogus\n", `proxy.yaml:4: rules[0].key: unknown key source "bogus"`},
+		{"rules:\n  - match: /\n    limit: api\n    key: route\n    over_limit: maybe\n", "proxy.yaml:5: rules[0].over_limit: want deny or forward"},
+		{"timeout: soon\nrules: []\n", "proxy.yaml:1: timeout:"},
+		{"failure: sometimes\n", "proxy.yaml:1: failure: want open or closed"},
+		{"rules:\n  - match: /\n    limit: api\n    key: route\n    limt: 3\n", "proxy.yaml:5: field limt is not a setting of the rules file"},
+		{"rules:\n  - match: /\n    limit: api\n    checks:\n      - limit: api\n        key: route\n", "proxy.yaml:2: rules[0]: give limit, key, over_limit and window, or checks, not both"},
+		{"rules:\n  - match: /\n    checks:\n      - limit: api\n        key: route\n      - limit: api\n        key: nope\n", `proxy.yaml:7: rules[0].checks[1].key: unknown key source "nope"`},
+		{"limits_file: limits.yaml\nrules:\n  - match: /\n    limit: nope\n    key: route\n", `proxy.yaml:4: rules[0].limit: no limit called "nope"`},
+		{"", "proxy.yaml:1: rules: at least one rule is required"},
+		{"rules: [\n", "proxy.yaml:1: did not find expected node content"},
+	} {
+		dir := writeFiles(t, map[string]string{"proxy.yaml": tc.file, "limits.yaml": proxyLimits})
+		_, err := loadRules(filepath.Join(dir, "proxy.yaml"), env)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("file %q:\n got %v\nwant %s", tc.file, err, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"proxy", "--cluster", "x:1", "--rules", "r"}, "--upstream: required"},
+		{[]string{"proxy", "--upstream", "ftp://x", "--cluster", "x:1", "--rules", "r"}, "--upstream"},
+		{[]string{"proxy", "--upstream", "http://x", "--cluster", " , ", "--rules", "r"}, "--cluster"},
+	} {
+		code, _, stderr := sluice(t, tc.args...)
+		if code != exitUsage || !strings.Contains(stderr, tc.want) {
+			t.Errorf("%v: exit %d, %s; want exit 2 naming %s", tc.args, code, stderr, tc.want)
+		}
+	}
+}
+
+// The example rules file loads.
+func TestExampleRulesFileLoads(t *testing.T) {
+	rs, err := loadRules("../../examples/proxy.yaml", func(k string) (string, bool) {
+		return "example-secret-0123456789", k == "IP_KEY_SECRET"
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs.rules) != 2 || rs.rules[0].checks[0].win != time.Hour || rs.rules[1].checks[0].win != time.Minute || rs.timeout != 500*time.Millisecond {
+		t.Fatalf("examples/proxy.yaml: %+v", rs)
+	}
+}

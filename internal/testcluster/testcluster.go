@@ -1,0 +1,150 @@
+// Package testcluster starts real sluice nodes (rpc.StartNode on
+// 127.0.0.1 with OS-picked ports and the local gossip profile) for the
+// tests of packages that talk to a cluster over the network: client,
+// middleware and cmd/sluice's proxy. Tests only.
+package testcluster
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/limits"
+	"github.com/sluicehq/sluice/rpc"
+	"github.com/sluicehq/sluice/rpc/sluicev1"
+	"github.com/sluicehq/sluice/window"
+)
+
+// Options shape the nodes of a test cluster; the zero value is a plain
+// cluster on the system clock with no named limits.
+type Options struct {
+	// Clock is every node's clock (nil: the system clock).
+	Clock window.Clock
+	// Limits is the named limits of every node, as a limits file's text
+	// (empty: none).
+	Limits string
+}
+
+// Logger logs to stderr when SLUICE_TEST_LOG is set, and nothing otherwise.
+func Logger() *slog.Logger {
+	if os.Getenv("SLUICE_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// Start starts n nodes named node1..nodeN joined through node1, waits
+// until their rings agree, and closes them when the test ends.
+func Start(t testing.TB, n int, opt Options) []*rpc.Node {
+	t.Helper()
+	var src *limits.Source
+	if opt.Limits != "" {
+		set, err := limits.Parse("limits.yaml", []byte(opt.Limits))
+		if err != nil {
+			t.Fatal(err)
+		}
+		src = limits.Static(set)
+	}
+	var nodes []*rpc.Node
+	for i := 1; i <= n; i++ {
+		cfg := rpc.NodeConfig{
+			Name:           fmt.Sprintf("node%d", i),
+			GRPCAddr:       "127.0.0.1:0",
+			GossipAddr:     "127.0.0.1:0",
+			Profile:        cluster.Local,
+			Clock:          opt.Clock,
+			Logger:         Logger(),
+			ForwardTimeout: 2 * time.Second,
+			LeaveTimeout:   time.Second,
+			Limits:         src,
+		}
+		if i > 1 {
+			cfg.Join = []string{nodes[0].GossipAddr()}
+		}
+		node, err := rpc.StartNode(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = node.Close(ctx)
+		})
+		nodes = append(nodes, node)
+	}
+	WaitRingAgrees(t, nodes)
+	return nodes
+}
+
+// Addrs returns the nodes' gRPC addresses.
+func Addrs(nodes []*rpc.Node) []string {
+	out := make([]string, len(nodes))
+	for i, n := range nodes {
+		out[i] = n.GRPCAddr()
+	}
+	return out
+}
+
+// WaitRingAgrees waits (up to 15 s) until every node sees all of nodes
+// and their rings have one fingerprint.
+func WaitRingAgrees(t testing.TB, nodes []*rpc.Node) {
+	t.Helper()
+	var clients []sluicev1.RateLimitServiceClient
+	for _, n := range nodes {
+		conn, err := grpc.NewClient(n.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		clients = append(clients, sluicev1.NewRateLimitServiceClient(conn))
+	}
+	Eventually(t, "the rings to agree", func() bool {
+		fp := ""
+		for _, c := range clients {
+			resp, err := c.Members(context.Background(), &sluicev1.MembersRequest{})
+			if err != nil || len(resp.Members) != len(nodes) {
+				return false
+			}
+			if fp == "" {
+				fp = resp.RingFingerprint
+			} else if resp.RingFingerprint != fp {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// Eventually polls cond every 10 ms until it holds or 15 s pass: only
+// for waits at real network edges (gossip runs on its own timers).
+func Eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// KeyOwnedBy returns a key of limit name, prefix followed by a number,
+// that the member called owner owns on n's ring.
+func KeyOwnedBy(t testing.TB, n *rpc.Node, name, prefix, owner string) string {
+	t.Helper()
+	for i := range 100000 {
+		k := fmt.Sprint(prefix, i)
+		if n.Server().Owner(name, k) == owner {
+			return k
+		}
+	}
+	t.Fatalf("no key of %s is owned by %s", name, owner)
+	return ""
+}

@@ -1,0 +1,9 @@
+package middleware_test
+
+import (
+	"testing"
+
+	"github.com/sluicehq/sluice/internal/leaktest"
+)
+
+func TestMain(m *testing.M) { leaktest.VerifyTestMain(m) }
