@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/sluicehq/sluice/limits"
+	"github.com/sluicehq/sluice/rls"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -29,6 +30,7 @@ type Metrics struct {
 	server *Server
 	store  *window.Store
 	limits *limits.Source
+	rls    *rls.Service
 }
 
 // NewMetrics returns Metrics registered in a registry of their own, with
@@ -72,6 +74,14 @@ func (m *Metrics) Attach(srv *Server, store *window.Store, src *limits.Source) {
 	m.server, m.store, m.limits = srv, store, src
 }
 
+// AttachRLS makes the collector read the Envoy rate limit service's
+// counters too.
+func (m *Metrics) AttachRLS(svc *rls.Service) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.rls = svc
+}
+
 // Checked implements [Observer].
 func (m *Metrics) Checked(name string, outcome Outcome) {
 	cs, ok := m.byName.Load(name)
@@ -113,12 +123,15 @@ var (
 	descEvictedLive  = prometheus.NewDesc("sluice_keys_evicted_live_total", "Keys removed under --max-keys while still inside their window: each handed its client a fresh budget.", nil, nil)
 	descReloads      = prometheus.NewDesc("sluice_limits_reloads_total", "Reloads of the named limits file, by result (ok, refused).", []string{"result"}, nil)
 	descLimits       = prometheus.NewDesc("sluice_limits_configured", "Named limits in force.", nil, nil)
+	descRLS          = prometheus.NewDesc("sluice_rls_requests_total", "Envoy ShouldRateLimit requests answered, by overall code (ok, over_limit).", []string{"code"}, nil)
+	descRLSPartial   = prometheus.NewDesc("sluice_rls_partial_charges_total", "Envoy requests refused by a descriptor after their peek passed (a concurrent request took the last hits): their other descriptors stay charged.", nil, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLocal, descForwarded, descFwdCalls, descFwdErrors, descNoConn,
-		descReceived, descReceivedRPCs, descMembers, descRingEpoch, descKeys, descSwept, descEvictedLive, descReloads, descLimits} {
+		descReceived, descReceivedRPCs, descMembers, descRingEpoch, descKeys, descSwept, descEvictedLive, descReloads, descLimits,
+		descRLS, descRLSPartial} {
 		ch <- d
 	}
 }
@@ -126,7 +139,7 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
-	srv, store, src := c.server, c.store, c.limits
+	srv, store, src, rlsSvc := c.server, c.store, c.limits, c.rls
 	c.mu.Unlock()
 	counter := func(d *prometheus.Desc, v int64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
@@ -160,6 +173,12 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descReloads, st.Reloads-st.Failures, "ok")
 		counter(descReloads, st.Failures, "refused")
 		gauge(descLimits, int64(st.Limits))
+	}
+	if rlsSvc != nil {
+		st := rlsSvc.Stats()
+		counter(descRLS, st.Requests-st.OverLimit, "ok")
+		counter(descRLS, st.OverLimit, "over_limit")
+		counter(descRLSPartial, st.PartialCharges)
 	}
 }
 

@@ -200,6 +200,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	if cfg.RLS != nil {
 		rlsSvc = rls.NewService(cfg.RLS, srv, rls.Options{Clock: cfg.Clock, Logger: log.With("component", "rls")})
 		rlsSvc.Register(gs)
+		metrics.AttachRLS(rlsSvc)
 		hs.SetServingStatus(rls.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	}
 	reflection.Register(gs)
