@@ -212,7 +212,9 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	n.rls = rlsSvc
 	_ = srv.SetMembers(cl.Members())
 	n.wg.Go(func() { n.watchMembers(ctx) })
-	n.wg.Go(func() { n.sweep(ctx) })
+	n.wg.Go(func() {
+		store.RunSweeper(ctx, cfg.SweepInterval, func(_ int, took time.Duration) { metrics.ObserveSweep(took) })
+	})
 	if httpLis != nil {
 		h, err := NewHTTPHandler(HTTPConfig{Server: srv, Ready: n.Ready, Metrics: metrics})
 		if err != nil { // cannot happen: the gateway's registration does not fail
@@ -283,23 +285,6 @@ func (n *Node) watchMembers(ctx context.Context) {
 		case <-n.cluster.Changes():
 			n.lastChange.Store(time.Now().UnixNano())
 			_ = n.server.SetMembers(n.cluster.Members())
-		}
-	}
-}
-
-// sweep removes idle keys every SweepInterval until ctx is done, timing
-// each sweep for the metrics.
-func (n *Node) sweep(ctx context.Context) {
-	tick := time.NewTicker(n.cfg.SweepInterval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-			start := time.Now()
-			n.store.Sweep(n.store.Now())
-			n.metrics.ObserveSweep(time.Since(start))
 		}
 	}
 }

@@ -204,8 +204,9 @@ func (s *Store) Sweep(now time.Time) int {
 // RunSweeper calls [Store.Sweep] with the store's clock every interval until
 // ctx is done. It blocks; run it in a goroutine. An interval <= 0 means
 // [DefaultSweepInterval]. A key is thus removed at most one interval after
-// it is back at full capacity.
-func (s *Store) RunSweeper(ctx context.Context, interval time.Duration) {
+// it is back at full capacity. observe, if not nil, is called after each
+// sweep with how many keys it removed and how long it took (for metrics).
+func (s *Store) RunSweeper(ctx context.Context, interval time.Duration, observe func(removed int, took time.Duration)) {
 	if interval <= 0 {
 		interval = DefaultSweepInterval
 	}
@@ -216,7 +217,11 @@ func (s *Store) RunSweeper(ctx context.Context, interval time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-			s.Sweep(s.clock.Now())
+			start := time.Now()
+			n := s.Sweep(s.clock.Now())
+			if observe != nil {
+				observe(n, time.Since(start))
+			}
 		}
 	}
 }

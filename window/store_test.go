@@ -2,6 +2,7 @@ package window
 
 import (
 	"errors"
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -590,5 +591,40 @@ func TestLayout(t *testing.T) {
 	}
 	if got := unsafe.Sizeof(shard{}); got%64 != 0 {
 		t.Errorf("shard is %d bytes, want a multiple of 64", got)
+	}
+}
+
+// RunSweeper sweeps at the store's clock every interval, reports each
+// sweep, and returns when its context ends.
+func TestRunSweeper(t *testing.T) {
+	clk := NewManualClock(t0)
+	s := NewStore(StoreConfig{Clock: clk})
+	mustApply(t, s, "k", Check{Algorithm: FixedWindow, Limit: 5, Window: time.Second, Hits: 1}, t0)
+	clk.Advance(2 * time.Second) // the key is back at full capacity
+	ctx, cancel := context.WithCancel(context.Background())
+	swept := make(chan int, 100)
+	done := make(chan struct{})
+	go func() {
+		s.RunSweeper(ctx, time.Millisecond, func(n int, took time.Duration) {
+			if took < 0 {
+				t.Errorf("a sweep took %s", took)
+			}
+			swept <- n
+		})
+		close(done)
+	}()
+	total := 0
+	for total == 0 {
+		select {
+		case n := <-swept:
+			total += n
+		case <-time.After(10 * time.Second):
+			t.Fatal("no sweep removed the expired key")
+		}
+	}
+	cancel()
+	<-done
+	if total != 1 || s.Len() != 0 || s.Stats().Swept != 1 {
+		t.Fatalf("swept %d, %d keys left, stats %+v", total, s.Len(), s.Stats())
 	}
 }
