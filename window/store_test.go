@@ -1,8 +1,8 @@
 package window
 
 import (
-	"errors"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
