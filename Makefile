@@ -29,13 +29,13 @@ bench: ## window benchmarks against go-limiter (see BENCHMARKS.md)
 
 .PHONY: docker
 IMAGE ?= sluice:dev
-docker: ## build bin/sluice-static (CGO_ENABLED=0) and the FROM scratch image $(IMAGE)
+docker: ## build bin/sluice-static (CGO_ENABLED=0) and the FROM scratch image (IMAGE, default sluice:dev)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$$(git describe --always --dirty 2>/dev/null || echo dev)" -o bin/sluice-static ./cmd/sluice
 	docker build -t $(IMAGE) .
 
 .PHONY: cluster-up
 cluster-up: build docker ## start three nodes in containers (docker-compose.yml); gRPC and HTTP of sluice1 on 127.0.0.1:7070 and :7080
-	docker-compose up -d
+	SLUICE_IMAGE=$(IMAGE) docker-compose up -d
 	@for i in $$(seq 1 60); do bin/sluice members --addr 127.0.0.1:7070 --json 2>/dev/null | grep -o '"state":"alive"' | wc -l | grep -qx 3 && break; sleep 1; done
 	bin/sluice members --addr 127.0.0.1:7070
 

@@ -1,12 +1,16 @@
 package rpc
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/sluicehq/sluice/rpc/sluicev1gw"
@@ -40,6 +44,8 @@ type HTTPConfig struct {
 //   - GET /readyz: 200 when Ready says so, else 503 with the reason.
 //   - GET /metrics: Prometheus text format.
 //
+// A body over MaxHTTPBodyBytes gets 413.
+//
 // It returns an error only if the gateway cannot register the service.
 func NewHTTPHandler(cfg HTTPConfig) (http.Handler, error) {
 	gw := runtime.NewServeMux(runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
@@ -50,7 +56,7 @@ func NewHTTPHandler(cfg HTTPConfig) (http.Handler, error) {
 		return nil, fmt.Errorf("http gateway: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/v1/", http.MaxBytesHandler(gw, MaxHTTPBodyBytes))
+	mux.Handle("/v1/", bodyLimit(gw, MaxHTTPBodyBytes))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")
@@ -70,4 +76,32 @@ func NewHTTPHandler(cfg HTTPConfig) (http.Handler, error) {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Metrics.Registry(), promhttp.HandlerOpts{}))
 	}
 	return mux, nil
+}
+
+// bodyLimit reads a request's body (at most limit bytes) before h sees it,
+// answering 413 with a google.rpc.Status JSON when it is longer.
+func bodyLimit(h http.Handler, limit int64) http.Handler {
+	tooLarge := func(w http.ResponseWriter) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusRequestEntityTooLarge)
+		fmt.Fprintf(w, `{"code":%d,"message":"body: at most %d bytes","details":[]}`+"\n", codes.InvalidArgument, limit)
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > limit {
+			tooLarge(w)
+			return
+		}
+		b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+		if err != nil {
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				tooLarge(w)
+				return
+			}
+			http.Error(w, "reading the body: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		h.ServeHTTP(w, r)
+	})
 }

@@ -113,6 +113,10 @@ func TestHTTPBadInput(t *testing.T) {
 			t.Errorf("malformed %s: %d %s, want 400", body, code, out)
 		}
 	}
+	big := `{"checks":[{"name":"api","key":"` + strings.Repeat("k", MaxHTTPBodyBytes) + `"}]}`
+	if code, out := httpDo(t, "POST", url, big); code != http.StatusRequestEntityTooLarge || !strings.Contains(out, "at most") {
+		t.Errorf("a body over 1 MiB: %d %.200s, want 413", code, out)
+	}
 	if n.Store().Len() != 0 {
 		t.Fatalf("refused checks left %d keys", n.Store().Len())
 	}

@@ -116,6 +116,9 @@ func runCheck(ctx context.Context, cmd *cli.Command) error {
 		resp, err := client.Check(callCtx, &sluicev1.CheckRequest{Checks: []*sluicev1.RateLimitCheck{rc}})
 		cancel()
 		if err != nil {
+			if cmd.Bool("named") && status.Code(err) == codes.InvalidArgument && strings.HasPrefix(status.Convert(err).Message(), "checks[0].limit:") {
+				return usagef("name", "no limit called %q is configured on the node (serve --limits)", name)
+			}
 			return callError(cmd.String("addr"), err)
 		}
 		if len(resp.Decisions) != 1 {

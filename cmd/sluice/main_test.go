@@ -288,6 +288,9 @@ func TestServeConfigFileAndNamedLimits(t *testing.T) {
 	if code != 0 || strings.Count(out, `"allowed":true`) != 2 || strings.Count(out, `"limit":2`) != 3 {
 		t.Fatalf("named check: exit %d\n%s%s", code, out, stderr)
 	}
+	if code, _, stderr := sluice(t, "check", "--addr", addr, "--name", "nope", "--key", "u1", "--named"); code != 2 || !strings.Contains(stderr, `--name: no limit called "nope" is configured`) {
+		t.Fatalf("--named with an unknown name: exit %d %s", code, stderr)
+	}
 	if code, _, stderr := sluice(t, "check", "--addr", addr, "--name", "login", "--key", "u1", "--named", "--limit", "5"); code != 2 || !strings.Contains(stderr, "--limit") {
 		t.Fatalf("--named with --limit: exit %d %s", code, stderr)
 	}
