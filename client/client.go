@@ -33,9 +33,11 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -304,6 +306,12 @@ func request(ch Check) (*sluicev1.RateLimitCheck, error) {
 		return nil, fmt.Errorf("%w: name: must not be empty", ErrInvalid)
 	case ch.Key == "":
 		return nil, fmt.Errorf("%w: key: must not be empty", ErrInvalid)
+	case !utf8.ValidString(ch.Name):
+		return nil, fmt.Errorf("%w: name: must be valid UTF-8", ErrInvalid)
+	case !utf8.ValidString(ch.Key):
+		// gRPC refuses such a string before any node sees it: sending it
+		// would look like an unavailable cluster and fail open.
+		return nil, fmt.Errorf("%w: key: must be valid UTF-8 (hash or hex-encode binary keys)", ErrInvalid)
 	case ch.Hits < 0:
 		return nil, fmt.Errorf("%w: hits: must be >= 0, got %d", ErrInvalid, ch.Hits)
 	}
@@ -360,7 +368,7 @@ func (c *Client) Check(ctx context.Context, ch Check) (Decision, error) {
 		}
 		if err != nil {
 			code := status.Code(err)
-			if code == codes.InvalidArgument {
+			if code == codes.InvalidArgument || (code == codes.Internal && strings.Contains(status.Convert(err).Message(), "invalid UTF-8")) {
 				return Decision{}, fmt.Errorf("%w: %s", ErrInvalid, status.Convert(err).Message())
 			}
 			if code != codes.Canceled { // also a node that used up the whole timeout

@@ -170,6 +170,8 @@ func TestCheckRefusesBadInput(t *testing.T) {
 		{client.Check{Key: "k"}, "name:"},
 		{client.Check{Name: "n"}, "key:"},
 		{client.Check{Name: "n", Key: "k", Hits: -1}, "hits:"},
+		{client.Check{Name: "n", Key: "user:\xff\xfe"}, "key: must be valid UTF-8"},
+		{client.Check{Name: "n\xff", Key: "k"}, "name: must be valid UTF-8"},
 		{client.Check{Name: "n", Key: "k", Limit: &client.Limit{Window: time.Second}}, "limit.limit:"},
 		{client.Check{Name: "n", Key: "k", Limit: &client.Limit{Limit: 1, Window: 1500 * time.Microsecond}}, "limit.window:"},
 		{client.Check{Name: "n", Key: "k", Limit: &client.Limit{Limit: 1, Window: time.Second, Burst: -1}}, "limit.burst:"},

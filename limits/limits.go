@@ -15,7 +15,7 @@
 //	    burst: 60               # bucket capacity in hits; 0 or absent: limit
 //	    overrides:
 //	      - key_prefix: "tier:pro:"
-//	        limit: 300          # fields left out are the limit's own
+//	        limit: 300          # fields left out are the limit's own (burst: its own limit when it sets limit)
 //	  auth.signup:
 //	    limit: 5
 //	    window: 1h
@@ -84,7 +84,17 @@ type Override struct {
 type Set struct {
 	byName map[string]*Named
 	names  []string
+	// declared: the file has a limits: key (possibly empty), as opposed to
+	// an empty or comment-only file (see Source.Reload).
+	declared bool
 }
+
+// Bounds on names and prefixes: longer ones could never match a check
+// (the API takes names up to 256 bytes and keys up to 1 KiB).
+const (
+	maxNameBytes   = 256
+	maxPrefixBytes = 1024
+)
 
 // Resolve returns the numbers of the limit called name for key: the first
 // override (longest prefix first) whose prefix key starts with, else the
@@ -160,17 +170,25 @@ func Parse(file string, data []byte) (*Set, error) {
 	if len(doc.Content) == 0 {
 		return set, nil
 	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		return nil, fmt.Errorf("%w: %s:%d: a second YAML document (---): one file holds one", ErrInvalid, file, extra.Line)
+	}
 	root := doc.Content[0]
 	if err := p.mapping(root, "", func(k, v *yaml.Node, path string) error {
 		if k.Value != "limits" {
 			return p.errf(k, path, "unknown field (want limits)")
 		}
+		set.declared = true
+		if v.Kind == yaml.ScalarNode && v.Tag == "!!null" {
+			return nil // "limits:" with nothing under it: none
+		}
 		return p.mapping(v, path, func(k, v *yaml.Node, path string) error {
 			if k.Value == "" {
 				return p.errf(k, path, "a limit's name must not be empty")
 			}
-			if _, dup := set.byName[k.Value]; dup {
-				return p.errf(k, path, "limit %q is defined twice", k.Value)
+			if len(k.Value) > maxNameBytes {
+				return p.errf(k, path, "a limit's name must be at most %d bytes, got %d", maxNameBytes, len(k.Value))
 			}
 			n, err := p.named(k.Value, v, path)
 			if err != nil {
@@ -199,8 +217,17 @@ func (p *parser) mapping(n *yaml.Node, path string, f func(k, v *yaml.Node, path
 	if n.Kind != yaml.MappingNode {
 		return p.errf(n, orRoot(path), "must be a mapping")
 	}
+	seen := map[string]int{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
+		if line, dup := seen[k.Value]; dup {
+			sub := k.Value
+			if path != "" {
+				sub = path + "." + k.Value
+			}
+			return p.errf(k, sub, "given twice (also on line %d)", line)
+		}
+		seen[k.Value] = k.Line
 		sub := k.Value
 		if path != "" {
 			sub = path + "." + k.Value
@@ -304,6 +331,9 @@ func (p *parser) resolve(f fields, base Limit, n *yaml.Node, path string) (Limit
 	}
 	if f.limit != nil {
 		l.Limit = *f.limit
+		if f.burst == nil {
+			l.Burst = 0 // an override's own limit: its burst is its limit unless it says otherwise
+		}
 	}
 	if f.window != nil {
 		l.Window = *f.window
@@ -322,6 +352,9 @@ func (p *parser) resolve(f fields, base Limit, n *yaml.Node, path string) (Limit
 		return l, p.errf(n, path, "limit is required")
 	case f.window == nil && base.Window == 0:
 		return l, p.errf(n, path, "window is required")
+	}
+	if l.Burst > 0 && f.burst != nil && l.Algorithm != window.TokenBucket && l.Algorithm != window.LeakyBucket {
+		return l, p.errf(n, path+".burst", "applies to token_bucket and leaky_bucket only, not %s", l.Algorithm)
 	}
 	if l.Window%time.Millisecond != 0 {
 		return l, p.errf(n, path+".window", "must be a whole number of milliseconds, got %s", l.Window)
@@ -387,6 +420,9 @@ func (p *parser) named(name string, v *yaml.Node, path string) (*Named, error) {
 		}
 		if !hasPrefix || prefix == "" {
 			return nil, p.errf(on, ipath+".key_prefix", "required and not empty")
+		}
+		if len(prefix) > maxPrefixBytes {
+			return nil, p.errf(on, ipath+".key_prefix", "must be at most %d bytes, got %d", maxPrefixBytes, len(prefix))
 		}
 		if line, dup := seen[prefix]; dup {
 			return nil, p.errf(on, ipath+".key_prefix", "%q is already overridden on line %d", prefix, line)

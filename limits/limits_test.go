@@ -30,7 +30,8 @@ func TestParseAndResolve(t *testing.T) {
 		{"api", "user:1", Limit{Algorithm: window.TokenBucket, Limit: 30, Window: time.Minute, Burst: 60}, true},
 		{"api", "tier:pro:acme", Limit{Algorithm: window.TokenBucket, Limit: 300, Window: time.Minute, Burst: 600}, true},
 		// The longest prefix wins, whatever the file's order.
-		{"api", "tier:free:bob", Limit{Algorithm: window.TokenBucket, Limit: 100, Window: time.Minute, Burst: 60}, true},
+		// An override that sets its limit and no burst: its burst is its limit.
+		{"api", "tier:free:bob", Limit{Algorithm: window.TokenBucket, Limit: 100, Window: time.Minute}, true},
 		{"auth.signup", "1.2.3.4", Limit{Algorithm: window.FixedWindow, Limit: 5, Window: time.Hour, Shadow: true}, true},
 		{"nope", "k", Limit{}, false},
 	} {
@@ -55,11 +56,15 @@ func TestParseErrorsNameTheLine(t *testing.T) {
 		{"limits:\n  api:\n    limit: 10\n", "f.yaml:3: limits.api: window is required"},
 		{"limits:\n  api:\n    limit: ten\n    window: 1m\n", `f.yaml:3: limits.api.limit: must be a whole number, got "ten"`},
 		{"limits:\n  api:\n    limit: 10\n    window: 1m\n    algorithm: gcra\n", `f.yaml:5: limits.api.algorithm: unknown algorithm "gcra"`},
-		{"limits:\n  api:\n    limit: 10\n    window: 1m\n  api:\n    limit: 5\n    window: 1m\n", `f.yaml:5: limits.api: limit "api" is defined twice`},
+		{"limits:\n  api:\n    limit: 10\n    window: 1m\n  api:\n    limit: 5\n    window: 1m\n", `f.yaml:5: limits.api: given twice (also on line 2)`},
 		{"limits:\n  api:\n    limit: 10\n    window: 1m\n    overrides:\n      - limit: 5\n", "f.yaml:6: limits.api.overrides[0].key_prefix: required"},
 		{"limits:\n  api:\n    limit: 10\n    window: 1m\n    overrides:\n      - key_prefix: a\n        limit: 5\n      - key_prefix: a\n        limit: 6\n", `f.yaml:8: limits.api.overrides[1].key_prefix: "a" is already overridden on line 6`},
 		{"limits:\n  api:\n    limit: 10\n    window: 1m\n    overrides:\n      - key_prefix: a\n        burst: -1\n", "f.yaml:6: limits.api.overrides[0].burst: must be >= 0, got -1"},
 		{"limits:\n  api:\n    limit: 10\n    window: 1500us\n", "f.yaml:3: limits.api.window: must be a whole number of milliseconds, got 1.5ms"},
+		{"limits:\n  api:\n    limit: 10\n    limit: 1000\n    window: 1m\n", "f.yaml:4: limits.api.limit: given twice (also on line 3)"},
+		{"limits:\n  api:\n    limit: 10\n    window: 1m\n    burst: 20\n", "f.yaml:3: limits.api.burst: applies to token_bucket and leaky_bucket only, not fixed_window"},
+		{"limits:\n  api:\n    limit: 10\n    window: 1m\n---\nlimits: {}\n", "f.yaml:5: a second YAML document"},
+		{"limits:\n  " + strings.Repeat("n", 257) + ":\n    limit: 1\n    window: 1m\n", "a limit's name must be at most 256 bytes, got 257"},
 		{"limits: [1, 2]\n", "f.yaml:1: limits: must be a mapping"},
 		{"limit:\n  api: {}\n", "f.yaml:1: limit: unknown field (want limits)"},
 		{"limits:\n  api: [\n", "f.yaml: yaml: line 2"},
@@ -146,5 +151,29 @@ func TestWatchReloadsOnChange(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("the change was not picked up within 10 s")
 		}
+	}
+}
+
+// A file without a limits: key (empty, or caught half-written) does not
+// drop the limits in force; `limits: {}` does.
+func TestReloadRefusesAnEmptyFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "limits.yaml")
+	writeFile(t, path, "limits:\n  api:\n    limit: 10\n    window: 1m\n")
+	src, err := Open(path, quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, empty := range []string{"", "# being written\n"} {
+		writeFile(t, path, empty)
+		if err := src.Reload(); err == nil || !strings.Contains(err.Error(), "no limits: key") {
+			t.Fatalf("reload of %q: %v", empty, err)
+		}
+		if !src.Current().Has("api") {
+			t.Fatalf("reload of %q dropped the limits", empty)
+		}
+	}
+	writeFile(t, path, "limits: {}\n")
+	if err := src.Reload(); err != nil || src.Current().Has("api") {
+		t.Fatalf("limits: {}: %v, api still there: %v", err, src.Current().Has("api"))
 	}
 }

@@ -2,6 +2,7 @@ package limits
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"sync"
@@ -81,7 +82,9 @@ func (s *Source) Stats() SourceStats {
 
 // Reload reads the file again and, if it parses, swaps it in atomically:
 // checks already being decided keep the Set they started with. A bad file
-// is refused with its error (naming the line) and the running Set stays.
+// is refused with its error (naming the line) and the running Set stays;
+// so is a file without a limits: key (empty, or caught half-written) while
+// limits are in force: `limits: {}` removes them all.
 func (s *Source) Reload() error {
 	if s.path == "" {
 		return nil
@@ -90,6 +93,9 @@ func (s *Source) Reload() error {
 	defer s.mu.Unlock()
 	s.reloads.Add(1)
 	set, err := Load(s.path)
+	if err == nil && !set.declared && len(s.Current().names) > 0 {
+		err = fmt.Errorf("%w: %s: no limits: key (an empty or half-written file?); write `limits: {}` to remove every limit", ErrInvalid, s.path)
+	}
 	if err != nil {
 		s.failures.Add(1)
 		s.log.Error("limits file refused; the running limits stay", "file", s.path, "error", err)
@@ -103,8 +109,9 @@ func (s *Source) Reload() error {
 
 // Watch reloads the file whenever it changes on disk, until ctx is done.
 // It watches the file's directory, so a file replaced by rename (as editors
-// and Kubernetes ConfigMaps do) is seen too; changes within 100 ms are
-// taken as one. It returns an error only when the watch cannot start.
+// and Kubernetes ConfigMaps do) is seen too; it reloads once the file has
+// had no change for 250 ms (at most a second after a change), so a file
+// written in several steps is read whole. It returns an error only when the watch cannot start.
 func (s *Source) Watch(ctx context.Context) error {
 	if s.path == "" {
 		<-ctx.Done()
@@ -123,6 +130,7 @@ func (s *Source) Watch(ctx context.Context) error {
 	var (
 		debounce = time.NewTimer(time.Hour)
 		pending  bool
+		first    time.Time // the first change not yet reloaded
 	)
 	debounce.Stop()
 	defer debounce.Stop()
@@ -137,18 +145,22 @@ func (s *Source) Watch(ctx context.Context) error {
 			if p, _ := filepath.Abs(ev.Name); p != abs && filepath.Base(ev.Name) != "..data" {
 				continue // another file of the directory (..data: a ConfigMap's swap)
 			}
+			// Wait for the writes to stop (every change restarts the
+			// wait), but reload at most a second after the first change.
 			if !pending {
-				pending = true
-				debounce.Reset(100 * time.Millisecond)
+				pending, first = true, time.Now()
 			}
+			debounce.Reset(min(250*time.Millisecond, time.Until(first.Add(time.Second))))
 		case err, ok := <-w.Errors:
 			if !ok {
 				return nil
 			}
 			s.log.Warn("watching the limits file", "file", s.path, "error", err)
 		case <-debounce.C:
-			pending = false
-			_ = s.Reload()
+			if pending {
+				pending = false
+				_ = s.Reload()
+			}
 		}
 	}
 }

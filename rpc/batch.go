@@ -256,7 +256,7 @@ func (b *batcher) send(batch []*pending) {
 	)
 	if time.Until(deadline) <= 0 {
 		b.stats.errors.Add(1)
-		err = fmt.Errorf("owner %s (%s) unavailable: %w", b.p.name, b.p.addr, errQueueDeadline)
+		err = fmt.Errorf("owner %s unavailable: %w", b.p.name, errQueueDeadline)
 	} else {
 		req := &sluicev1.ForwardRequest{Sender: b.sender, Checks: make([]*sluicev1.RateLimitCheck, len(batch))}
 		for i, p := range batch {
@@ -298,7 +298,9 @@ func forwardCall(ctx context.Context, p *peer, req *sluicev1.ForwardRequest, st 
 	switch {
 	case err != nil:
 		st.errors.Add(1)
-		return nil, fmt.Errorf("owner %s (%s) unavailable: %w", p.name, p.addr, err)
+		// Clients see the owner's name and the gRPC code only: the
+		// underlying error names internal addresses.
+		return nil, fmt.Errorf("owner %s unavailable: %s", p.name, status.Code(err))
 	case len(resp.Decisions) != len(req.Checks):
 		st.errors.Add(1)
 		return nil, fmt.Errorf("owner %s answered %d decisions for %d checks", p.name, len(resp.Decisions), len(req.Checks))

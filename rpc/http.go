@@ -3,6 +3,7 @@ package rpc
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -51,7 +52,7 @@ func NewHTTPHandler(cfg HTTPConfig) (http.Handler, error) {
 	gw := runtime.NewServeMux(runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
 		MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
 		UnmarshalOptions: protojson.UnmarshalOptions{},
-	}))
+	}), runtime.WithRoutingErrorHandler(routingError))
 	if err := sluicev1gw.RegisterRateLimitServiceHandlerServer(context.Background(), gw, cfg.Server); err != nil {
 		return nil, fmt.Errorf("http gateway: %w", err)
 	}
@@ -104,4 +105,23 @@ func bodyLimit(h http.Handler, limit int64) http.Handler {
 		r.Body = io.NopCloser(bytes.NewReader(b))
 		h.ServeHTTP(w, r)
 	})
+}
+
+// routingError answers a request the gateway has no route for. A known
+// path with another method gets 405 (grpc-gateway's default turns it
+// into 501, a server error); the rest is the default's.
+func routingError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, httpStatus int) {
+	if httpStatus != http.StatusMethodNotAllowed {
+		runtime.DefaultRoutingErrorHandler(ctx, mux, m, w, r, httpStatus)
+		return
+	}
+	allow := http.MethodPost
+	if r.URL.Path == "/v1/members" {
+		allow = http.MethodGet
+	}
+	msg, _ := json.Marshal(fmt.Sprintf("method %s not allowed: use %s", r.Method, allow))
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Allow", allow)
+	w.WriteHeader(http.StatusMethodNotAllowed)
+	fmt.Fprintf(w, `{"code":%d,"message":%s,"details":[]}`+"\n", codes.Unimplemented, msg)
 }

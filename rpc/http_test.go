@@ -13,6 +13,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
@@ -117,6 +119,11 @@ func TestHTTPBadInput(t *testing.T) {
 	if code, out := httpDo(t, "POST", url, big); code != http.StatusRequestEntityTooLarge || !strings.Contains(out, "at most") {
 		t.Errorf("a body over 1 MiB: %d %.200s, want 413", code, out)
 	}
+	for _, tc := range []struct{ method, path, allow string }{{"GET", "/v1/check", "POST"}, {"PUT", "/v1/check", "POST"}, {"POST", "/v1/members", "GET"}} {
+		if code, out := httpDo(t, tc.method, "http://"+n.HTTPAddr()+tc.path, ""); code != http.StatusMethodNotAllowed || !strings.Contains(out, "use "+tc.allow) {
+			t.Errorf("%s %s: %d %s, want 405", tc.method, tc.path, code, out)
+		}
+	}
 	if n.Store().Len() != 0 {
 		t.Fatalf("refused checks left %d keys", n.Store().Len())
 	}
@@ -133,6 +140,12 @@ func TestMetrics(t *testing.T) {
 		check(t, n.client, named("signup", "ip"))
 	}
 	check(t, n.client, &sluicev1.RateLimitCheck{Name: "whatever", Key: "k", Limit: 1, WindowMs: 1000})
+	// A refused batch of two checks: both counted as invalid.
+	if _, err := n.client.Check(context.Background(), &sluicev1.CheckRequest{Checks: []*sluicev1.RateLimitCheck{
+		named("api", "ok"), {Name: "api", Key: "k", Burst: 5},
+	}}); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), `or no numbers at all to take those of the configured limit "api"`) {
+		t.Fatalf("a named check with a burst only: %v", err)
+	}
 	code, out := httpDo(t, "GET", "http://"+n.HTTPAddr()+"/metrics", "")
 	if code != http.StatusOK {
 		t.Fatalf("GET /metrics = %d", code)
@@ -171,6 +184,7 @@ func TestMetrics(t *testing.T) {
 		{"sluice_checks_total", map[string]string{"name": "signup", "outcome": "shadow_denied"}, 1},
 		{"sluice_checks_total", map[string]string{"name": InlineName, "outcome": "allowed"}, 1},
 		{"sluice_local_checks_total", nil, 9},
+		{"sluice_checks_total", map[string]string{"name": InlineName, "outcome": "invalid"}, 2},
 		{"sluice_keys", nil, 3},
 		{"sluice_members", nil, 1},
 		{"sluice_limits_configured", nil, 2},

@@ -21,7 +21,7 @@ type Metrics struct {
 	reg *prometheus.Registry
 
 	checks     *prometheus.CounterVec
-	byName     sync.Map // name -> *[4]prometheus.Counter, by Outcome
+	byName     sync.Map // name -> *[numOutcomes]prometheus.Counter, by Outcome
 	fwdSeconds prometheus.Histogram
 	fwdBatch   prometheus.Histogram
 	sweep      prometheus.Histogram
@@ -40,7 +40,7 @@ func NewMetrics() *Metrics {
 		reg: prometheus.NewRegistry(),
 		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_checks_total",
-			Help: `Checks answered to clients by this node, by limit name (configured limits; "(inline)" for the rest) and outcome (allowed, denied, shadow_denied, error).`,
+			Help: `Checks answered to clients by this node, by limit name (configured limits; "(inline)" for the rest) and outcome (allowed, denied, shadow_denied, error, invalid).`,
 		}, []string{"name", "outcome"}),
 		fwdSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "sluice_forward_duration_seconds",
@@ -86,13 +86,13 @@ func (m *Metrics) AttachRLS(svc *rls.Service) {
 func (m *Metrics) Checked(name string, outcome Outcome) {
 	cs, ok := m.byName.Load(name)
 	if !ok {
-		var c [4]prometheus.Counter
+		var c [numOutcomes]prometheus.Counter
 		for o := range c {
 			c[o] = m.checks.WithLabelValues(name, Outcome(o).String())
 		}
 		cs, _ = m.byName.LoadOrStore(name, &c)
 	}
-	cs.(*[4]prometheus.Counter)[outcome].Inc()
+	cs.(*[numOutcomes]prometheus.Counter)[outcome].Inc()
 }
 
 // Forwarded implements [Observer].

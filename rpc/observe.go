@@ -15,10 +15,15 @@ const (
 	OutcomeShadowDenied
 	// OutcomeError: not decided (e.g. the owner could not be reached).
 	OutcomeError
+	// OutcomeInvalid: refused as bad input, with the rest of its batch;
+	// nothing was counted.
+	OutcomeInvalid
+
+	numOutcomes = iota
 )
 
 // String returns the outcome's metric label: "allowed", "denied",
-// "shadow_denied" or "error".
+// "shadow_denied", "error" or "invalid".
 func (o Outcome) String() string {
 	switch o {
 	case OutcomeAllowed:
@@ -27,6 +32,8 @@ func (o Outcome) String() string {
 		return "denied"
 	case OutcomeShadowDenied:
 		return "shadow_denied"
+	case OutcomeInvalid:
+		return "invalid"
 	default:
 		return "error"
 	}
@@ -43,7 +50,8 @@ const InlineName = "(inline)"
 type Observer interface {
 	// Checked is called once for every check that Check answered (on the
 	// node the client called): name is the check's limit name if it is a
-	// configured limit, else [InlineName].
+	// configured limit, else [InlineName]. The checks of a batch refused
+	// as bad input are each reported as [OutcomeInvalid] under InlineName.
 	Checked(name string, outcome Outcome)
 	// Forwarded is called once for every call that carried forwarded
 	// checks to peer (a member name): how many checks, how long the call

@@ -326,6 +326,11 @@ func (s *Server) RingFingerprint() string { return s.view.Load().ring.Fingerprin
 func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (*sluicev1.CheckResponse, error) {
 	reqs, fe := parseChecks(req.GetChecks(), s.limits.Current())
 	if fe != nil {
+		if s.obs != nil {
+			for range min(len(req.GetChecks()), MaxBatch) {
+				s.obs.Checked(InlineName, OutcomeInvalid)
+			}
+		}
 		return nil, invalidArgument(fe)
 	}
 	out := make([]*sluicev1.Decision, len(reqs))
@@ -465,7 +470,7 @@ func (s *Server) forward(ctx context.Context, p *peer, owner string, reqs []requ
 			out[is[0]] = r.d
 			return nil
 		case <-t.C:
-			return fail(fmt.Errorf("owner %s (%s): no answer within the forward timeout", owner, p.addr))
+			return fail(fmt.Errorf("owner %s: no answer within the forward timeout", owner))
 		case <-ctx.Done():
 			return fail(fmt.Errorf("owner %s: %w", owner, ctx.Err()))
 		}

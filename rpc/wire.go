@@ -110,6 +110,8 @@ func parseCheck(pb *sluicev1.RateLimitCheck, set *limits.Set) (request, *fieldEr
 		return request{}, &fieldError{"key", fmt.Sprintf("must be at most %d bytes, got %d", MaxKeyBytes, len(pb.Key))}
 	// Range-check window_ms before it is scaled to ns, where a large
 	// negative value would wrap around to a positive one.
+	case pb.WindowMs <= 0 && named:
+		return request{}, &fieldError{"window_ms", fmt.Sprintf("must be > 0, got %d (give limit and window_ms, or no numbers at all to take those of the configured limit %q)", pb.WindowMs, pb.Name)}
 	case pb.WindowMs <= 0:
 		return request{}, &fieldError{"window_ms", fmt.Sprintf("must be > 0, got %d", pb.WindowMs)}
 	case pb.WindowMs > maxWindowMs:
@@ -138,7 +140,11 @@ func parseCheck(pb *sluicev1.RateLimitCheck, set *limits.Set) (request, *fieldEr
 		if !errors.As(err, &fe) {
 			return request{}, &fieldError{"checks", err.Error()}
 		}
-		return request{}, &fieldError{fe.Field, fe.Reason}
+		reason := fe.Reason
+		if named && (fe.Field == "limit" || fe.Field == "window") {
+			reason += fmt.Sprintf(" (give limit and window_ms, or no numbers at all to take those of the configured limit %q)", pb.Name)
+		}
+		return request{}, &fieldError{fe.Field, reason}
 	}
 	return request{name: pb.Name, key: pb.Key, check: c, pb: pb, named: named, shadow: shadow}, nil
 }

@@ -125,11 +125,15 @@ func (s *Store) apply(key string, clone bool, c Check, now time.Time) (Decision,
 		st = sh.t.slots[slot].st
 	}
 	r := st.apply(c, t)
+	if found {
+		// Any check is a use, denied ones included: a key being refused
+		// is the one a client hammers, and must not look idle to
+		// eviction (which would hand it a fresh budget).
+		sh.t.slots[slot].setUsed(true)
+	}
 	if r.allowed && c.Hits > 0 {
 		if found {
-			e := &sh.t.slots[slot]
-			e.st = st
-			e.setUsed(true)
+			sh.t.slots[slot].st = st
 		} else {
 			s.makeRoomLocked(sh, t)
 			sh.t.insert(h, key, clone, st)

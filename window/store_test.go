@@ -628,3 +628,26 @@ func TestRunSweeper(t *testing.T) {
 		t.Fatalf("swept %d, %d keys left, stats %+v", total, s.Len(), s.Stats())
 	}
 }
+
+// Under MaxKeys pressure, a key that is being refused stays: its checks
+// count as uses, so one-off keys are evicted before it (an abuser must not
+// earn a fresh budget by hammering a key over its limit while new keys
+// arrive).
+func TestRefusedKeyIsNotEvictedFirst(t *testing.T) {
+	s := NewStore(StoreConfig{MaxKeys: 1024}) // 4 per shard
+	c := Check{Algorithm: FixedWindow, Limit: 5, Window: time.Hour, Hits: 1}
+	allowed := 0
+	for round := 0; round < 50; round++ {
+		for i := 0; i < 20; i++ {
+			if mustApply(t, s, "abuser", c, t0).Allowed {
+				allowed++
+			}
+		}
+		for i := 0; i < 200; i++ {
+			mustApply(t, s, fmt.Sprintf("one-off:%d:%d", round, i), c, t0)
+		}
+	}
+	if allowed != 5 {
+		t.Fatalf("the abuser got %d of 1000 hits, want 5", allowed)
+	}
+}

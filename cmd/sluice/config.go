@@ -1,7 +1,10 @@
 package main
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strings"
@@ -26,27 +29,42 @@ func applyConfigFile(cmd *cli.Command, path string) error {
 	if err != nil {
 		return err
 	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil // empty file
+		}
 		return fmt.Errorf("%s: %v", path, err)
 	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		return fmt.Errorf("%s:%d: a second YAML document (---): one file holds one", path, extra.Line)
+	}
 	if len(doc.Content) == 0 {
-		return nil // empty file
+		return nil
 	}
 	root := doc.Content[0]
 	if root.Kind != yaml.MappingNode {
 		return fmt.Errorf("%s:%d: want a mapping of flag names to values", path, root.Line)
 	}
+	seen := map[string]int{}
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		k, v := root.Content[i], root.Content[i+1]
 		name := k.Value
+		if line, dup := seen[name]; dup {
+			return fmt.Errorf("%s:%d: %s is given twice (also on line %d)", path, k.Line, name, line)
+		}
+		seen[name] = k.Line
 		if name == "config" || !slices.ContainsFunc(cmd.Flags, func(f cli.Flag) bool { return slices.Contains(f.Names(), name) }) {
 			return fmt.Errorf("%s:%d: unknown setting %q (want a flag of %q, e.g. grpc-addr)", path, k.Line, name, cmd.Name)
 		}
 		var value string
 		switch v.Kind {
 		case yaml.ScalarNode:
-			value = v.Value
+			if v.Tag != "!!null" { // `http-addr: ~` or nothing: empty
+				value = v.Value
+			}
 		case yaml.SequenceNode:
 			parts := make([]string, 0, len(v.Content))
 			for _, e := range v.Content {

@@ -302,6 +302,8 @@ func TestServeRefusesBadConfigFiles(t *testing.T) {
 		{"grpc-addr: 127.0.0.1:0\ngrpc_adr: x\n", `:2: unknown setting "grpc_adr"`},
 		{"max-keys: lots\n", ":1: max-keys:"},
 		{"- a\n- b\n", ":1: want a mapping"},
+		{"grpc-addr: 127.0.0.1:0\ngrpc-addr: 127.0.0.1:1\n", ":2: grpc-addr is given twice (also on line 1)"},
+		{"region: a\n---\nregion: b\n", ":2: a second YAML document"},
 		{"limits: " + filepath.Join(dir, "missing.yaml") + "\n", "--limits"},
 	} {
 		path := filepath.Join(dir, "c.yaml")
