@@ -214,3 +214,28 @@ func TestLimitsReloadUnderLoad(t *testing.T) {
 }
 
 var _ window.Clock = (*window.ManualClock)(nil)
+
+// While two nodes' limits files differ (a rollout), a key keeps its
+// owner's numbers whichever node a check enters by: no count is reset by
+// checks alternating between the versions.
+func TestNamedLimitsOwnerNumbersWin(t *testing.T) {
+	clock := windowClock()
+	a := startNodeWith(t, NodeConfig{Name: "a", Clock: clock,
+		Limits: mustParseLimits(t, "limits:\n  api:\n    limit: 2\n    window: 1m\n")})
+	b := startNodeWith(t, NodeConfig{Name: "b", Clock: clock, Join: []string{a.GossipAddr()},
+		Limits: mustParseLimits(t, "limits:\n  api:\n    limit: 2\n    window: 2m\n")})
+	waitRingAgrees(t, []*testNode{a, b})
+	for _, owner := range []*testNode{a, b} {
+		key := keyOwnedBy(t, a, "api", owner.Name())
+		allowed := 0
+		for i := 0; i < 8; i++ {
+			entry := []*testNode{a, b}[i%2]
+			if d := check(t, entry.client, named("api", key)); d.Allowed {
+				allowed++
+			}
+		}
+		if allowed != 2 {
+			t.Errorf("key owned by %s: %d of 8 allowed through alternating entry nodes, want 2", owner.Name(), allowed)
+		}
+	}
+}

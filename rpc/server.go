@@ -324,7 +324,7 @@ func (s *Server) RingFingerprint() string { return s.view.Load().ring.Fingerprin
 // the checks this node owns, forwards the others to their owners (owners
 // in parallel; see forward) and answers in request order.
 func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (*sluicev1.CheckResponse, error) {
-	reqs, fe := parseChecks(req.GetChecks(), s.limits.Current())
+	reqs, fe := parseChecks(req.GetChecks(), s.limits.Current(), false)
 	if fe != nil {
 		if s.obs != nil {
 			for range min(len(req.GetChecks()), MaxBatch) {
@@ -505,7 +505,7 @@ func (s *Server) decide(storeKey []byte, c window.Check) *sluicev1.Decision {
 // check here, whatever this node's ring says, so a check is never forwarded
 // in a loop. A peer's input is validated like a client's.
 func (s *Server) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sluicev1.ForwardResponse, error) {
-	reqs, fe := parseChecks(req.GetChecks(), nil) // the sender filled in named limits' numbers
+	reqs, fe := parseChecks(req.GetChecks(), s.limits.Current(), true) // the sender filled in named limits' numbers
 	if fe != nil {
 		return nil, invalidArgument(fe)
 	}

@@ -59,8 +59,11 @@ type request struct {
 
 // parseChecks validates a batch and converts it; a check without numbers
 // takes those of the limit set configures under its name (set may be nil:
-// none configured). It returns a *fieldError for the first bad field.
-func parseChecks(pbs []*sluicev1.RateLimitCheck, set *limits.Set) ([]request, *fieldError) {
+// none configured). fromPeer says the batch was forwarded by a peer: a
+// check it marked named then takes this node's configured numbers for the
+// name when it has them, else those it carries. It returns a *fieldError
+// for the first bad field.
+func parseChecks(pbs []*sluicev1.RateLimitCheck, set *limits.Set, fromPeer bool) ([]request, *fieldError) {
 	switch {
 	case len(pbs) == 0:
 		return nil, &fieldError{"checks", "at least one check is required"}
@@ -69,7 +72,7 @@ func parseChecks(pbs []*sluicev1.RateLimitCheck, set *limits.Set) ([]request, *f
 	}
 	out := make([]request, len(pbs))
 	for i, pb := range pbs {
-		r, fe := parseCheck(pb, set)
+		r, fe := parseCheck(pb, set, fromPeer)
 		if fe != nil {
 			fe.field = fmt.Sprintf("checks[%d].%s", i, fe.field)
 			return nil, fe
@@ -80,24 +83,32 @@ func parseChecks(pbs []*sluicev1.RateLimitCheck, set *limits.Set) ([]request, *f
 }
 
 // parseCheck validates one check; the fieldError names the field alone.
-func parseCheck(pb *sluicev1.RateLimitCheck, set *limits.Set) (request, *fieldError) {
+func parseCheck(pb *sluicev1.RateLimitCheck, set *limits.Set, fromPeer bool) (request, *fieldError) {
 	if pb == nil {
 		return request{}, &fieldError{"name", "must not be empty"}
 	}
 	var named, shadow bool
-	if l, ok := set.Resolve(pb.Name, pb.Key); ok {
-		named, shadow = true, l.Shadow
-		if pb.Limit == 0 && pb.WindowMs == 0 && pb.Burst == 0 && pb.Algorithm == sluicev1.Algorithm_ALGORITHM_UNSPECIFIED {
-			// The check carries no numbers: the configured ones apply,
-			// and are what is forwarded, so the owner decides with them.
-			pb = proto.CloneOf(pb)
-			pb.Limit, pb.WindowMs, pb.Burst = l.Limit, l.Window.Milliseconds(), l.Burst
-			pb.Algorithm = sluicev1.Algorithm(l.Algorithm)
-		} else {
-			shadow = false // inline numbers: the check's own limit, not the configured one
+	l, configured := set.Resolve(pb.Name, pb.Key)
+	noNumbers := pb.Limit == 0 && pb.WindowMs == 0 && pb.Burst == 0 && pb.Algorithm == sluicev1.Algorithm_ALGORITHM_UNSPECIFIED
+	switch {
+	case fromPeer:
+		// The sender filled in a named limit's numbers (Named): this
+		// node's own numbers for the name win, so that a key keeps one
+		// set of numbers, its owner's, while nodes' files differ.
+		if configured && pb.Named {
+			pb = withNumbers(pb, l)
 		}
-	} else if pb.Limit == 0 && pb.WindowMs == 0 && pb.Name != "" && len(pb.Name) <= MaxNameBytes {
+	case configured && noNumbers:
+		named, shadow = true, l.Shadow
+		pb = withNumbers(pb, l) // forwarded with the numbers, marked Named
+	case configured:
+		named = true // inline numbers: the check's own limit, never shadow
+	case noNumbers && pb.Name != "" && len(pb.Name) <= MaxNameBytes:
 		return request{}, &fieldError{"limit", fmt.Sprintf("must be > 0, got 0 (and no limit called %q is configured to take the numbers from)", pb.Name)}
+	}
+	if !fromPeer && !noNumbers && pb.Named {
+		pb = proto.CloneOf(pb)
+		pb.Named = false // only nodes set it, on checks they filled in
 	}
 	switch {
 	case pb.Name == "":
@@ -185,4 +196,14 @@ func unixMsCeil(t time.Time) int64 {
 		ms++
 	}
 	return ms
+}
+
+// withNumbers returns a copy of pb carrying the numbers of l, marked
+// Named.
+func withNumbers(pb *sluicev1.RateLimitCheck, l limits.Limit) *sluicev1.RateLimitCheck {
+	pb = proto.CloneOf(pb)
+	pb.Limit, pb.WindowMs, pb.Burst = l.Limit, l.Window.Milliseconds(), l.Burst
+	pb.Algorithm = sluicev1.Algorithm(l.Algorithm)
+	pb.Named = true
+	return pb
 }

@@ -111,7 +111,13 @@ type RateLimitCheck struct {
 	// When the key's owner is another node, forward this check at once in a
 	// call of its own instead of queueing it with other checks for that
 	// owner (which waits up to the batch wait, 200 us by default).
-	NoBatching    bool `protobuf:"varint,8,opt,name=no_batching,json=noBatching,proto3" json:"no_batching,omitempty"`
+	NoBatching bool `protobuf:"varint,8,opt,name=no_batching,json=noBatching,proto3" json:"no_batching,omitempty"`
+	// Set by the node a client called when it filled in the numbers of a
+	// limit configured under name: the key's owner then applies its own
+	// configured numbers for name if it has them (so a key keeps one set of
+	// numbers while nodes' files differ, e.g. during a rollout), else these.
+	// Ignored from clients.
+	Named         bool `protobuf:"varint,17,opt,name=named,proto3" json:"named,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -198,6 +204,13 @@ func (x *RateLimitCheck) GetAlgorithm() Algorithm {
 func (x *RateLimitCheck) GetNoBatching() bool {
 	if x != nil {
 		return x.NoBatching
+	}
+	return false
+}
+
+func (x *RateLimitCheck) GetNamed() bool {
+	if x != nil {
+		return x.Named
 	}
 	return false
 }
@@ -736,7 +749,7 @@ var File_sluice_v1_sluice_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\n" +
-	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"\xf6\x01\n" +
+	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"\x8c\x02\n" +
 	"\x0eRateLimitCheck\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x17\n" +
@@ -746,7 +759,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05burst\x18\x06 \x01(\x03R\x05burst\x122\n" +
 	"\talgorithm\x18\a \x01(\x0e2\x14.sluice.v1.AlgorithmR\talgorithm\x12\x1f\n" +
 	"\vno_batching\x18\b \x01(\bR\n" +
-	"noBatchingB\a\n" +
+	"noBatching\x12\x14\n" +
+	"\x05named\x18\x11 \x01(\bR\x05namedB\a\n" +
 	"\x05_hits\"\xf2\x01\n" +
 	"\bDecision\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
