@@ -322,6 +322,13 @@ func (b *builder) add(file string, data []byte) (err error) {
 			err = &ConfigError{File: file, Msg: fmt.Sprintf("cannot parse the YAML: %v", p)}
 		}
 	}()
+	if f, err := parser.ParseBytes(data, 0); err == nil && len(f.Docs) > 1 {
+		ce := &ConfigError{File: file, Msg: "a second YAML document (---): one file holds one domain"}
+		if b := f.Docs[1].Body; b != nil && b.GetToken() != nil && b.GetToken().Position != nil {
+			ce.Line = b.GetToken().Position.Line
+		}
+		return ce
+	}
 	var root yamlRoot
 	if err := yaml.UnmarshalWithOptions(data, &root, yaml.DisallowUnknownField()); err != nil {
 		ce := &ConfigError{File: file, Msg: err.Error()}

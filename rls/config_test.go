@@ -176,3 +176,12 @@ func TestConfigYAML11Booleans(t *testing.T) {
 		t.Error("unlimited: yes is not unlimited")
 	}
 }
+
+// A rule file holds one document: a second one (after ---) is refused,
+// not ignored.
+func TestConfigRefusesASecondDocument(t *testing.T) {
+	_, err := rls.Parse(rls.File{Name: "two.yaml", Data: []byte("domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n---\ndomain: b\n")})
+	if err == nil || !strings.Contains(err.Error(), "second YAML document") {
+		t.Fatalf("Parse of two documents: %v", err)
+	}
+}
