@@ -15,6 +15,11 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/internal/testcluster"
 	"github.com/sluicehq/sluice/middleware"
@@ -249,6 +254,37 @@ func TestFieldAmbiguousBodies(t *testing.T) {
 		t.Fatalf("form: %d, want 200", got)
 	}
 	if keys := rec.sent(); len(keys) != 2 || keys[0] != "fallback" || keys[1] != "v@x.com" || !utf8.ValidString(keys[1]) {
+		t.Fatalf("keys sent: %q", keys)
+	}
+}
+
+// The gRPC interceptors never send a bad key either: a user id that is
+// not valid UTF-8 or too long, or no key, is INVALID_ARGUMENT.
+func TestGRPCBadKeys(t *testing.T) {
+	rec := &recorder{}
+	unary, err := middleware.UnaryServerInterceptor(middleware.GRPCConfig{Checker: rec, Name: "g",
+		Key: middleware.MetadataUser("x-user-id"), Logger: testcluster.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(md metadata.MD) codes.Code {
+		ctx := metadata.NewIncomingContext(context.Background(), md)
+		_, err := unary(ctx, nil, &grpc.UnaryServerInfo{FullMethod: "/x.Y/Z"}, func(context.Context, any) (any, error) { return "ok", nil })
+		return status.Code(err)
+	}
+	for name, md := range map[string]metadata.MD{
+		"not UTF-8": metadata.Pairs("x-user-id", "bob\xff"),
+		"too long":  metadata.Pairs("x-user-id", strings.Repeat("a", 2000)),
+		"no id":     metadata.MD{},
+	} {
+		if got := call(md); got != codes.InvalidArgument {
+			t.Errorf("%s: %s, want InvalidArgument", name, got)
+		}
+	}
+	if got := call(metadata.Pairs("x-user-id", "bob")); got != codes.OK {
+		t.Fatalf("bob: %s", got)
+	}
+	if keys := rec.sent(); len(keys) != 1 || keys[0] != "user:bob" {
 		t.Fatalf("keys sent: %q", keys)
 	}
 }
