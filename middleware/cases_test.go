@@ -2,6 +2,7 @@ package middleware_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -383,9 +384,9 @@ func TestFieldKeepsTheBody(t *testing.T) {
 	body := `{"email":" Alice@Example.COM ","pad":"` + big + `"}`
 	r := httptest.NewRequest("POST", "/", strings.NewReader(body))
 	r.Header.Set("Content-Type", "application/json; charset=utf-8")
-	if k, err := middleware.Field("email")(r); err != nil || k != "" {
-		// The JSON is cut at MaxFieldBody, so it does not parse: no field.
-		t.Errorf("over-long JSON: %q, %v; want \"\", nil", k, err)
+	if k, err := middleware.Field("email")(r); !errors.Is(err, middleware.ErrNoKey) || k != "" {
+		// Only MaxFieldBody bytes are read: the field cannot be seen.
+		t.Errorf("over-long JSON: %q, %v; want \"\", ErrNoKey", k, err)
 	}
 	got, _ := io.ReadAll(r.Body)
 	if string(got) != body {
@@ -407,7 +408,7 @@ type fakeChecker struct {
 func (f fakeChecker) Check(context.Context, client.Check) (client.Decision, error) { return f.d, f.err }
 
 // Fail open passes with no rate-limit headers; fail closed answers 503;
-// a key that cannot be found 500; New names bad fields.
+// a key that cannot be found 400; New names bad fields.
 func TestFailureAnswers(t *testing.T) {
 	mk := func(c middleware.Checker) http.Handler {
 		m, err := middleware.New(middleware.Config{Checker: c, Name: "api", Key: middleware.UserFromHeader("X-User"), Logger: testcluster.Logger()})
@@ -428,8 +429,8 @@ func TestFailureAnswers(t *testing.T) {
 	if resp := do(closed, "GET", "192.0.2.1:1", "X-User", "u"); resp.StatusCode != 503 {
 		t.Fatalf("fail closed: %d", resp.StatusCode)
 	}
-	if resp := do(open, "GET", "192.0.2.1:1"); resp.StatusCode != 500 {
-		t.Fatalf("no key: %d", resp.StatusCode)
+	if resp := do(open, "GET", "192.0.2.1:1"); resp.StatusCode != 400 {
+		t.Fatalf("no key: %d, want 400", resp.StatusCode)
 	}
 	for _, tc := range []struct {
 		cfg   middleware.Config

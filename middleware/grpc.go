@@ -22,7 +22,10 @@ import (
 )
 
 // GRPCKeyFunc returns the key a gRPC call is limited by; fullMethod is
-// e.g. "/pkg.Service/Method". Errors as for KeyFunc (ErrNoKey).
+// e.g. "/pkg.Service/Method". Errors as for KeyFunc: a call with no key
+// (ErrNoKey), or one whose key would be empty, not valid UTF-8 or longer
+// than MaxKeyBytes (ErrBadRequest), is answered INVALID_ARGUMENT and
+// its key never sent.
 type GRPCKeyFunc func(ctx context.Context, fullMethod string) (string, error)
 
 // GRPCConfig configures the gRPC interceptors.
@@ -77,6 +80,13 @@ func (l *grpcLimiter) check(ctx context.Context, method string, setHeader func(m
 		return nil
 	}
 	key, err := l.cfg.Key(ctx, method)
+	if err == nil {
+		err = checkKey(key)
+	}
+	if errors.Is(err, ErrNoKey) || errors.Is(err, ErrBadRequest) { // the client's doing: never sent, no error log
+		l.m.log.DebugContext(ctx, "call cannot be keyed", "event", "rate_limit.bad_request", "method", method, "err", err)
+		return status.Error(codes.InvalidArgument, "rate limit: the call cannot be keyed")
+	}
 	if err != nil {
 		l.m.log.ErrorContext(ctx, "rate limit key failed", "event", "rate_limit.error", "method", method, "err", err)
 		return status.Error(codes.Internal, "rate limit: no key for the call")
@@ -174,7 +184,8 @@ func PeerIP(cfg IPConfig) (GRPCKeyFunc, error) {
 
 // MetadataUser returns a GRPCKeyFunc keying a call by the user id in
 // metadata name (set by a trusted gateway): "user:" and the id, as
-// UserFromHeader. No id: ErrNoKey.
+// UserFromHeader. No id: ErrNoKey; an id that is not valid UTF-8 or too
+// long for a key: INVALID_ARGUMENT.
 func MetadataUser(name string) GRPCKeyFunc {
 	return func(ctx context.Context, _ string) (string, error) {
 		md, _ := metadata.FromIncomingContext(ctx)

@@ -18,12 +18,18 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // KeyFunc returns the key a request is limited by. It returns an error
 // wrapping ErrNoKey when the request has nothing to key by (e.g. no user
-// id); [FirstOf] then tries the next KeyFunc. It must be safe for
-// concurrent use.
+// id); [FirstOf] then tries the next KeyFunc. It returns an error
+// wrapping ErrBadRequest when what the client sent cannot be keyed
+// safely (e.g. an ambiguous body). It must be safe for concurrent use.
+//
+// Whatever a KeyFunc returns, the Handler never sends a key that is
+// empty (ErrNoKey), not valid UTF-8 or longer than MaxKeyBytes
+// (ErrBadRequest): it answers such a request 400 instead.
 //
 // The ready-made KeyFuncs tag their keys by kind ("ip:", "user:", and
 // length-prefixed parts for composites), so that keys of different kinds
@@ -32,8 +38,63 @@ import (
 type KeyFunc func(r *http.Request) (string, error)
 
 // ErrNoKey is wrapped by a KeyFunc's error when the request has nothing
-// to key by.
+// to key by. With no fallback (see FirstOf) the default OnError answers
+// 400 Bad Request.
 var ErrNoKey = errors.New("middleware: no key for the request")
+
+// ErrBadRequest is wrapped by a KeyFunc's error, or by the Handler's,
+// when what the client sent cannot be keyed safely: a key that is not
+// valid UTF-8 or is longer than MaxKeyBytes, or a body whose field is
+// ambiguous (see Field). It is the client's error: the default OnError
+// answers 400 Bad Request (431 when the error also wraps
+// ErrHeaderTooLarge) and logs it at debug level only.
+var ErrBadRequest = errors.New("middleware: the request cannot be keyed")
+
+// ErrHeaderTooLarge is wrapped, with ErrBadRequest, by the error of a
+// KeyFunc whose header is too long to make a key of (see MaxKeyBytes);
+// the default OnError answers 431 Request Header Fields Too Large.
+var ErrHeaderTooLarge = errors.New("middleware: header too large for a key")
+
+// MaxKeyBytes is the longest key the nodes accept, in bytes. Longer keys
+// are never sent: the request is answered 400 (431 for a header).
+const MaxKeyBytes = 1024
+
+// checkKey returns nil if key can be sent to the nodes, else an error
+// wrapping ErrNoKey (empty) or ErrBadRequest. The error never quotes the
+// key.
+func checkKey(key string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: the key is empty", ErrNoKey)
+	case len(key) > MaxKeyBytes:
+		return fmt.Errorf("%w: the key is %d bytes, at most %d", ErrBadRequest, len(key), MaxKeyBytes)
+	case !utf8.ValidString(key):
+		return fmt.Errorf("%w: the key is not valid UTF-8", ErrBadRequest)
+	}
+	return nil
+}
+
+// headerKey returns tag and the value of header name, trimmed: ErrNoKey
+// when there is none, ErrHeaderTooLarge when the key would be longer
+// than MaxKeyBytes.
+func headerKey(h http.Header, name, tag string) (string, error) {
+	v := strings.TrimSpace(h.Get(name))
+	if v == "" {
+		return "", fmt.Errorf("%w: no %s header", ErrNoKey, name)
+	}
+	if len(tag)+len(v) > MaxKeyBytes {
+		return "", fmt.Errorf("%w: %w: %s is %d bytes", ErrBadRequest, ErrHeaderTooLarge, name, len(v))
+	}
+	return tag + v, nil
+}
+
+// HeaderKey returns a KeyFunc keying a request by the value of header
+// name, trimmed, after tag (e.g. "h:"): no value is ErrNoKey, a key over
+// MaxKeyBytes is ErrHeaderTooLarge (431). A value that is not valid
+// UTF-8 is answered 400 by the Handler.
+func HeaderKey(name, tag string) KeyFunc {
+	return func(r *http.Request) (string, error) { return headerKey(r.Header, name, tag) }
+}
 
 // Key tags of the ready-made key functions.
 const (
@@ -361,15 +422,10 @@ func UserFromContext(get func(context.Context) (string, bool)) KeyFunc {
 
 // UserFromHeader returns a KeyFunc keying a request by the user id in
 // header name (set by a trusted gateway that authenticated the user):
-// "user:" and the id. No id: ErrNoKey.
+// "user:" and the id. No id: ErrNoKey; an id too long for a key:
+// ErrHeaderTooLarge (431); an id that is not valid UTF-8: 400.
 func UserFromHeader(name string) KeyFunc {
-	return func(r *http.Request) (string, error) {
-		id := strings.TrimSpace(r.Header.Get(name))
-		if id == "" {
-			return "", fmt.Errorf("%w: no %s header", ErrNoKey, name)
-		}
-		return userTag + id, nil
-	}
+	return HeaderKey(name, userTag)
 }
 
 // FirstOf returns a KeyFunc that returns the key of the first of fns that
@@ -434,41 +490,115 @@ const MaxFieldBody = 64 << 10
 
 // Field returns a KeyFunc returning the field called name of the
 // request's body, a form (application/x-www-form-urlencoded) or a JSON
-// object (application/json; a string or number at the top level), trimmed
-// and in lower case (so "Alice@Example.com " and "alice@example.com" are
-// one key), or "" when the body has no such field. It reads at most
-// MaxFieldBody bytes and puts the body back for the handler.
+// object (application/json or +json; a string or number at the top
+// level), trimmed and in lower case (so "Alice@Example.com " and
+// "alice@example.com" are one key). It reads at most MaxFieldBody bytes
+// and puts the body back for the handler, whole.
+//
+// It returns ErrNoKey (so that FirstOf tries the next KeyFunc) when it
+// cannot see the field: no body, another content type (JSON sent as
+// text/plain included), a body over MaxFieldBody, a JSON body that is no
+// object, or no such field or an empty one. It returns ErrBadRequest
+// (400) when the body is ambiguous, so that the key is never one of the
+// client's choosing while the app reads another value: the field given
+// more than once (in a form; in JSON in any case variant, since
+// encoding/json matches names case-insensitively), a value that is no
+// string or number, a value that is not valid UTF-8, or a body that does
+// not parse as its content type.
 func Field(name string) KeyFunc {
 	return func(r *http.Request) (string, error) {
 		if r.Body == nil || r.Body == http.NoBody {
-			return "", nil
+			return "", fmt.Errorf("%w: no body for field %q", ErrNoKey, name)
 		}
-		buf, err := io.ReadAll(io.LimitReader(r.Body, MaxFieldBody))
-		if err != nil {
-			return "", fmt.Errorf("middleware: reading the body for field %q: %w", name, err)
-		}
+		buf, err := io.ReadAll(io.LimitReader(r.Body, MaxFieldBody+1))
 		r.Body = readCloser{io.MultiReader(bytes.NewReader(buf), r.Body), r.Body}
+		if err != nil {
+			return "", fmt.Errorf("%w: reading the body for field %q: %v", ErrBadRequest, name, err)
+		}
+		if len(buf) > MaxFieldBody {
+			return "", fmt.Errorf("%w: body over %d bytes, field %q not read", ErrNoKey, MaxFieldBody, name)
+		}
 		mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 		var v string
 		switch {
 		case mt == "application/x-www-form-urlencoded":
-			if q, err := url.ParseQuery(string(buf)); err == nil {
-				v = q.Get(name)
-			}
+			v, err = formField(buf, name)
 		case mt == "application/json" || strings.HasSuffix(mt, "+json"):
-			var obj map[string]json.RawMessage
-			if json.Unmarshal(buf, &obj) == nil {
-				var s string
-				var n json.Number
-				if json.Unmarshal(obj[name], &s) == nil {
-					v = s
-				} else if json.Unmarshal(obj[name], &n) == nil {
-					v = n.String()
-				}
-			}
+			v, err = jsonField(buf, name)
+		default:
+			return "", fmt.Errorf("%w: content type %q, field %q not read", ErrNoKey, mt, name)
 		}
-		return strings.ToLower(strings.TrimSpace(v)), nil
+		if err != nil {
+			return "", err
+		}
+		if !utf8.ValidString(v) { // checked before ToLower, which would make it valid
+			return "", fmt.Errorf("%w: field %q is not valid UTF-8", ErrBadRequest, name)
+		}
+		if v = strings.ToLower(strings.TrimSpace(v)); v == "" {
+			return "", fmt.Errorf("%w: field %q is empty", ErrNoKey, name)
+		}
+		return v, nil
 	}
+}
+
+// formField returns the value of field name of a form body.
+func formField(buf []byte, name string) (string, error) {
+	q, err := url.ParseQuery(string(buf))
+	if err != nil {
+		return "", fmt.Errorf("%w: the form does not parse", ErrBadRequest)
+	}
+	switch vs := q[name]; len(vs) {
+	case 0:
+		return "", fmt.Errorf("%w: no field %q in the form", ErrNoKey, name)
+	case 1:
+		return vs[0], nil
+	default:
+		return "", fmt.Errorf("%w: field %q given %d times in the form", ErrBadRequest, name, len(vs))
+	}
+}
+
+// jsonField returns the value of field name of a JSON object body,
+// matching names as encoding/json does (case-insensitively).
+func jsonField(buf []byte, name string) (string, error) {
+	if !json.Valid(buf) {
+		return "", fmt.Errorf("%w: the JSON body does not parse", ErrBadRequest)
+	}
+	dec := json.NewDecoder(bytes.NewReader(buf))
+	dec.UseNumber()
+	if t, _ := dec.Token(); t != json.Delim('{') {
+		return "", fmt.Errorf("%w: the JSON body is no object", ErrNoKey)
+	}
+	var found []json.RawMessage
+	for dec.More() {
+		t, err := dec.Token()
+		k, ok := t.(string)
+		if err != nil || !ok {
+			return "", fmt.Errorf("%w: the JSON body does not parse", ErrBadRequest)
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return "", fmt.Errorf("%w: the JSON body does not parse", ErrBadRequest)
+		}
+		if strings.EqualFold(k, name) {
+			found = append(found, raw)
+		}
+	}
+	switch len(found) {
+	case 0:
+		return "", fmt.Errorf("%w: no field %q in the JSON object", ErrNoKey, name)
+	case 1:
+	default:
+		return "", fmt.Errorf("%w: field %q given %d times in the JSON object (names match in any case)", ErrBadRequest, name, len(found))
+	}
+	var s string
+	if json.Unmarshal(found[0], &s) == nil {
+		return s, nil
+	}
+	var n json.Number
+	if json.Unmarshal(found[0], &n) == nil {
+		return n.String(), nil
+	}
+	return "", fmt.Errorf("%w: field %q is no string or number", ErrBadRequest, name)
 }
 
 // readCloser reads from the buffered head and the rest, and closes the

@@ -30,6 +30,7 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/dunglas/httpsfv"
 
@@ -84,9 +85,13 @@ type Config struct {
 	PassOverLimit bool
 	// OnError answers a request that could not be checked: err wraps
 	// client.ErrUnavailable (the cluster did not answer and the client
-	// fails closed), client.ErrInvalid, or a KeyFunc's error. Default: 503
-	// for ErrUnavailable, else 500, with a short text body naming no
-	// detail. (Optional)
+	// fails closed), client.ErrInvalid, or a KeyFunc's error: ErrNoKey (no
+	// key and no fallback) or ErrBadRequest (a key that is not valid
+	// UTF-8 or longer than MaxKeyBytes, or an ambiguous body; such a key
+	// is never sent). Default: 400 for ErrNoKey and ErrBadRequest (431
+	// for ErrHeaderTooLarge), logged at debug level only, since the
+	// client chose them; 503 for ErrUnavailable, else 500, logged as
+	// errors; a short text body naming no detail. (Optional)
 	OnError func(w http.ResponseWriter, r *http.Request, err error)
 	// Now is the clock of the Reset and RateLimit headers' deltas (the
 	// decisions come from the owner's clock). Default time.Now. (Optional)
@@ -110,6 +115,8 @@ func New(cfg Config) (*Middleware, error) {
 		return nil, errors.New("middleware: Config.Checker: required")
 	case cfg.Name == "":
 		return nil, errors.New("middleware: Config.Name: required")
+	case !utf8.ValidString(cfg.Name):
+		return nil, errors.New("middleware: Config.Name: not valid UTF-8")
 	case cfg.Key == nil:
 		return nil, errors.New("middleware: Config.Key: required")
 	case cfg.Window < 0:
@@ -169,6 +176,9 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			return
 		}
 		key, err := m.cfg.Key(r)
+		if err == nil {
+			err = checkKey(key)
+		}
 		if err != nil {
 			m.cfg.OnError(w, r, fmt.Errorf("middleware: key: %w", err))
 			return
@@ -261,8 +271,18 @@ func (m *Middleware) tooManyRequests(w http.ResponseWriter, r *http.Request, d c
 // internalError is the default OnError.
 func (m *Middleware) internalError(w http.ResponseWriter, r *http.Request, err error) {
 	code := http.StatusInternalServerError
-	if errors.Is(err, client.ErrUnavailable) {
+	switch {
+	case errors.Is(err, ErrHeaderTooLarge):
+		code = http.StatusRequestHeaderFieldsTooLarge
+	case errors.Is(err, ErrNoKey), errors.Is(err, ErrBadRequest):
+		code = http.StatusBadRequest
+	case errors.Is(err, client.ErrUnavailable):
 		code = http.StatusServiceUnavailable
+	}
+	if code < 500 { // the client's doing: no error log a client can flood
+		m.log.DebugContext(r.Context(), "request cannot be keyed", "event", "rate_limit.bad_request", "method", r.Method, "status", code, "err", err)
+		http.Error(w, http.StatusText(code), code)
+		return
 	}
 	m.log.ErrorContext(r.Context(), "rate limit check failed", "event", "rate_limit.error", "method", r.Method, "path", r.URL.Path, "err", err)
 	http.Error(w, http.StatusText(code), code)

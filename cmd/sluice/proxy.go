@@ -18,6 +18,7 @@ import (
 	"regexp"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/urfave/cli/v3"
 	"go.yaml.in/yaml/v3"
@@ -132,6 +133,10 @@ type rulesFile struct {
 	UserHeader string     `yaml:"user_header"`
 	Exempt     []string   `yaml:"exempt"`
 	Rules      []ruleSpec `yaml:"rules"`
+	// CaseSensitivePaths compares request paths with the rules' paths
+	// case-sensitively (default: in any case, as case-insensitive
+	// upstreams route them).
+	CaseSensitivePaths bool `yaml:"case_sensitive_paths"`
 }
 
 // ruleSpec is one rule: a route and its check (limit, key, ...) or its
@@ -153,20 +158,36 @@ type checkSpec struct {
 	Window    string `yaml:"window"`
 }
 
-// route is a method (empty: any) and a path pattern: exact, a subtree
-// (ending in "/"), or a path.Match pattern (with "*").
+// route is a method (empty: any; upper case) and a path pattern: exact,
+// a subtree (ending in "/"), or a path.Match pattern (with "*"); in
+// lower case unless paths are case-sensitive.
 type route struct {
 	method, path string
 }
 
-func parseRoute(s string) (route, error) {
+// parseMethod returns m in upper case (methods are accepted in any case
+// in the rules file), or an error if it is no HTTP method token.
+func parseMethod(m string) (string, error) {
+	m = strings.TrimSpace(m)
+	if m == "" || strings.IndexFunc(m, func(c rune) bool {
+		return c > unicode.MaxASCII || !(unicode.IsLetter(c) || unicode.IsDigit(c) || strings.ContainsRune("!#$%&'*+-.^_`|~", c))
+	}) >= 0 {
+		return "", fmt.Errorf("%q is no HTTP method", m)
+	}
+	return strings.ToUpper(m), nil
+}
+
+// parseRoute parses "[METHOD ]/PATH"; fold lowers the path (paths are
+// compared case-insensitively).
+func parseRoute(s string, fold bool) (route, error) {
 	s = strings.TrimSpace(s)
 	var r route
 	if m, p, ok := strings.Cut(s, " "); ok {
-		r.method, r.path = m, strings.TrimSpace(p)
-		if r.method != strings.ToUpper(r.method) {
-			return route{}, fmt.Errorf("method %q must be upper case", r.method)
+		var err error
+		if r.method, err = parseMethod(m); err != nil {
+			return route{}, fmt.Errorf("%q: %v", s, err)
 		}
+		r.path = strings.TrimSpace(p)
 	} else {
 		r.path = s
 	}
@@ -176,22 +197,48 @@ func parseRoute(s string) (route, error) {
 	if _, err := path.Match(r.path, "/"); err != nil {
 		return route{}, fmt.Errorf("%q: bad pattern: %v", s, err)
 	}
+	if fold {
+		r.path = strings.ToLower(r.path)
+	}
 	return r, nil
 }
 
-func (rt route) matches(r *http.Request) bool {
-	if rt.method != "" && rt.method != r.Method {
+// matches reports whether a request of method (upper case) to the path p
+// (see canonicalPath) is of the route. GET also matches HEAD, as net/http
+// and most frameworks route HEAD to GET handlers.
+func (rt route) matches(method, p string) bool {
+	if rt.method != "" && rt.method != method && !(rt.method == http.MethodGet && method == http.MethodHead) {
 		return false
 	}
-	p := r.URL.Path
 	switch {
 	case strings.HasSuffix(rt.path, "/"):
-		return strings.HasPrefix(p, rt.path)
+		return strings.HasPrefix(p, rt.path) || p == strings.TrimSuffix(rt.path, "/")
 	case strings.Contains(rt.path, "*"):
 		ok, _ := path.Match(rt.path, p)
 		return ok
 	}
 	return p == rt.path
+}
+
+// canonicalPath returns the path rules are matched against: p (the
+// decoded request path) with backslashes as slashes, each segment's
+// ";params" and trailing white space dropped, then path.Clean'ed
+// (repeated slashes, "." and ".." resolved, no trailing slash), and in
+// lower case when fold is set; so that any spelling an upstream may route
+// to the same handler (/auth/login/, //auth/login, /auth/./login,
+// /auth/login;x, /auth/login%20, /AUTH/LOGIN) meets the same rule. The
+// request forwarded upstream is not changed.
+func canonicalPath(p string, fold bool) string {
+	segs := strings.Split(strings.ReplaceAll(p, "\\", "/"), "/")
+	for i, seg := range segs {
+		seg, _, _ = strings.Cut(seg, ";")
+		segs[i] = strings.TrimRightFunc(seg, unicode.IsSpace)
+	}
+	p = path.Clean("/" + strings.Join(segs, "/"))
+	if fold {
+		p = strings.ToLower(p)
+	}
+	return p
 }
 
 // rules is a loaded rules file.
@@ -206,6 +253,8 @@ type rules struct {
 	windows *limits.Set
 	exempt  []route
 	rules   []rule
+	// fold compares paths case-insensitively (not case_sensitive_paths).
+	fold bool
 	// now is the clock of signature freshness and of the headers' deltas;
 	// nil means time.Now (tests set it).
 	now func() time.Time
@@ -267,7 +316,7 @@ func parseRules(file string, data []byte, getenv func(string) (string, bool)) (*
 		return []byte(v), nil
 	}
 
-	rs := &rules{file: file, timeout: time.Second, reset: "unix", user: spec.UserHeader}
+	rs := &rules{file: file, timeout: time.Second, reset: "unix", user: spec.UserHeader, fold: !spec.CaseSensitivePaths}
 	if spec.Timeout != "" {
 		d, err := time.ParseDuration(spec.Timeout)
 		if err != nil || d <= 0 {
@@ -343,11 +392,14 @@ func parseRules(file string, data []byte, getenv func(string) (string, bool)) (*
 	}
 	for i, ex := range spec.Exempt {
 		var rt route
+		var err error
 		if !strings.Contains(ex, "/") { // a method alone
-			rt = route{method: strings.TrimSpace(ex), path: "/"}
+			rt.path = "/"
+			if rt.method, err = parseMethod(ex); err != nil {
+				return nil, errf(line("exempt", i), fmt.Sprintf("exempt[%d]", i), "%v: want a method or [METHOD ]/PATH", err)
+			}
 		} else {
-			var err error
-			if rt, err = parseRoute(ex); err != nil {
+			if rt, err = parseRoute(ex, rs.fold); err != nil {
 				return nil, errf(line("exempt", i), fmt.Sprintf("exempt[%d]", i), "%v", err)
 			}
 		}
@@ -359,7 +411,7 @@ func parseRules(file string, data []byte, getenv func(string) (string, bool)) (*
 	for i, rspec := range spec.Rules {
 		r := rule{line: line("rules", i)}
 		var err error
-		if r.route, err = parseRoute(rspec.Match); err != nil {
+		if r.route, err = parseRoute(rspec.Match, rs.fold); err != nil {
 			return nil, errf(lineOr(line("rules", i, "match"), r.line), fmt.Sprintf("rules[%d].match", i), "%v", err)
 		}
 		checks, at := rspec.Checks, []any{"rules", i, "checks"}
@@ -460,13 +512,7 @@ func (rs *rules) source(s, match string) (middleware.KeyFunc, error) {
 	case kind == "field" && arg != "":
 		return middleware.Field(arg), nil
 	case kind == "header" && arg != "":
-		return func(r *http.Request) (string, error) {
-			v := r.Header.Get(arg)
-			if v == "" {
-				return "", fmt.Errorf("%w: no %s header", middleware.ErrNoKey, arg)
-			}
-			return "h:" + v, nil
-		}, nil
+		return middleware.HeaderKey(arg, "h:"), nil
 	}
 	return nil, fmt.Errorf("unknown key source %q (want ip, signed_ip, user, route, field:NAME or header:NAME)", s)
 }
@@ -586,15 +632,16 @@ func newProxyHandler(rs *rules, upstream *url.URL, checker middleware.Checker, l
 // unlimited.
 func (p *proxyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.Header.Del(overLimitHeader)
+	method, cpath := strings.ToUpper(r.Method), canonicalPath(r.URL.Path, p.rules.fold)
 	for _, ex := range p.rules.exempt {
-		if ex.matches(r) {
+		if ex.matches(method, cpath) {
 			p.upstream.ServeHTTP(w, r)
 			return
 		}
 	}
 	h := p.upstream
 	for _, rule := range p.rules.rules {
-		if !rule.matches(r) {
+		if !rule.matches(method, cpath) {
 			continue
 		}
 		for i := len(rule.checks) - 1; i >= 0; i-- {

@@ -302,6 +302,8 @@ func TestProxyRefusesBadRules(t *testing.T) {
 		{"limits_file: limits.yaml\nrules:\n  - match: /\n    limit: nope\n    key: route\n", `proxy.yaml:4: rules[0].limit: no limit called "nope"`},
 		{"", "proxy.yaml:1: rules: at least one rule is required"},
 		{"rules: [\n", "proxy.yaml:1: did not find expected node content"},
+		{"exempt: [OPTIONS, \"get it\"]\nrules:\n  - match: /\n    limit: api\n    key: route\n", `proxy.yaml:1: exempt[1]: "get it" is no HTTP method`},
+		{"rules:\n  - match: P@ST /x\n    limit: api\n    key: route\n", `proxy.yaml:2: rules[0].match: "P@ST /x": "P@ST" is no HTTP method`},
 	} {
 		dir := writeFiles(t, map[string]string{"proxy.yaml": tc.file, "limits.yaml": proxyLimits})
 		_, err := loadRules(filepath.Join(dir, "proxy.yaml"), env)
