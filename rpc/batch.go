@@ -300,7 +300,7 @@ func forwardCall(ctx context.Context, p *peer, req *sluicev1.ForwardRequest, st 
 		st.errors.Add(1)
 		// Clients see the owner's name and the gRPC code only: the
 		// underlying error names internal addresses.
-		return nil, fmt.Errorf("owner %s unavailable: %s", p.name, status.Code(err))
+		return nil, fmt.Errorf("owner %s unavailable: %w", p.name, status.Error(status.Code(err), status.Code(err).String()))
 	case len(resp.Decisions) != len(req.Checks):
 		st.errors.Add(1)
 		return nil, fmt.Errorf("owner %s answered %d decisions for %d checks", p.name, len(resp.Decisions), len(req.Checks))
