@@ -173,6 +173,9 @@ func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, fr
 		prevOwnerPresent = v.ring.Has(prevOwner)
 	}
 	defer cancel()
+	if rs, ok := s.replicas.takeOrphan(key, v); ok { // this node held the lost owner's copy
+		replicas = append(replicas, rs)
+	}
 	for _, m := range from {
 		p := v.peers[m]
 		if p == nil {
@@ -333,6 +336,32 @@ func (s *Server) pushTargets(ctx context.Context, v *view) (map[string]error, er
 		s.stats.replicaTakeovers.Add(1)
 	}
 	delete(replicasByOwner, s.name)
+	// Copies on their way to a new owner are outgoing: a Pull of one of
+	// them waits until its push is answered (or put back).
+	orphanDone := map[string]chan struct{}{}
+	s.hmu.Lock()
+	for o, rs := range replicasByOwner {
+		ch := make(chan struct{})
+		orphanDone[o] = ch
+		for k := range rs {
+			s.ho.outgoing[k] = ch
+		}
+	}
+	s.hmu.Unlock()
+	defer func() {
+		s.hmu.Lock()
+		for o, rs := range replicasByOwner {
+			for k := range rs {
+				if s.ho.outgoing[k] == orphanDone[o] {
+					delete(s.ho.outgoing, k)
+				}
+			}
+		}
+		s.hmu.Unlock()
+		for _, ch := range orphanDone {
+			close(ch)
+		}
+	}()
 
 	var firstErr error
 	failed := map[string]error{}
@@ -540,7 +569,8 @@ func (s *Server) HandOff(stream sluicev1.PeerService_HandOffServer) error {
 
 // Pull implements PeerService.Pull: it gives up the state of each key it
 // holds (waiting first for a HandOff batch that carries the key to be
-// answered), with any replica of a member no longer in its ring. When this
+// answered), with any replica of it (the sender uses one only if the
+// key's previous owner has left its ring). When this
 // node still owns a key under its own ring, it records that the key went
 // to the sender, so that it forwards the key's checks there.
 func (s *Server) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluicev1.PullResponse, error) {
@@ -584,7 +614,7 @@ func (s *Server) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluicev1
 			resp.States = append(resp.States, &sluicev1.KeyState{Key: kb, State: b})
 			s.stats.handedOff.Add(1)
 		}
-		if rs, ok := s.replicas.takeOrphan(k, v); ok {
+		if rs, ok := s.replicas.takeFor(k, req.Sender); ok {
 			b, _ := rs.AppendBinary(nil)
 			resp.Replicas = append(resp.Replicas, &sluicev1.KeyState{Key: kb, State: b})
 		}

@@ -148,6 +148,23 @@ func (r *replicaStore) takeOrphan(k string, v *view) (window.State, bool) {
 	return e.st, true
 }
 
+// takeFor removes and returns key's copy for puller, the key's new owner,
+// unless puller is the copy's owner. This node's ring may not know yet that
+// the owner is gone; the puller decides whether the copy stands in for it
+// (if the owner is alive the key moves with its state, and the copy is
+// stale anyway).
+func (r *replicaStore) takeFor(k, puller string) (window.State, bool) {
+	sh := &r.shards[r.shard(k)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.m[k]
+	if !ok || e.owner == puller {
+		return window.State{}, false
+	}
+	delete(sh.m, k)
+	return e.st, true
+}
+
 // dropOwner drops every copy of owner's keys.
 func (r *replicaStore) dropOwner(owner string) {
 	for i := range r.shards {

@@ -1103,8 +1103,9 @@ type PullResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The state the receiver held and gave up, for the keys it held.
 	States []*KeyState `protobuf:"bytes,1,rep,name=states,proto3" json:"states,omitempty"`
-	// Copies the receiver held as a replica of a member that is no longer
-	// in its ring (a lost owner); given up too.
+	// Copies the receiver held as a replica of another owner (given up
+	// too): the sender uses one only when the key's previous owner has left
+	// its ring and no state came.
 	Replicas      []*KeyState `protobuf:"bytes,2,rep,name=replicas,proto3" json:"replicas,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
