@@ -169,6 +169,12 @@ func New(cfg Config) (*Cluster, error) {
 		return nil, fmt.Errorf("%w: profile: unknown %q (want lan, wan or local)", ErrConfig, cfg.Profile)
 	}
 	mc.Name = cfg.Name
+	// A node that comes back under its name at a new address (a restart
+	// after a crash) is accepted as soon as the old one has been declared
+	// dead (it stopped answering probes), instead of memberlist's default
+	// (never, until the dead node is forgotten). While the old one is
+	// still alive or suspect the newcomer is refused (ErrNameTaken).
+	mc.DeadNodeReclaimTime = time.Millisecond
 	if cfg.Transport != nil {
 		mc.Transport = cfg.Transport
 	} else {

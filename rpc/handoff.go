@@ -161,7 +161,7 @@ func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, fr
 		mu               sync.Mutex
 		found, failed    bool
 		wg               sync.WaitGroup
-		replicas         []window.State
+		replicas         []replicaEntry
 		now              = s.store.Now()
 		req              = &sluicev1.PullRequest{Sender: s.name, RingFingerprint: v.ring.Fingerprint(), Keys: [][]byte{[]byte(key)}}
 		cctx, cancel     = context.WithTimeout(ctx, s.forwardTimeout)
@@ -173,9 +173,10 @@ func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, fr
 		prevOwnerPresent = v.ring.Has(prevOwner)
 	}
 	defer cancel()
-	if rs, ok := s.replicas.takeOrphan(key, v); ok { // this node held the lost owner's copy
-		replicas = append(replicas, rs)
+	if e, ok := s.replicas.take(key); ok { // this node held a copy
+		replicas = append(replicas, e)
 	}
+	_, hadState := s.store.Get(key) // e.g. handed off before this first touch
 	for _, m := range from {
 		p := v.peers[m]
 		if p == nil {
@@ -202,26 +203,26 @@ func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, fr
 			for _, ks := range resp.Replicas {
 				var st window.State
 				if err := st.UnmarshalBinary(ks.State); err == nil && string(ks.Key) == key {
-					replicas = append(replicas, st)
+					replicas = append(replicas, replicaEntry{st: st, owner: ks.Owner})
 				}
 			}
 		})
 	}
 	wg.Wait()
-	// A replica stands in for the owner's state only when the owner is
-	// gone; several replicas of one key are copies, so the latest wins.
-	if len(replicas) > 0 {
-		if !found && !prevOwnerPresent {
-			best := replicas[0]
-			for _, r := range replicas[1:] {
-				if r.Expires().After(best.Expires()) {
-					best = r
-				}
-			}
-			s.store.MergeState(key, best, now)
-			s.stats.replicaTakeovers.Add(1)
-			found = true
+	// A replica stands in for its owner's state only when no state came
+	// and the owner is gone from the ring, or is this node (restarted under
+	// its name, its windows lost); several copies of one key are copies,
+	// so the latest wins.
+	var best *replicaEntry
+	for i, r := range replicas {
+		if (r.owner == s.name || !v.ring.Has(r.owner)) && (best == nil || r.st.Expires().After(best.st.Expires())) {
+			best = &replicas[i]
 		}
+	}
+	if best != nil && !found && !hadState {
+		s.store.MergeState(key, best.st, now)
+		s.stats.replicaTakeovers.Add(1)
+		found = true
 	}
 	switch {
 	case found:
@@ -614,9 +615,9 @@ func (s *Server) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluicev1
 			resp.States = append(resp.States, &sluicev1.KeyState{Key: kb, State: b})
 			s.stats.handedOff.Add(1)
 		}
-		if rs, ok := s.replicas.takeFor(k, req.Sender); ok {
-			b, _ := rs.AppendBinary(nil)
-			resp.Replicas = append(resp.Replicas, &sluicev1.KeyState{Key: kb, State: b})
+		if e, ok := s.replicas.take(k); ok {
+			b, _ := e.st.AppendBinary(nil)
+			resp.Replicas = append(resp.Replicas, &sluicev1.KeyState{Key: kb, State: b, Owner: e.owner})
 		}
 	}
 	return resp, nil

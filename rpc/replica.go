@@ -134,35 +134,19 @@ func (r *replicaStore) orphans(v *view, self string) map[string]map[string]windo
 	return out
 }
 
-// takeOrphan removes and returns key's copy if its owner is no longer in
-// v's ring.
-func (r *replicaStore) takeOrphan(k string, v *view) (window.State, bool) {
+// take removes and returns key's copy and its owner, for the key's new
+// owner. This node's ring may not know yet that the owner is gone; the new
+// owner decides whether the copy stands in for it (if the owner is alive
+// the key moves with its state, and the copy is stale anyway).
+func (r *replicaStore) take(k string) (replicaEntry, bool) {
 	sh := &r.shards[r.shard(k)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, ok := sh.m[k]
-	if !ok || v.ring.Has(e.owner) {
-		return window.State{}, false
+	if ok {
+		delete(sh.m, k)
 	}
-	delete(sh.m, k)
-	return e.st, true
-}
-
-// takeFor removes and returns key's copy for puller, the key's new owner,
-// unless puller is the copy's owner. This node's ring may not know yet that
-// the owner is gone; the puller decides whether the copy stands in for it
-// (if the owner is alive the key moves with its state, and the copy is
-// stale anyway).
-func (r *replicaStore) takeFor(k, puller string) (window.State, bool) {
-	sh := &r.shards[r.shard(k)]
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	e, ok := sh.m[k]
-	if !ok || e.owner == puller {
-		return window.State{}, false
-	}
-	delete(sh.m, k)
-	return e.st, true
+	return e, ok
 }
 
 // dropOwner drops every copy of owner's keys.

@@ -235,3 +235,64 @@ func ringsAgree(nodes []*testNode) bool {
 	}
 	return true
 }
+
+// A node that crashes and comes back under its name at a new address is
+// accepted once gossip has declared the old one dead (plus the reclaim
+// time), checks go to its new address, and the keys it owns recover
+// their counts from the replicas it had sent.
+func TestRestartUnderSameNameRecoversFromReplicas(t *testing.T) {
+	clock := windowClock()
+	cfg := NodeConfig{Replication: ReplicationConfig{Interval: 20 * time.Millisecond}}
+	nodes := []*testNode{startNodeWith(t, "node1", clock, cfg)}
+	nodes = append(nodes, startNodeWith(t, "node2", clock, cfg, nodes[0].GossipAddr()),
+		startNodeWith(t, "node3", clock, cfg, nodes[0].GossipAddr()))
+	waitRingAgrees(t, nodes)
+	k := keyOwnedBy(t, nodes[0], "restart", "node2")
+	rc := &sluicev1.RateLimitCheck{Name: "restart", Key: k, Hits: proto.Int64(1), Limit: 10, WindowMs: 3_600_000,
+		OnOwnerUnavailable: sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_DENY}
+	for range 6 {
+		if d := check(t, nodes[0].client, rc); !d.Allowed || d.Owner != "node2" {
+			t.Fatalf("before the crash: %+v", d)
+		}
+	}
+	eventually(t, "node2's key to be replicated", func() bool {
+		return nodes[0].Server().Stats().Replicas+nodes[2].Server().Stats().Replicas > 0
+	})
+	oldAddr := nodes[1].GRPCAddr()
+	nodes[1].Kill()
+	survivors := []*testNode{nodes[0], nodes[2]}
+	waitRingAgrees(t, survivors)
+	back := startNodeWith(t, "node2", clock, cfg, nodes[0].GossipAddr())
+	if back.GRPCAddr() == oldAddr {
+		t.Fatalf("the new node2 got the old address %s", oldAddr)
+	}
+	all := []*testNode{nodes[0], back, nodes[2]}
+	waitRingAgrees(t, all)
+	eventually(t, "node1 to see node2 at its new address", func() bool {
+		resp, err := nodes[0].client.Members(context.Background(), &sluicev1.MembersRequest{})
+		if err != nil {
+			return false
+		}
+		for _, m := range resp.Members {
+			if m.Name == "node2" {
+				return m.GrpcAddr == back.GRPCAddr()
+			}
+		}
+		return false
+	})
+	// 6 hits counted before the crash, kept by a replica: 4 more allowed.
+	allowed := 0
+	for i := range 6 {
+		d := check(t, all[i%3].client, rc)
+		if d.Degraded {
+			t.Fatalf("hit %d after the restart: degraded %+v", i, d)
+		}
+		if d.Allowed {
+			allowed++
+		}
+	}
+	if allowed != 4 {
+		logStats(t, all)
+		t.Fatalf("after the restart %d of 6 allowed, want 4 (the 6 before the crash still count)", allowed)
+	}
+}

@@ -409,7 +409,7 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 		s.tombCount.Store(int64(len(s.ho.tombs)))
 		s.hmu.Unlock()
 	}
-	s.view.Store(&view{ring: r, members: ms, peers: peers, epoch: epoch})
+	s.view.Store(&view{ring: r, members: ms, peers: peers, epoch: epoch, bootstrap: old.bootstrap && !changed})
 	for name, p := range old.peers {
 		if peers[name] != p {
 			go s.retire(p, s.forwardTimeout) // off the membership path

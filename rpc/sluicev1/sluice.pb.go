@@ -838,7 +838,9 @@ type KeyState struct {
 	// the name, then the key.
 	Key []byte `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 	// The state in the window package's binary encoding (window.State).
-	State         []byte `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	State []byte `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	// For a replica (PullResponse.replicas): the member whose copy it is.
+	Owner         string `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -885,6 +887,13 @@ func (x *KeyState) GetState() []byte {
 		return x.State
 	}
 	return nil
+}
+
+func (x *KeyState) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
 }
 
 type HandOffRequest struct {
@@ -1303,10 +1312,11 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\amembers\x18\x01 \x03(\v2\x11.sluice.v1.MemberR\amembers\x12\x12\n" +
 	"\x04self\x18\x02 \x01(\tR\x04self\x12)\n" +
 	"\x10ring_fingerprint\x18\x03 \x01(\tR\x0fringFingerprint\x12'\n" +
-	"\x0fpartition_count\x18\x04 \x01(\x05R\x0epartitionCount\"2\n" +
+	"\x0fpartition_count\x18\x04 \x01(\x05R\x0epartitionCount\"H\n" +
 	"\bKeyState\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
-	"\x05state\x18\x02 \x01(\fR\x05state\"\xde\x01\n" +
+	"\x05state\x18\x02 \x01(\fR\x05state\x12\x14\n" +
+	"\x05owner\x18\x03 \x01(\tR\x05owner\"\xde\x01\n" +
 	"\x0eHandOffRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12)\n" +
 	"\x10ring_fingerprint\x18\x02 \x01(\tR\x0fringFingerprint\x12+\n" +
