@@ -8,6 +8,8 @@ package cluster
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -96,6 +98,9 @@ type Member struct {
 	// node published them with [Cluster.SetRing].
 	RingFingerprint, RingMembers string
 	RingEpoch                    uint64
+	// Instance is random per process start: a node restarted under the
+	// same name has another.
+	Instance string
 }
 
 // Errors.
@@ -153,7 +158,10 @@ func New(cfg Config) (*Cluster, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	meta, err := encodeMeta(metadata{GRPCAddr: cfg.GRPCAddr, Region: cfg.Region, Version: cfg.Version})
+	var nonce [8]byte
+	_, _ = rand.Read(nonce[:])
+	instance := hex.EncodeToString(nonce[:])
+	meta, err := encodeMeta(metadata{GRPCAddr: cfg.GRPCAddr, Region: cfg.Region, Version: cfg.Version, Instance: instance})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
@@ -198,7 +206,7 @@ func New(cfg Config) (*Cluster, error) {
 	}
 	c := &Cluster{name: cfg.Name, log: cfg.Logger.With("node", cfg.Name), changes: make(chan struct{}, 1),
 		nodes: map[string]memberlist.Node{},
-		md:    metadata{GRPCAddr: cfg.GRPCAddr, Region: cfg.Region, Version: cfg.Version}}
+		md:    metadata{GRPCAddr: cfg.GRPCAddr, Region: cfg.Region, Version: cfg.Version, Instance: instance}}
 	c.delegate.meta.Store(&meta)
 	mc.Delegate = &c.delegate
 	mc.Events = &events{c: c}
@@ -354,6 +362,7 @@ func toMember(n *memberlist.Node) (Member, error) {
 		RingFingerprint: md.RingFP,
 		RingMembers:     md.RingMembers,
 		RingEpoch:       md.RingEpoch,
+		Instance:        md.Instance,
 	}, nil
 }
 

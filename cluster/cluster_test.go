@@ -80,8 +80,9 @@ func TestJoinMembersAndChanges(t *testing.T) {
 	}
 	ms := cs[2].Members()
 	for i, m := range ms {
-		want := Member{Name: fmt.Sprintf("n%d", i+1), GRPCAddr: fmt.Sprintf("127.0.0.1:%d", 7070+i), GossipAddr: addrs[i], Region: "r1", Version: "test", State: Alive}
-		if m != want {
+		want := Member{Name: fmt.Sprintf("n%d", i+1), GRPCAddr: fmt.Sprintf("127.0.0.1:%d", 7070+i), GossipAddr: addrs[i], Region: "r1", Version: "test", State: Alive,
+			Instance: cs[i].md.Instance}
+		if m != want || len(m.Instance) != 16 {
 			t.Errorf("member %d = %+v, want %+v", i, m, want)
 		}
 	}

@@ -26,6 +26,9 @@ type metadata struct {
 	RingFP      string `json:"rf,omitempty"`
 	RingMembers string `json:"rm,omitempty"`
 	RingEpoch   uint64 `json:"re,omitempty"`
+	// Instance is random per process start (16 hex digits): it tells a
+	// node that restarted under its name from the one before.
+	Instance string `json:"id,omitempty"`
 }
 
 var errMeta = errors.New("bad node metadata")

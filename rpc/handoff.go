@@ -59,6 +59,7 @@ type handOffState struct {
 	outgoing map[string]chan struct{} // keys in a HandOff batch not yet answered
 	tombs    map[string]tomb          // keys given away while this node still owns them
 	lastPush string                   // fingerprint of the last completed push
+	departed map[string]time.Time     // members that left this node's ring, and when
 }
 
 // newMovingIn computes what moves to self going from prev to next, keeping
@@ -158,13 +159,16 @@ func (s *Server) settle(ctx context.Context, v *view, mi *movingIn, key []byte) 
 func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, from []string) {
 	s.stats.pulls.Add(1)
 	var (
-		mu               sync.Mutex
-		found, failed    bool
-		wg               sync.WaitGroup
-		replicas         []replicaEntry
-		now              = s.store.Now()
-		req              = &sluicev1.PullRequest{Sender: s.name, RingFingerprint: v.ring.Fingerprint(), Keys: [][]byte{[]byte(key)}}
-		cctx, cancel     = context.WithTimeout(ctx, s.forwardTimeout)
+		mu            sync.Mutex
+		found, failed bool
+		wg            sync.WaitGroup
+		replicas      []replicaEntry
+		now           = s.store.Now()
+		req           = &sluicev1.PullRequest{Sender: s.name, RingFingerprint: v.ring.Fingerprint(), Keys: [][]byte{[]byte(key)}}
+		// Half the forward timeout: the check that waits for the pull
+		// (and the checks behind it on a peer's stream) must still be
+		// answered within the forward timeout.
+		cctx, cancel     = context.WithTimeout(ctx, s.forwardTimeout/2)
 		prevOwner        = s.name
 		prevOwnerPresent = true
 	)
@@ -210,12 +214,12 @@ func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, fr
 	}
 	wg.Wait()
 	// A replica stands in for its owner's state only when no state came
-	// and the owner is gone from the ring, or is this node (restarted under
-	// its name, its windows lost); several copies of one key are copies,
-	// so the latest wins.
+	// and the owner has departed (was in this node's ring and left it), or
+	// is this node (restarted under its name, its windows lost); several
+	// copies of one key are copies, so the latest wins.
 	var best *replicaEntry
 	for i, r := range replicas {
-		if (r.owner == s.name || !v.ring.Has(r.owner)) && (best == nil || r.st.Expires().After(best.st.Expires())) {
+		if (r.owner == s.name || (!v.ring.Has(r.owner) && s.departed(r.owner))) && (best == nil || r.st.Expires().After(best.st.Expires())) {
 			best = &replicas[i]
 		}
 	}
@@ -231,6 +235,31 @@ func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, fr
 	case !prevOwnerPresent && prevOwner != s.name:
 		if _, ok := s.store.Get(key); !ok {
 			s.stats.ownerLost.Add(1)
+		}
+	}
+}
+
+// departed reports whether member was in this node's ring and has left
+// it (within the last 10 minutes) without coming back.
+func (s *Server) departed(member string) bool {
+	s.hmu.Lock()
+	defer s.hmu.Unlock()
+	_, ok := s.ho.departed[member]
+	return ok
+}
+
+// noteRing records the members that left (and came back) between two
+// rings. Requires hmu held.
+func (s *Server) noteRingLocked(prev, next *ring.Ring) {
+	now := time.Now()
+	for _, m := range prev.Members() {
+		if !next.Has(m) {
+			s.ho.departed[m] = now
+		}
+	}
+	for m, at := range s.ho.departed {
+		if next.Has(m) || now.Sub(at) > 10*time.Minute {
+			delete(s.ho.departed, m)
 		}
 	}
 }
@@ -330,10 +359,10 @@ func (s *Server) pushTargets(ctx context.Context, v *view) (map[string]error, er
 			byOwner[o] = append(byOwner[o], k)
 		}
 	}
-	replicasByOwner := s.replicas.orphans(v, s.name)
+	replicasByOwner := s.replicas.orphans(v, s.departed)
 	now := s.store.Now()
-	for k, st := range replicasByOwner[s.name] { // this node is the new owner: take over
-		s.store.MergeState(k, st, now)
+	for k, e := range replicasByOwner[s.name] { // this node is the new owner: take over
+		s.store.MergeState(k, e.st, now)
 		s.stats.replicaTakeovers.Add(1)
 	}
 	delete(replicasByOwner, s.name)
@@ -370,7 +399,7 @@ func (s *Server) pushTargets(ctx context.Context, v *view) (map[string]error, er
 		if m == s.name {
 			continue
 		}
-		if s.view.Load() != v && !s.leaving.Load() {
+		if s.view.Load().ring.Fingerprint() != fp && !s.leaving.Load() {
 			s.restoreReplicas(replicasByOwner[m])
 			if firstErr == nil {
 				firstErr = errors.New("ring changed during the hand-off")
@@ -386,11 +415,28 @@ func (s *Server) pushTargets(ctx context.Context, v *view) (map[string]error, er
 			}
 			continue
 		}
-		if err := s.pushTo(ctx, p, fp, byOwner[m], replicasByOwner[m]); err != nil {
+		if err := s.pushTo(ctx, p, fp, byOwner[m], replicasByOwner[m], false); err != nil {
 			s.stats.handOffErrors.Add(1)
 			failed[m] = err
 			if firstErr == nil {
 				firstErr = fmt.Errorf("%s: %w", m, err)
+			}
+		}
+	}
+	// Done goes to every member only once everything went everywhere: a
+	// member that hears done (of a leaving node: that takes it out of its
+	// ring) must not route a key to a member that has not got it yet.
+	if firstErr == nil {
+		for _, m := range v.ring.Members() {
+			if m == s.name {
+				continue
+			}
+			if err := s.pushTo(ctx, v.peers[m], fp, nil, nil, true); err != nil {
+				s.stats.handOffErrors.Add(1)
+				failed[m] = err
+				if firstErr == nil {
+					firstErr = fmt.Errorf("%s: %w", m, err)
+				}
 			}
 		}
 	}
@@ -403,8 +449,11 @@ func (s *Server) pushTargets(ctx context.Context, v *view) (map[string]error, er
 }
 
 // pushTo streams keys (taken from this node's windows batch by batch) and
-// replicas to p, then done for fp.
-func (s *Server) pushTo(ctx context.Context, p *peer, fp string, keys []string, replicas map[string]window.State) error {
+// replicas to p, then (if done) done for fp.
+func (s *Server) pushTo(ctx context.Context, p *peer, fp string, keys []string, replicas map[string]replicaEntry, done bool) error {
+	if len(keys) == 0 && len(replicas) == 0 && !done {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.handOffTimeout)
 	defer cancel()
 	st, err := p.client.HandOff(ctx)
@@ -437,8 +486,8 @@ func (s *Server) pushTo(ctx context.Context, p *peer, fp string, keys []string, 
 	}
 	if len(replicas) > 0 {
 		req := &sluicev1.HandOffRequest{Sender: s.name, RingFingerprint: fp, FromReplica: true, SenderLeaving: s.leaving.Load()}
-		for k, rs := range replicas {
-			b, _ := rs.AppendBinary(nil)
+		for k, e := range replicas {
+			b, _ := e.st.AppendBinary(nil)
 			req.States = append(req.States, &sluicev1.KeyState{Key: []byte(k), State: b})
 		}
 		if err := send(req); err != nil {
@@ -446,8 +495,10 @@ func (s *Server) pushTo(ctx context.Context, p *peer, fp string, keys []string, 
 			return err
 		}
 	}
-	if err := send(&sluicev1.HandOffRequest{Sender: s.name, RingFingerprint: fp, Done: true, SenderLeaving: s.leaving.Load()}); err != nil {
-		return err
+	if done {
+		if err := send(&sluicev1.HandOffRequest{Sender: s.name, RingFingerprint: fp, Done: true, SenderLeaving: s.leaving.Load()}); err != nil {
+			return err
+		}
 	}
 	_ = st.CloseSend()
 	if _, err := st.Recv(); err != nil && !errors.Is(err, io.EOF) {
@@ -498,9 +549,9 @@ func (s *Server) pushBatch(p *peer, fp string, keys []string, send func(*sluicev
 	return err
 }
 
-func (s *Server) restoreReplicas(rs map[string]window.State) {
-	for k, st := range rs {
-		s.replicas.putBack(k, st)
+func (s *Server) restoreReplicas(rs map[string]replicaEntry) {
+	for k, e := range rs {
+		s.replicas.putBack(k, e)
 	}
 }
 
@@ -558,8 +609,10 @@ func (s *Server) HandOff(stream sluicev1.PeerService_HandOffServer) error {
 			}
 			if req.Done && req.SenderLeaving {
 				// It handed off its keys itself: the copies of them here
-				// are stale, and must not stand in for it once it is gone.
+				// are stale, and must not stand in for it once it is gone;
+				// and it is out of the ring from now on.
 				s.replicas.dropOwner(req.Sender)
+				s.memberLeaving(req.Sender)
 			}
 		}
 		if err := stream.Send(resp); err != nil {
@@ -679,8 +732,16 @@ func (s *Server) Leave(ctx context.Context) error {
 		}
 		var failed map[string]error
 		failed, lastErr = s.pushTargets(ctx, v)
-		if lastErr == nil || ctx.Err() != nil {
+		if ctx.Err() != nil {
 			break
+		}
+		if lastErr == nil {
+			if s.store.Len() == 0 {
+				break
+			}
+			// A check that was being decided as the ring switched landed
+			// after its key was handed off: hand it off too.
+			continue
 		}
 		for m, err := range failed {
 			if c := status.Code(err); c == codes.Unavailable || c == codes.Canceled || strings.Contains(err.Error(), errLeaving.Error()) {

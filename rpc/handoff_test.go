@@ -303,3 +303,26 @@ func TestPullOnFirstTouch(t *testing.T) {
 		t.Fatalf("check via node1 after the pull: %+v, want node2 deciding with remaining 2", d1)
 	}
 }
+
+// Beyond the scenario: 2 nodes join while hits are under way (40
+// per key before, 40 during the joins, 40 after over all 5): still exactly
+// 100 per key. The joins' hand-offs race the hits; the new owners pull
+// what has not arrived.
+func TestJoinDuringHitsKeepsCounts(t *testing.T) {
+	sc := newHandOffScenario(t)
+	nodes := startScenarioCluster(t, 3, sc.clock)
+	sc.hit(nodes, 40)
+	var wg sync.WaitGroup
+	wg.Go(func() { sc.hit(nodes, 40) })
+	more := []*testNode{
+		startScenarioNode(t, "node4", sc.clock, nodes[0].GossipAddr()),
+		startScenarioNode(t, "node5", sc.clock, nodes[1].GossipAddr())}
+	wg.Wait()
+	all := append(nodes, more...)
+	waitRingAgrees(t, all)
+	sc.hit(all, 40)
+	sc.wantAllowed(100, "joins during hits")
+	if t.Failed() {
+		logStats(t, all)
+	}
+}

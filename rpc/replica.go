@@ -97,21 +97,22 @@ func (r *replicaStore) get(k string) (window.State, bool) {
 
 // putBack restores a copy taken for a hand-off that failed, unless a newer
 // copy arrived meanwhile.
-func (r *replicaStore) putBack(k string, st window.State) {
+func (r *replicaStore) putBack(k string, e replicaEntry) {
 	sh := &r.shards[r.shard(k)]
 	sh.mu.Lock()
 	if _, ok := sh.m[k]; !ok {
-		sh.m[k] = replicaEntry{st: st}
+		sh.m[k] = e
 	}
 	sh.mu.Unlock()
 }
 
-// orphans removes and returns the copies whose owner is no longer in v's
-// ring, grouped by the key's owner under v. Copies whose owner is in the
-// ring but no longer owns the key are stale (the key moved with its
-// state): it drops them.
-func (r *replicaStore) orphans(v *view, self string) map[string]map[string]window.State {
-	out := map[string]map[string]window.State{}
+// orphans removes and returns the copies whose owner has departed (was in
+// this node's ring and left it), grouped by the key's owner under v.
+// Copies whose owner is in the ring but no longer owns the key are stale
+// (the key moved with its state): it drops them. Copies of an owner this
+// node's ring has not met yet (gossip still spreading) stay.
+func (r *replicaStore) orphans(v *view, departed func(string) bool) map[string]map[string]replicaEntry {
+	out := map[string]map[string]replicaEntry{}
 	for i := range r.shards {
 		sh := &r.shards[i]
 		sh.mu.Lock()
@@ -122,12 +123,15 @@ func (r *replicaStore) orphans(v *view, self string) map[string]map[string]windo
 				}
 				continue
 			}
+			if e.owner != "" && !departed(e.owner) {
+				continue
+			}
 			delete(sh.m, k)
 			o := v.ring.Owner([]byte(k))
 			if out[o] == nil {
-				out[o] = map[string]window.State{}
+				out[o] = map[string]replicaEntry{}
 			}
-			out[o][k] = e.st
+			out[o][k] = e
 		}
 		sh.mu.Unlock()
 	}

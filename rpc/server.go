@@ -86,8 +86,10 @@ type Server struct {
 	pushSignal chan struct{}
 	replicas   *replicaStore
 	dirty      *dirtySet
-	fallback   *window.Store // windows of degraded (owner unavailable) decisions
-	mismatch   sync.Map      // member name -> fingerprint last warned about
+	fallback   *window.Store     // windows of degraded (owner unavailable) decisions
+	mismatch   sync.Map          // member name -> fingerprint last warned about
+	lastInput  []cluster.Member  // the member list SetMembers was last given; guarded by setMu
+	departing  map[string]string // member name -> instance that said it is leaving; guarded by setMu
 	bgCancel   context.CancelFunc
 	bg         sync.WaitGroup
 
@@ -320,7 +322,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		dirty:          newDirtySet(),
 		fallback:       window.NewStore(window.StoreConfig{Clock: storeClock{cfg.Store}, MaxKeys: 100_000}),
 		ho: handOffState{doneFrom: map[string]string{}, outgoing: map[string]chan struct{}{},
-			tombs: map[string]tomb{}},
+			tombs: map[string]tomb{}, departed: map[string]time.Time{}},
 		dialOpts: append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...),
 	}
 	r, err := ring.New([]string{cfg.Name}, cfg.Ring)
@@ -347,7 +349,18 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 	s.setMu.Lock()
 	defer s.setMu.Unlock()
 	old := s.view.Load()
-	ms := slices.Clone(members)
+	s.lastInput = slices.Clone(members)
+	// A member that said it is leaving (its hand-off done) is out of the
+	// ring at once, whether or not gossip has told of its leave yet.
+	ms := slices.DeleteFunc(slices.Clone(members), func(m cluster.Member) bool {
+		inst, ok := s.departing[m.Name]
+		return ok && m.Name != s.name && inst == m.Instance
+	})
+	for name := range s.departing {
+		if !slices.ContainsFunc(members, func(m cluster.Member) bool { return m.Name == name }) {
+			delete(s.departing, name) // gone from the gossip too
+		}
+	}
 	leaving := s.leaving.Load()
 	if leaving { // the ring excludes this node; its keys are handed off
 		ms = slices.DeleteFunc(ms, func(m cluster.Member) bool { return m.Name == s.name })
@@ -401,6 +414,7 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 			prev = nil
 		}
 		s.moving.Store(s.newMovingIn(prev, r, s.moving.Load()))
+		s.noteRingLocked(old.ring, r)
 		for k, t := range s.ho.tombs {
 			if r.Owner([]byte(k)) != s.name || time.Now().After(t.until) {
 				delete(s.ho.tombs, k)
@@ -423,6 +437,31 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 		}
 	}
 	return nil
+}
+
+// memberLeaving takes name out of the ring: it said it has handed off all
+// its keys and is leaving (gossip may tell of it late, or, if its leave
+// message is lost, only after failure detection).
+func (s *Server) memberLeaving(name string) {
+	s.setMu.Lock()
+	var inst string
+	found := false
+	for _, m := range s.lastInput {
+		if m.Name == name {
+			inst, found = m.Instance, true
+		}
+	}
+	if !found || name == s.name {
+		s.setMu.Unlock()
+		return
+	}
+	if s.departing == nil {
+		s.departing = map[string]string{}
+	}
+	s.departing[name] = inst
+	in := s.lastInput
+	s.setMu.Unlock()
+	_ = s.SetMembers(in)
 }
 
 // Drain ends the peer streams this server answers, so that a graceful stop
