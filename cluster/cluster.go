@@ -259,6 +259,10 @@ func (c *Cluster) Join(ctx context.Context, seeds []string) (int, error) {
 	}
 }
 
+// Instance returns this node's instance id: random per process start,
+// gossiped in its metadata (see Member.Instance).
+func (c *Cluster) Instance() string { return c.md.Instance }
+
 // LocalName returns this node's name.
 func (c *Cluster) LocalName() string { return c.name }
 

@@ -264,6 +264,14 @@ func (s *Server) noteRingLocked(prev, next *ring.Ring) {
 	}
 }
 
+// instanceID returns this node's gossiped instance id ("" if unknown).
+func (s *Server) instanceID() string {
+	if p := s.instance.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
 // noteDone records that member said it handed off everything for the ring
 // fp; when every member has, the keys moved here are all here.
 func (s *Server) noteDone(member, fp string) {
@@ -496,7 +504,8 @@ func (s *Server) pushTo(ctx context.Context, p *peer, fp string, keys []string, 
 		}
 	}
 	if done {
-		if err := send(&sluicev1.HandOffRequest{Sender: s.name, RingFingerprint: fp, Done: true, SenderLeaving: s.leaving.Load()}); err != nil {
+		if err := send(&sluicev1.HandOffRequest{Sender: s.name, RingFingerprint: fp, Done: true, SenderLeaving: s.leaving.Load(),
+			SenderInstance: s.instanceID()}); err != nil {
 			return err
 		}
 	}
@@ -612,7 +621,7 @@ func (s *Server) HandOff(stream sluicev1.PeerService_HandOffServer) error {
 				// are stale, and must not stand in for it once it is gone;
 				// and it is out of the ring from now on.
 				s.replicas.dropOwner(req.Sender)
-				s.memberLeaving(req.Sender)
+				s.memberLeaving(req.Sender, req.SenderInstance)
 			}
 		}
 		if err := stream.Send(resp); err != nil {

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -95,6 +96,7 @@ type Node struct {
 	closeErr  error
 	failed    chan error    // receives the error that made the node give up
 	publish   chan struct{} // capacity 1: the ring changed, gossip it
+	refused   atomic.Bool   // the cluster refused the node (its name is taken): it hands nothing off
 }
 
 // StartNode listens on cfg.GRPCAddr and cfg.GossipAddr, starts serving
@@ -152,6 +154,8 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		srv.Close()
 		return nil, err
 	}
+	inst := cl.Instance()
+	srv.instance.Store(&inst)
 	// Stream workers serve RPCs on long-lived goroutines instead of a new
 	// goroutine (and a new, growing stack) per RPC.
 	gs := grpc.NewServer(grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))))
@@ -173,6 +177,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		_, err := cl.Join(ctx, cfg.Join)
 		switch {
 		case errors.Is(err, cluster.ErrNameTaken):
+			n.refused.Store(true)
 			// Stop gossip without a leave message: a leave under this
 			// name would remove the other, rightful member.
 			log.Error("refusing to take part in the cluster", "error", err)
@@ -290,7 +295,10 @@ func (n *Node) Close(ctx context.Context) error {
 		}
 		hctx, cancel := context.WithTimeout(ctx, hto)
 		start := time.Now()
-		herr := n.server.Leave(hctx)
+		var herr error
+		if !n.refused.Load() {
+			herr = n.server.Leave(hctx)
+		}
 		cancel()
 		if herr != nil {
 			n.log.Error("hand-off before leaving incomplete", "error", herr, "took", time.Since(start))
@@ -343,5 +351,9 @@ func (n *Node) stop() {
 	}
 	n.log.Info("routing totals", "local_checks", st.LocalChecks, "forwarded_checks", st.ForwardedChecks,
 		"received_calls", st.ReceivedRPCs, "received_checks", st.ReceivedChecks)
+	n.log.Info("hand-off totals", "handed_off", st.HandedOff, "received", st.ReceivedHandOff, "pulls", st.Pulls,
+		"reforwarded", st.Reforwarded, "degraded", st.Degraded, "moved_without_state", st.MovedWithoutState,
+		"owner_lost", st.OwnerLost, "replica_behind", st.ReplicaBehind, "replica_takeovers", st.ReplicaTakeovers,
+		"evicted_live", st.EvictedLive, "ring_mismatch", st.RingMismatch)
 	n.server.Close()
 }

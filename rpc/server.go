@@ -86,10 +86,11 @@ type Server struct {
 	pushSignal chan struct{}
 	replicas   *replicaStore
 	dirty      *dirtySet
-	fallback   *window.Store     // windows of degraded (owner unavailable) decisions
-	mismatch   sync.Map          // member name -> fingerprint last warned about
-	lastInput  []cluster.Member  // the member list SetMembers was last given; guarded by setMu
-	departing  map[string]string // member name -> instance that said it is leaving; guarded by setMu
+	fallback   *window.Store          // windows of degraded (owner unavailable) decisions
+	mismatch   sync.Map               // member name -> fingerprint last warned about
+	instance   atomic.Pointer[string] // this node's gossiped instance id
+	lastInput  []cluster.Member       // the member list SetMembers was last given; guarded by setMu
+	departing  map[string]string      // member name -> instance that said it is leaving; guarded by setMu
 	bgCancel   context.CancelFunc
 	bg         sync.WaitGroup
 
@@ -441,8 +442,9 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 
 // memberLeaving takes name out of the ring: it said it has handed off all
 // its keys and is leaving (gossip may tell of it late, or, if its leave
-// message is lost, only after failure detection).
-func (s *Server) memberLeaving(name string) {
+// message is lost, only after failure detection). Only the member's
+// gossiped instance counts: an impostor under its name is ignored.
+func (s *Server) memberLeaving(name, instance string) {
 	s.setMu.Lock()
 	var inst string
 	found := false
@@ -451,7 +453,7 @@ func (s *Server) memberLeaving(name string) {
 			inst, found = m.Instance, true
 		}
 	}
-	if !found || name == s.name {
+	if !found || name == s.name || instance == "" || inst != instance {
 		s.setMu.Unlock()
 		return
 	}

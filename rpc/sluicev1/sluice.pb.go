@@ -915,8 +915,12 @@ type HandOffRequest struct {
 	// differs refuses states (error set): one of the two rings is behind,
 	// and the sender tries again once they agree.
 	SenderLeaving bool `protobuf:"varint,6,opt,name=sender_leaving,json=senderLeaving,proto3" json:"sender_leaving,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The sender's instance id (random per process start, gossiped in its
+	// metadata): a done of a leaving sender takes the member out of the
+	// receiver's ring only if it is this instance.
+	SenderInstance string `protobuf:"bytes,7,opt,name=sender_instance,json=senderInstance,proto3" json:"sender_instance,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *HandOffRequest) Reset() {
@@ -989,6 +993,13 @@ func (x *HandOffRequest) GetSenderLeaving() bool {
 		return x.SenderLeaving
 	}
 	return false
+}
+
+func (x *HandOffRequest) GetSenderInstance() string {
+	if x != nil {
+		return x.SenderInstance
+	}
+	return ""
 }
 
 type HandOffResponse struct {
@@ -1316,14 +1327,15 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\bKeyState\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\fR\x05state\x12\x14\n" +
-	"\x05owner\x18\x03 \x01(\tR\x05owner\"\xde\x01\n" +
+	"\x05owner\x18\x03 \x01(\tR\x05owner\"\x87\x02\n" +
 	"\x0eHandOffRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12)\n" +
 	"\x10ring_fingerprint\x18\x02 \x01(\tR\x0fringFingerprint\x12+\n" +
 	"\x06states\x18\x03 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\x12\x12\n" +
 	"\x04done\x18\x04 \x01(\bR\x04done\x12!\n" +
 	"\ffrom_replica\x18\x05 \x01(\bR\vfromReplica\x12%\n" +
-	"\x0esender_leaving\x18\x06 \x01(\bR\rsenderLeaving\"?\n" +
+	"\x0esender_leaving\x18\x06 \x01(\bR\rsenderLeaving\x12'\n" +
+	"\x0fsender_instance\x18\a \x01(\tR\x0esenderInstance\"?\n" +
 	"\x0fHandOffResponse\x12\x16\n" +
 	"\x06merged\x18\x01 \x01(\x03R\x06merged\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\"d\n" +
