@@ -805,7 +805,19 @@ func (s *Server) reforward(ctx context.Context, v *view, owner string, reqs []re
 			return
 		}
 	}
+	// The ring may have changed meanwhile (the owner left it, or this
+	// node now owns the key): decide here if so, else per the policy.
+	now := s.view.Load()
+	var buf []byte
 	for _, i := range is {
+		if now.ring.Fingerprint() != v.ring.Fingerprint() {
+			buf = ring.Key(buf[:0], reqs[i].name, reqs[i].key)
+			if now.ring.Owner(buf) == s.name && s.tombFor(buf) == "" {
+				out[i] = s.decideOwned(ctx, now, buf, reqs[i].check)
+				continue
+			}
+		}
+		s.log.Debug("re-forward failed", "owner", owner, "error", err)
 		out[i] = s.unavailable(reqs[i], failure{index: i, owner: owner, err: err.Error()})
 	}
 }
