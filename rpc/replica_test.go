@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
@@ -255,8 +256,19 @@ func TestRestartUnderSameNameRecoversFromReplicas(t *testing.T) {
 			t.Fatalf("before the crash: %+v", d)
 		}
 	}
-	eventually(t, "node2's key to be replicated", func() bool {
-		return nodes[0].Server().Stats().Replicas+nodes[2].Server().Stats().Replicas > 0
+	// The crash must lose nothing here: wait until a replica holds all 6.
+	key := string(ring.Key(nil, "restart", k))
+	eventually(t, "node2's key to be replicated up to date", func() bool {
+		want, _ := nodes[1].Store().Get(key)
+		wb, _ := want.MarshalBinary()
+		for _, n := range []*testNode{nodes[0], nodes[2]} {
+			if st, ok := n.Server().replicas.get(key); ok {
+				if b, _ := st.MarshalBinary(); string(b) == string(wb) {
+					return true
+				}
+			}
+		}
+		return false
 	})
 	oldAddr := nodes[1].GRPCAddr()
 	nodes[1].Kill()
