@@ -8,6 +8,8 @@ package cluster
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -90,6 +92,15 @@ type Member struct {
 	Version string
 	// State is Alive or Suspect (dead and departed nodes are not members).
 	State State
+	// RingFingerprint is the fingerprint of the node's ring, RingMembers
+	// the hash of its member set, and RingEpoch its count of ring builds
+	// that changed the fingerprint, as last gossiped; empty (0) until the
+	// node published them with [Cluster.SetRing].
+	RingFingerprint, RingMembers string
+	RingEpoch                    uint64
+	// Instance is random per process start: a node restarted under the
+	// same name has another.
+	Instance string
 }
 
 // Errors.
@@ -117,6 +128,18 @@ type Cluster struct {
 	// means this node is the newcomer (conflict holds the other's address).
 	joined   atomic.Bool
 	conflict atomic.Pointer[string]
+
+	delegate delegate
+	metaMu   sync.Mutex // serializes SetRing
+	md       metadata   // guarded by metaMu
+
+	// nodes holds copies of the live nodes, made in the event callbacks
+	// (which memberlist calls with its node lock held): memberlist's own
+	// Members returns pointers it later writes to without our lock.
+	nodesMu sync.Mutex
+	nodes   map[string]memberlist.Node
+
+	gossipAddr string
 }
 
 // New starts gossip on cfg.BindAddr as a cluster of one. Join others with
@@ -135,7 +158,10 @@ func New(cfg Config) (*Cluster, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	meta, err := encodeMeta(metadata{GRPCAddr: cfg.GRPCAddr, Region: cfg.Region, Version: cfg.Version})
+	var nonce [8]byte
+	_, _ = rand.Read(nonce[:])
+	instance := hex.EncodeToString(nonce[:])
+	meta, err := encodeMeta(metadata{GRPCAddr: cfg.GRPCAddr, Region: cfg.Region, Version: cfg.Version, Instance: instance})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
@@ -151,6 +177,12 @@ func New(cfg Config) (*Cluster, error) {
 		return nil, fmt.Errorf("%w: profile: unknown %q (want lan, wan or local)", ErrConfig, cfg.Profile)
 	}
 	mc.Name = cfg.Name
+	// A node that comes back under its name at a new address (a restart
+	// after a crash) is accepted as soon as the old one has been declared
+	// dead (it stopped answering probes), instead of memberlist's default
+	// (never, until the dead node is forgotten). While the old one is
+	// still alive or suspect the newcomer is refused (ErrNameTaken).
+	mc.DeadNodeReclaimTime = time.Millisecond
 	if cfg.Transport != nil {
 		mc.Transport = cfg.Transport
 	} else {
@@ -172,8 +204,11 @@ func New(cfg Config) (*Cluster, error) {
 		}
 		mc.AdvertiseAddr = adv
 	}
-	c := &Cluster{name: cfg.Name, log: cfg.Logger.With("node", cfg.Name), changes: make(chan struct{}, 1)}
-	mc.Delegate = &delegate{meta: meta}
+	c := &Cluster{name: cfg.Name, log: cfg.Logger.With("node", cfg.Name), changes: make(chan struct{}, 1),
+		nodes: map[string]memberlist.Node{},
+		md:    metadata{GRPCAddr: cfg.GRPCAddr, Region: cfg.Region, Version: cfg.Version, Instance: instance}}
+	c.delegate.meta.Store(&meta)
+	mc.Delegate = &c.delegate
 	mc.Events = &events{c: c}
 	mc.Conflict = &conflicts{c: c}
 	mc.Logger = newStdLogger(c.log.With("component", "memberlist"))
@@ -182,6 +217,8 @@ func New(cfg Config) (*Cluster, error) {
 		return nil, fmt.Errorf("cluster: start gossip on %s: %w", cfg.BindAddr, err)
 	}
 	c.list = list
+	ln := list.LocalNode() // read once: memberlist rewrites it on metadata updates
+	c.gossipAddr = net.JoinHostPort(ln.Addr.String(), strconv.Itoa(int(ln.Port)))
 	return c, nil
 }
 
@@ -222,23 +259,29 @@ func (c *Cluster) Join(ctx context.Context, seeds []string) (int, error) {
 	}
 }
 
+// Instance returns this node's instance id: random per process start,
+// gossiped in its metadata (see Member.Instance).
+func (c *Cluster) Instance() string { return c.md.Instance }
+
 // LocalName returns this node's name.
-func (c *Cluster) LocalName() string { return c.list.LocalNode().Name }
+func (c *Cluster) LocalName() string { return c.name }
 
 // GossipAddr returns the host:port this node advertises for gossip.
-func (c *Cluster) GossipAddr() string {
-	n := c.list.LocalNode()
-	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
-}
+func (c *Cluster) GossipAddr() string { return c.gossipAddr }
 
 // Members returns a snapshot of the live members (alive or suspect), this
 // node included, sorted by name. A member whose metadata cannot be decoded
 // is left out (and logged): it cannot be forwarded to.
 func (c *Cluster) Members() []Member {
-	nodes := c.list.Members()
+	c.nodesMu.Lock()
+	nodes := make([]memberlist.Node, 0, len(c.nodes))
+	for _, n := range c.nodes {
+		nodes = append(nodes, n)
+	}
+	c.nodesMu.Unlock()
 	out := make([]Member, 0, len(nodes))
 	for _, n := range nodes {
-		m, err := toMember(n)
+		m, err := toMember(&n)
 		if err != nil {
 			c.log.Warn("ignoring member with bad metadata", "member", n.Name, "error", err)
 			continue
@@ -319,17 +362,47 @@ func toMember(n *memberlist.Node) (Member, error) {
 		Region:     md.Region,
 		Version:    md.Version,
 		State:      st,
+
+		RingFingerprint: md.RingFP,
+		RingMembers:     md.RingMembers,
+		RingEpoch:       md.RingEpoch,
+		Instance:        md.Instance,
 	}, nil
 }
 
+// SetRing publishes this node's ring (fingerprint, member-set hash and
+// epoch) in its metadata and gossips the update, waiting up to timeout for
+// it to go out. Nothing is sent when they did not change. It returns an
+// error when the metadata would be too large or gossip has stopped.
+func (c *Cluster) SetRing(fingerprint, membersHash string, epoch uint64, timeout time.Duration) error {
+	c.metaMu.Lock()
+	defer c.metaMu.Unlock()
+	if c.md.RingFP == fingerprint && c.md.RingMembers == membersHash && c.md.RingEpoch == epoch {
+		return nil
+	}
+	md := c.md
+	md.RingFP, md.RingMembers, md.RingEpoch = fingerprint, membersHash, epoch
+	b, err := encodeMeta(md)
+	if err != nil {
+		return err
+	}
+	if c.closed.Load() {
+		return errors.New("cluster: gossip stopped")
+	}
+	c.md = md
+	c.delegate.meta.Store(&b)
+	return c.list.UpdateNode(timeout)
+}
+
 // delegate serves this node's metadata; sluice gossips no user data.
-type delegate struct{ meta []byte }
+type delegate struct{ meta atomic.Pointer[[]byte] }
 
 func (d *delegate) NodeMeta(limit int) []byte {
-	if len(d.meta) > limit {
+	m := *d.meta.Load()
+	if len(m) > limit {
 		return nil // cannot happen: encodeMeta bounds the size
 	}
-	return d.meta
+	return m
 }
 func (d *delegate) NotifyMsg([]byte)                    {}
 func (d *delegate) GetBroadcasts(int, int) [][]byte     { return nil }
@@ -343,17 +416,33 @@ type events struct{ c *Cluster }
 
 func (e *events) NotifyJoin(n *memberlist.Node) {
 	e.c.log.Info("member joined", "member", n.Name, "addr", n.Address())
+	e.c.record(n)
 	e.c.signal()
 }
 
 func (e *events) NotifyLeave(n *memberlist.Node) {
 	e.c.log.Info("member left", "member", n.Name, "addr", n.Address(), "state", n.State)
+	e.c.nodesMu.Lock()
+	delete(e.c.nodes, n.Name)
+	e.c.nodesMu.Unlock()
 	e.c.signal()
 }
 
 func (e *events) NotifyUpdate(n *memberlist.Node) {
-	e.c.log.Info("member updated", "member", n.Name, "addr", n.Address())
+	e.c.log.Debug("member updated", "member", n.Name, "addr", n.Address())
+	e.c.record(n)
 	e.c.signal()
+}
+
+// record keeps a copy of n (its Meta copied too). memberlist holds its
+// node lock while it calls the event callbacks, so n is stable here.
+func (c *Cluster) record(n *memberlist.Node) {
+	cp := *n
+	cp.Meta = slices.Clone(n.Meta)
+	cp.Addr = slices.Clone(n.Addr)
+	c.nodesMu.Lock()
+	c.nodes[n.Name] = cp
+	c.nodesMu.Unlock()
 }
 
 // conflicts hears of two live nodes with one name at different addresses.

@@ -80,8 +80,9 @@ func TestJoinMembersAndChanges(t *testing.T) {
 	}
 	ms := cs[2].Members()
 	for i, m := range ms {
-		want := Member{Name: fmt.Sprintf("n%d", i+1), GRPCAddr: fmt.Sprintf("127.0.0.1:%d", 7070+i), GossipAddr: addrs[i], Region: "r1", Version: "test", State: Alive}
-		if m != want {
+		want := Member{Name: fmt.Sprintf("n%d", i+1), GRPCAddr: fmt.Sprintf("127.0.0.1:%d", 7070+i), GossipAddr: addrs[i], Region: "r1", Version: "test", State: Alive,
+			Instance: cs[i].md.Instance}
+		if m != want || len(m.Instance) != 16 {
 			t.Errorf("member %d = %+v, want %+v", i, m, want)
 		}
 	}
@@ -142,5 +143,42 @@ func TestStdLoggerLevels(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("log output lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// The ring's fingerprint, member-set hash and epoch travel in the
+// metadata: SetRing on one node shows in the others' Members, and the
+// metadata stays far below memberlist's 512 bytes even with the longest
+// address, a long region and version, and the largest epoch.
+func TestSetRingGossipsTheRing(t *testing.T) {
+	cs, addrs := startMock(t, 3)
+	for _, c := range cs[1:] {
+		if n, err := c.Join(context.Background(), addrs[:1]); err != nil || n != 1 {
+			t.Fatalf("join: %d, %v", n, err)
+		}
+	}
+	if err := cs[0].SetRing("0123456789abcdef", "fedcba9876543210", 7, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the ring in n1's metadata to reach the others", func() bool {
+		for _, c := range cs[1:] {
+			found := false
+			for _, m := range c.Members() {
+				if m.Name == "n1" && m.RingFingerprint == "0123456789abcdef" && m.RingMembers == "fedcba9876543210" && m.RingEpoch == 7 {
+					found = true
+				}
+			}
+			if !found {
+				return false
+			}
+		}
+		return true
+	})
+	b, err := encodeMeta(metadata{
+		GRPCAddr: "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535", Region: strings.Repeat("r", 64),
+		Version: strings.Repeat("v", 64), RingFP: "0123456789abcdef", RingMembers: "fedcba9876543210", RingEpoch: ^uint64(0),
+	})
+	if err != nil || len(b) >= 512 {
+		t.Fatalf("metadata of %d bytes (%v), want < 512", len(b), err)
 	}
 }

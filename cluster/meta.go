@@ -21,6 +21,14 @@ type metadata struct {
 	GRPCAddr string `json:"grpc"`
 	Region   string `json:"region"`
 	Version  string `json:"version,omitempty"`
+	// The node's ring: fingerprint, hash of its member set (16 hex digits
+	// each) and epoch (ring builds that changed the fingerprint).
+	RingFP      string `json:"rf,omitempty"`
+	RingMembers string `json:"rm,omitempty"`
+	RingEpoch   uint64 `json:"re,omitempty"`
+	// Instance is random per process start (16 hex digits): it tells a
+	// node that restarted under its name from the one before.
+	Instance string `json:"id,omitempty"`
 }
 
 var errMeta = errors.New("bad node metadata")

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/buraksezer/consistent"
 	"github.com/cespare/xxhash/v2"
@@ -95,6 +96,9 @@ type Ring struct {
 	cfg         Config
 	members     []string // sorted
 	fingerprint string
+	membersHash string
+	order       []string // members in the order of their names' hashes: the ring's successor order
+	orderIdx    map[string]int
 }
 
 // New builds a ring over the named members (duplicates are ignored).
@@ -140,6 +144,22 @@ func New(names []string, cfg Config) (r *Ring, err error) {
 	})
 	r = &Ring{c: c, cfg: cfg, members: sorted}
 	r.fingerprint = r.computeFingerprint()
+	r.membersHash = hashNames(sorted)
+	r.order = slices.Clone(sorted)
+	slices.SortFunc(r.order, func(a, b string) int {
+		ha, hb := xxhash.Sum64String(member(a).String()), xxhash.Sum64String(member(b).String())
+		switch {
+		case ha < hb:
+			return -1
+		case ha > hb:
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
+	r.orderIdx = make(map[string]int, len(r.order))
+	for i, n := range r.order {
+		r.orderIdx[n] = i
+	}
 	return r, nil
 }
 
@@ -151,6 +171,50 @@ func (r *Ring) Owner(key []byte) string {
 	}
 	return string(m.(member))
 }
+
+// Partition returns the partition key hashes into, in [0, PartitionCount).
+func (r *Ring) Partition(key []byte) int { return r.c.FindPartitionID(key) }
+
+// PartitionOwner returns the name of the member that owns partition id, or
+// "" when id is out of range.
+func (r *Ring) PartitionOwner(id int) string {
+	if id < 0 || id >= r.cfg.PartitionCount {
+		return ""
+	}
+	m := r.c.GetPartitionOwner(id)
+	if m == nil {
+		return ""
+	}
+	return string(m.(member))
+}
+
+// Successors returns up to n members that follow key's owner on the ring
+// (the order of their names' hashes, as consistent's GetClosestN walks
+// it), the owner excluded: the nodes that hold key's replicas. It returns
+// fewer when the ring has fewer other members, and nil for n <= 0.
+func (r *Ring) Successors(key []byte, n int) []string {
+	n = min(n, len(r.order)-1)
+	if n <= 0 {
+		return nil
+	}
+	i := r.orderIdx[r.Owner(key)]
+	out := make([]string, n)
+	for j := range out {
+		out[j] = r.order[(i+1+j)%len(r.order)]
+	}
+	return out
+}
+
+// Has reports whether name is a member of the ring.
+func (r *Ring) Has(name string) bool {
+	_, ok := r.orderIdx[name]
+	return ok
+}
+
+// MembersHash identifies the member set alone (16 hex digits): two rings
+// with equal MembersHash but different [Ring.Fingerprint] were built with
+// different Configs or library versions, and disagree about owners.
+func (r *Ring) MembersHash() string { return r.membersHash }
 
 // Members returns the member names, sorted. The caller must not modify it.
 func (r *Ring) Members() []string { return r.members }
@@ -178,11 +242,22 @@ func (r *Ring) computeFingerprint() string {
 	d := xxhash.New()
 	_, _ = d.WriteString(Library)
 	_, _ = fmt.Fprintf(d, "|%d|%d|%g|", r.cfg.PartitionCount, r.cfg.ReplicationFactor, r.cfg.Load)
-	for _, n := range r.members {
+	writeNames(d, r.members)
+	return fmt.Sprintf("%016x", d.Sum64())
+}
+
+// writeNames writes each name length-prefixed, so no two lists collide.
+func writeNames(d *xxhash.Digest, names []string) {
+	for _, n := range names {
 		var l [binary.MaxVarintLen64]byte
 		_, _ = d.Write(l[:binary.PutUvarint(l[:], uint64(len(n)))])
 		_, _ = d.WriteString(n)
 	}
+}
+
+func hashNames(names []string) string {
+	d := xxhash.New()
+	writeNames(d, names)
 	return fmt.Sprintf("%016x", d.Sum64())
 }
 

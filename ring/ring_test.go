@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 )
 
@@ -167,5 +168,39 @@ func TestJoinMovesBoundedShare(t *testing.T) {
 	}
 	if toNew < moved/2 {
 		t.Fatalf("most moved keys (%d of %d) went between old members", moved-toNew, moved)
+	}
+}
+
+// Successors follow the owner in the order consistent's GetClosestN walks,
+// so they agree with it for every key, and never name the owner.
+func TestSuccessorsMatchClosestN(t *testing.T) {
+	r, err := New([]string{"a", "b", "c", "d", "e"}, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 1000 {
+		k := Key(nil, "api", strconv.Itoa(i))
+		want, err := r.c.GetClosestN(k, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := r.Successors(k, 2)
+		if len(got) != 2 || got[0] != string(want[1].(member)) || got[1] != string(want[2].(member)) {
+			t.Fatalf("key %d: successors %v, closest %v", i, got, want)
+		}
+		if string(want[0].(member)) != r.Owner(k) || r.PartitionOwner(r.Partition(k)) != r.Owner(k) {
+			t.Fatalf("key %d: owner disagrees", i)
+		}
+	}
+	if got := r.Successors([]byte("x"), 10); len(got) != 4 {
+		t.Fatalf("successors of 5 members, n=10: %v", got)
+	}
+	one, _ := New([]string{"a"}, Config{})
+	if got := one.Successors([]byte("x"), 1); got != nil {
+		t.Fatalf("a lone member has successors %v", got)
+	}
+	other, _ := New([]string{"e", "d", "c", "b", "a"}, Config{PartitionCount: 101})
+	if other.MembersHash() != r.MembersHash() || other.Fingerprint() == r.Fingerprint() {
+		t.Fatal("members hash must depend on the names only, the fingerprint on the config too")
 	}
 }

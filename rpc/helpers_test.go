@@ -108,6 +108,14 @@ func startCluster(t *testing.T, n int, clock window.Clock) []*testNode {
 // have one fingerprint.
 func waitRingAgrees(t *testing.T, nodes []*testNode) {
 	t.Helper()
+	defer func() {
+		if t.Failed() {
+			for _, n := range nodes {
+				v := n.Server().view.Load()
+				t.Logf("%s: ring %s, members %v", n.Name(), v.ring, v.ring.Members())
+			}
+		}
+	}()
 	eventually(t, "the rings to agree", func() bool {
 		fp := ""
 		for _, n := range nodes {

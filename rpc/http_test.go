@@ -44,7 +44,7 @@ func httpDo(t *testing.T, method, url, body string) (int, string) {
 // in the JSON form of the same messages.
 func TestHTTPCheckMatchesGRPC(t *testing.T) {
 	clock := windowClock()
-	n := startNodeWith(t, NodeConfig{Name: "node1", Clock: clock, HTTPAddr: "127.0.0.1:0"})
+	n := startNodeCfg(t, NodeConfig{Name: "node1", Clock: clock, HTTPAddr: "127.0.0.1:0"})
 	base := "http://" + n.HTTPAddr()
 	for _, alg := range algorithms {
 		for i := 0; i < 5; i++ {
@@ -80,7 +80,7 @@ func TestHTTPCheckMatchesGRPC(t *testing.T) {
 // C12 over HTTP: bad numbers get 400 and a status naming the field;
 // nothing is counted.
 func TestHTTPBadInput(t *testing.T) {
-	n := startNodeWith(t, NodeConfig{Name: "node1", HTTPAddr: "127.0.0.1:0"})
+	n := startNodeCfg(t, NodeConfig{Name: "node1", HTTPAddr: "127.0.0.1:0"})
 	url := "http://" + n.HTTPAddr() + "/v1/check"
 	for _, tc := range []struct{ check, field string }{
 		{`"limit":0,"window_ms":1000`, "checks[0].limit"},
@@ -132,7 +132,7 @@ func TestHTTPBadInput(t *testing.T) {
 // /metrics parses as Prometheus text and its counters follow the checks.
 func TestMetrics(t *testing.T) {
 	clock := windowClock()
-	n := startNodeWith(t, NodeConfig{Name: "node1", Clock: clock, HTTPAddr: "127.0.0.1:0", Limits: mustParseLimits(t, testLimits)})
+	n := startNodeCfg(t, NodeConfig{Name: "node1", Clock: clock, HTTPAddr: "127.0.0.1:0", Limits: mustParseLimits(t, testLimits)})
 	for i := 0; i < 5; i++ { // api: 3 allowed, 2 denied
 		check(t, n.client, named("api", "user:1"))
 	}
@@ -212,7 +212,7 @@ func metricValue(m *dto.Metric) float64 {
 // the ring to settle, and turns 503 when the node leaves.
 func TestHealthAndReadiness(t *testing.T) {
 	// A seed that never answers: the node serves but is not ready.
-	lonely := startNodeWith(t, NodeConfig{Name: "lonely", HTTPAddr: "127.0.0.1:0", Join: []string{"127.0.0.1:1"}, SettleTime: time.Millisecond})
+	lonely := startNodeCfg(t, NodeConfig{Name: "lonely", HTTPAddr: "127.0.0.1:0", Join: []string{"127.0.0.1:1"}, SettleTime: time.Millisecond})
 	base := "http://" + lonely.HTTPAddr()
 	if code, _ := httpDo(t, "GET", base+"/healthz", ""); code != http.StatusOK {
 		t.Fatalf("/healthz = %d", code)
@@ -221,7 +221,7 @@ func TestHealthAndReadiness(t *testing.T) {
 		t.Fatalf("/readyz while joining = %d %s", code, out)
 	}
 
-	n := startNodeWith(t, NodeConfig{Name: "node1", HTTPAddr: "127.0.0.1:0", SettleTime: 50 * time.Millisecond})
+	n := startNodeCfg(t, NodeConfig{Name: "node1", HTTPAddr: "127.0.0.1:0", SettleTime: 50 * time.Millisecond})
 	base = "http://" + n.HTTPAddr()
 	eventually(t, "the node to be ready", func() bool {
 		code, _ := httpDo(t, "GET", base+"/readyz", "")

@@ -117,7 +117,7 @@ var (
 	descReceived     = prometheus.NewDesc("sluice_received_checks_total", "Checks received from peers, decided here as owner.", nil, nil)
 	descReceivedRPCs = prometheus.NewDesc("sluice_received_calls_total", "Calls received from peers.", nil, nil)
 	descMembers      = prometheus.NewDesc("sluice_members", "Members in this node's ring, itself included.", nil, nil)
-	descRingEpoch    = prometheus.NewDesc("sluice_ring_epoch", "Number of ring builds on this node since it started (each membership change builds one).", nil, nil)
+	descRingEpoch    = prometheus.NewDesc("sluice_ring_epoch", "Ring builds on this node that changed the ring's fingerprint, since it started.", nil, nil)
 	descKeys         = prometheus.NewDesc("sluice_keys", "Keys holding state on this node.", nil, nil)
 	descSwept        = prometheus.NewDesc("sluice_keys_swept_total", "Keys removed because they were back at full capacity (changes no decision).", nil, nil)
 	descEvictedLive  = prometheus.NewDesc("sluice_keys_evicted_live_total", "Keys removed under --max-keys while still inside their window: each handed its client a fresh budget.", nil, nil)
@@ -160,7 +160,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		v := srv.view.Load()
 		gauge(descMembers, int64(len(v.members)))
-		gauge(descRingEpoch, srv.ringBuilds.Load())
+		gauge(descRingEpoch, int64(v.epoch))
 	}
 	if store != nil {
 		st := store.Stats()

@@ -15,30 +15,16 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limits"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
 
-// startNodeWith starts a node from cfg with test defaults filled in
-// (loopback, OS-picked ports, local gossip timings) and closes it when the
-// test ends.
-func startNodeWith(t *testing.T, cfg NodeConfig) *testNode {
+// startNodeCfg starts a node from cfg (name, clock and join taken from
+// it) with the test defaults of startNodeWith.
+func startNodeCfg(t *testing.T, cfg NodeConfig) *testNode {
 	t.Helper()
-	cfg.GRPCAddr, cfg.GossipAddr = "127.0.0.1:0", "127.0.0.1:0"
-	cfg.Profile, cfg.Logger = cluster.Local, testLogger()
-	cfg.LeaveTimeout = time.Second
-	n, err := StartNode(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = n.Close(ctx)
-	})
-	return &testNode{Node: n, client: dial(t, n.GRPCAddr())}
+	return startNodeWith(t, cfg.Name, cfg.Clock, cfg, cfg.Join...)
 }
 
 const testLimits = `
@@ -75,10 +61,10 @@ func named(name, key string) *sluicev1.RateLimitCheck {
 // configuration. Shadow limits answer allowed and say so.
 func TestNamedLimitsAcrossTheCluster(t *testing.T) {
 	clock := windowClock()
-	entry := startNodeWith(t, NodeConfig{Name: "node1", Clock: clock, Limits: mustParseLimits(t, testLimits)})
+	entry := startNodeCfg(t, NodeConfig{Name: "node1", Clock: clock, Limits: mustParseLimits(t, testLimits)})
 	nodes := []*testNode{entry}
 	for _, name := range []string{"node2", "node3"} {
-		nodes = append(nodes, startNodeWith(t, NodeConfig{Name: name, Clock: clock, Join: []string{entry.GossipAddr()}}))
+		nodes = append(nodes, startNodeCfg(t, NodeConfig{Name: name, Clock: clock, Join: []string{entry.GossipAddr()}}))
 	}
 	waitRingAgrees(t, nodes)
 
@@ -159,8 +145,8 @@ func TestLimitsReloadUnderLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nodes := []*testNode{startNodeWith(t, NodeConfig{Name: "node1", Limits: src})}
-	nodes = append(nodes, startNodeWith(t, NodeConfig{Name: "node2", Limits: src, Join: []string{nodes[0].GossipAddr()}}))
+	nodes := []*testNode{startNodeCfg(t, NodeConfig{Name: "node1", Limits: src})}
+	nodes = append(nodes, startNodeCfg(t, NodeConfig{Name: "node2", Limits: src, Join: []string{nodes[0].GossipAddr()}}))
 	waitRingAgrees(t, nodes)
 
 	var (
@@ -220,9 +206,9 @@ var _ window.Clock = (*window.ManualClock)(nil)
 // checks alternating between the versions.
 func TestNamedLimitsOwnerNumbersWin(t *testing.T) {
 	clock := windowClock()
-	a := startNodeWith(t, NodeConfig{Name: "a", Clock: clock,
+	a := startNodeCfg(t, NodeConfig{Name: "a", Clock: clock,
 		Limits: mustParseLimits(t, "limits:\n  api:\n    limit: 2\n    window: 1m\n")})
-	b := startNodeWith(t, NodeConfig{Name: "b", Clock: clock, Join: []string{a.GossipAddr()},
+	b := startNodeCfg(t, NodeConfig{Name: "b", Clock: clock, Join: []string{a.GossipAddr()},
 		Limits: mustParseLimits(t, "limits:\n  api:\n    limit: 2\n    window: 2m\n")})
 	waitRingAgrees(t, []*testNode{a, b})
 	for _, owner := range []*testNode{a, b} {

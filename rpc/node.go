@@ -56,8 +56,16 @@ type NodeConfig struct {
 	// at Batch.MaxSize checks (default 1000) or Batch.MaxWait after its
 	// first (default 200 us). (Optional)
 	Batch BatchConfig
-	// LeaveTimeout bounds the graceful leave in Close. Default 5 s. (Optional)
+	// LeaveTimeout bounds the leave message in Close (after the hand-off).
+	// Default 5 s. (Optional)
 	LeaveTimeout time.Duration
+	// HandOffTimeout bounds the hand-off of all this node's keys in Close,
+	// and how long a new owner waits for keys moved to it (pulling each on
+	// first touch meanwhile). Default 10 s. (Optional)
+	HandOffTimeout time.Duration
+	// Replication shapes the copies of this node's keys on the next
+	// members of the ring: default 1 copy, sent every 100 ms. (Optional)
+	Replication ReplicationConfig
 	// SweepInterval is how often idle keys are removed. Default 5 s. (Optional)
 	SweepInterval time.Duration
 	// MaxKeys caps the keys this node holds state for; 0 means no cap (see
@@ -115,7 +123,9 @@ type Node struct {
 	wg        sync.WaitGroup
 	closeOnce sync.Once
 	closeErr  error
-	failed    chan error // receives the error that made the node give up
+	failed    chan error    // receives the error that made the node give up
+	publish   chan struct{} // capacity 1: the ring changed, gossip it
+	refused   atomic.Bool   // the cluster refused the node (its name is taken): it hands nothing off
 
 	rls *rls.Service // nil unless NodeConfig.RLS is set
 }
@@ -164,6 +174,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		Name: cfg.Name, Store: store, Ring: cfg.Ring,
 		ForwardTimeout: cfg.ForwardTimeout, Batch: cfg.Batch, Logger: log.With("component", "rpc"),
 		Limits: cfg.Limits, Observer: metrics, DialOptions: cfg.DialOptions,
+		HandOffTimeout: cfg.HandOffTimeout, Replication: cfg.Replication,
 	})
 	if err != nil {
 		lis.Close()
@@ -187,8 +198,11 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		if httpLis != nil {
 			httpLis.Close()
 		}
+		srv.Close()
 		return nil, err
 	}
+	inst := cl.Instance()
+	srv.instance.Store(&inst)
 	// Stream workers serve RPCs on long-lived goroutines instead of a new
 	// goroutine (and a new, growing stack) per RPC.
 	gs := grpc.NewServer(append([]grpc.ServerOption{grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0)))}, cfg.ServerOptions...)...)
@@ -207,11 +221,13 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &Node{cfg: cfg, lis: lis, grpcAddr: advertised, grpc: gs, health: hs,
-		cluster: cl, server: srv, store: store, metrics: metrics, log: log, cancel: cancel, failed: make(chan error, 1)}
+		cluster: cl, server: srv, store: store, metrics: metrics, log: log, cancel: cancel, failed: make(chan error, 1),
+		publish: make(chan struct{}, 1)}
 	n.lastChange.Store(time.Now().UnixNano())
 	n.rls = rlsSvc
-	_ = srv.SetMembers(cl.Members())
+	n.setMembers()
 	n.wg.Go(func() { n.watchMembers(ctx) })
+	n.wg.Go(func() { n.publishRing(ctx) })
 	n.wg.Go(func() {
 		store.RunSweeper(ctx, cfg.SweepInterval, func(_ int, took time.Duration) { metrics.ObserveSweep(took) })
 	})
@@ -236,6 +252,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		}
 		switch {
 		case errors.Is(err, cluster.ErrNameTaken):
+			n.refused.Store(true)
 			// Stop gossip without a leave message: a leave under this
 			// name would remove the other, rightful member.
 			log.Error("refusing to take part in the cluster", "error", err)
@@ -284,7 +301,37 @@ func (n *Node) watchMembers(ctx context.Context) {
 			return
 		case <-n.cluster.Changes():
 			n.lastChange.Store(time.Now().UnixNano())
-			_ = n.server.SetMembers(n.cluster.Members())
+			n.setMembers()
+		}
+	}
+}
+
+// setMembers rebuilds the ring from the gossip's members and publishes the
+// ring's fingerprint and epoch in this node's metadata.
+func (n *Node) setMembers() {
+	_ = n.server.SetMembers(n.cluster.Members())
+	select {
+	case n.publish <- struct{}{}:
+	default:
+	}
+}
+
+// publishRing gossips this node's ring fingerprint and epoch in its
+// metadata after each ring change, off the membership path (an update
+// waits for its broadcast to go out).
+func (n *Node) publishRing(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.publish:
+		}
+		if n.server.leaving.Load() {
+			continue
+		}
+		fp, mh, epoch := n.server.RingInfo()
+		if err := n.cluster.SetRing(fp, mh, epoch, time.Second); err != nil {
+			n.log.Debug("cannot publish the ring in the metadata", "error", err)
 		}
 	}
 }
@@ -336,16 +383,37 @@ func (n *Node) Store() *window.Store { return n.store }
 // when NodeConfig.RLS was not set.
 func (n *Node) RLS() *rls.Service { return n.rls }
 
-// Close stops the node gracefully: health turns NOT_SERVING, the node
-// leaves the gossip (telling the others, bounded by LeaveTimeout), the gRPC
-// server finishes the calls in flight (bounded by ctx), and background work
-// stops. It is idempotent and returns the first error.
+// Close stops the node gracefully (what SIGTERM does): health turns
+// NOT_SERVING and the node stops taking checks, hands the state of all its
+// keys to their next owners (bounded by HandOffTimeout and ctx), leaves the
+// gossip (telling the others, bounded by LeaveTimeout), the gRPC server
+// finishes the calls in flight (bounded by ctx), and background work stops.
+// It is idempotent and returns the first error.
 func (n *Node) Close(ctx context.Context) error {
 	n.closeOnce.Do(func() {
 		n.draining.Store(true)
 		n.health.Shutdown()
+		hto := n.cfg.HandOffTimeout
+		if hto <= 0 {
+			hto = DefaultHandOffTimeout
+		}
+		hctx, cancel := context.WithTimeout(ctx, hto)
+		start := time.Now()
+		var herr error
+		if !n.refused.Load() {
+			herr = n.server.Leave(hctx)
+		}
+		cancel()
+		if herr != nil {
+			n.log.Error("hand-off before leaving incomplete", "error", herr, "took", time.Since(start))
+		} else {
+			n.log.Info("handed off all keys", "took", time.Since(start))
+		}
 		n.log.Info("leaving the cluster")
 		err := n.cluster.Leave(n.cfg.LeaveTimeout)
+		if err == nil {
+			err = herr
+		}
 		n.server.Drain()
 		done := make(chan struct{})
 		go func() { n.grpc.GracefulStop(); close(done) }()
@@ -394,5 +462,9 @@ func (n *Node) stop() {
 	}
 	n.log.Info("routing totals", "local_checks", st.LocalChecks, "forwarded_checks", st.ForwardedChecks,
 		"received_calls", st.ReceivedRPCs, "received_checks", st.ReceivedChecks)
+	n.log.Info("hand-off totals", "handed_off", st.HandedOff, "received", st.ReceivedHandOff, "pulls", st.Pulls,
+		"reforwarded", st.Reforwarded, "degraded", st.Degraded, "moved_without_state", st.MovedWithoutState,
+		"owner_lost", st.OwnerLost, "replica_behind", st.ReplicaBehind, "replica_takeovers", st.ReplicaTakeovers,
+		"evicted_live", st.EvictedLive, "ring_mismatch", st.RingMismatch)
 	n.server.Close()
 }

@@ -15,7 +15,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limits"
@@ -52,6 +54,14 @@ type ServerConfig struct {
 	// Observer is told of every answered check and every peer call, for
 	// metrics; nil: nobody. (Optional)
 	Observer Observer
+	// HandOffTimeout bounds how long this node, as a key's new owner,
+	// waits for keys that moved to it (pulling each on first touch
+	// meanwhile), and how long a hand-off to one peer may take.
+	// Default 10 s. (Optional)
+	HandOffTimeout time.Duration
+	// Replication shapes the copies of this node's keys on the next
+	// members of the ring. (Optional)
+	Replication ReplicationConfig
 }
 
 // Server implements sluicev1.RateLimitServiceServer and
@@ -71,10 +81,27 @@ type Server struct {
 	batch          BatchConfig
 	limits         *limits.Source
 	obs            Observer
+	handOffTimeout time.Duration
+	replication    ReplicationConfig
 
-	view       atomic.Pointer[view]
-	setMu      sync.Mutex   // serializes SetMembers
-	ringBuilds atomic.Int64 // rings built (the first, and one per SetMembers that changed it)
+	view  atomic.Pointer[view]
+	setMu sync.Mutex // serializes SetMembers
+
+	leaving    atomic.Bool // set by Leave: the ring excludes this node
+	moving     atomic.Pointer[movingIn]
+	hmu        sync.Mutex // guards ho and the maps of moving
+	ho         handOffState
+	tombCount  atomic.Int64
+	pushSignal chan struct{}
+	replicas   *replicaStore
+	dirty      *dirtySet
+	fallback   *window.Store          // windows of degraded (owner unavailable) decisions
+	mismatch   sync.Map               // member name -> fingerprint last warned about
+	instance   atomic.Pointer[string] // this node's gossiped instance id
+	lastInput  []cluster.Member       // the member list SetMembers was last given; guarded by setMu
+	departing  map[string]string      // member name -> instance that said it is leaving; guarded by setMu
+	bgCancel   context.CancelFunc
+	bg         sync.WaitGroup
 
 	stats     counters
 	peerStats sync.Map // member name -> *peerStats
@@ -91,6 +118,10 @@ type view struct {
 	ring    *ring.Ring
 	members []cluster.Member // sorted by name
 	peers   map[string]*peer // by member name, this node excluded
+	epoch   uint64           // ring builds that changed the fingerprint
+	// bootstrap marks the view a Server starts with (a ring of itself
+	// alone, before it heard of any member): it owned nothing yet.
+	bootstrap bool
 }
 
 // peer is a connection to another member's PeerService and the queue of
@@ -126,6 +157,11 @@ func (s *Server) retire(p *peer, grace time.Duration) {
 // counters count routing events; read them with Server.Stats.
 type counters struct {
 	localChecks, forwardedChecks, noConnection, receivedRPCs, receivedChecks atomic.Int64
+
+	reforwarded, notOwnerApplied, viewMismatch, ringMismatch               atomic.Int64
+	degraded, movedWithoutState, ownerLost, replicaBehind, handOffTimeouts atomic.Int64
+	handedOff, receivedHandOff, handOffErrors, pulls, replicaTakeovers     atomic.Int64
+	replicated                                                             atomic.Int64
 }
 
 // PeerStats counts the Forward calls made to one peer.
@@ -156,6 +192,55 @@ type Stats struct {
 	ReceivedChecks int64
 	// Peers: Forward calls per peer, by member name.
 	Peers map[string]PeerStats
+
+	// RingEpoch: ring builds on this node that changed the fingerprint.
+	RingEpoch uint64
+	// Reforwarded: checks received as owner that this node's ring gives to
+	// another member, sent on to it once (never further).
+	Reforwarded int64
+	// NotOwnerApplied: re-forwarded checks decided here although this
+	// node's ring names another owner (rings disagreed for a moment).
+	NotOwnerApplied int64
+	// ViewMismatch: forwarded requests whose sender's ring fingerprint
+	// differed from this node's.
+	ViewMismatch int64
+	// RingMismatch: times a member was seen with the same member set but
+	// another ring fingerprint (a different ring config or library): the
+	// two disagree about owners. Logged at Warn.
+	RingMismatch int64
+	// Degraded: checks answered per on_owner_unavailable because their
+	// owner could not be reached. Each may hand a client extra budget.
+	Degraded int64
+	// MovedWithoutState: keys that moved here, or were to move from here,
+	// whose state could not be moved (a pull or a leave's hand-off
+	// failed, or the hand-off timed out): each may start afresh.
+	MovedWithoutState int64
+	// OwnerLost: keys first touched here as new owner whose previous owner
+	// left the ring without a hand-off and with no replica: they start
+	// afresh.
+	OwnerLost int64
+	// ReplicaBehind: key copies a replication send failed to deliver (sent
+	// again next interval); a crash meanwhile loses their latest hits.
+	ReplicaBehind int64
+	// EvictedLive: keys removed under MaxKeys inside their window (from
+	// window.StoreStats): each handed its client a fresh budget.
+	EvictedLive int64
+	// HandOffTimeouts: ring changes whose hand-off did not complete within
+	// the hand-off timeout.
+	HandOffTimeouts int64
+	// HandedOff: keys whose state this node sent to a new owner (pushed or
+	// pulled); ReceivedHandOff: keys merged from peers' hand-offs.
+	HandedOff, ReceivedHandOff int64
+	// HandOffErrors: hand-offs to a peer that failed (retried on the next
+	// ring change; the keys stay here meanwhile).
+	HandOffErrors int64
+	// Pulls: keys pulled on first touch while a hand-off was incomplete.
+	Pulls int64
+	// ReplicaTakeovers: keys whose replica stood in for a lost owner.
+	ReplicaTakeovers int64
+	// Replicated: key copies sent to successors; Replicas: copies held now.
+	Replicated int64
+	Replicas   int
 }
 
 // Stats returns the routing counters.
@@ -167,6 +252,25 @@ func (s *Server) Stats() Stats {
 		ReceivedRPCs:    s.stats.receivedRPCs.Load(),
 		ReceivedChecks:  s.stats.receivedChecks.Load(),
 		Peers:           s.peerStatsSnapshot(),
+
+		RingEpoch:         s.view.Load().epoch,
+		Reforwarded:       s.stats.reforwarded.Load(),
+		NotOwnerApplied:   s.stats.notOwnerApplied.Load(),
+		ViewMismatch:      s.stats.viewMismatch.Load(),
+		RingMismatch:      s.stats.ringMismatch.Load(),
+		Degraded:          s.stats.degraded.Load(),
+		MovedWithoutState: s.stats.movedWithoutState.Load(),
+		OwnerLost:         s.stats.ownerLost.Load(),
+		ReplicaBehind:     s.stats.replicaBehind.Load(),
+		EvictedLive:       s.store.Stats().EvictedLive,
+		HandOffTimeouts:   s.stats.handOffTimeouts.Load(),
+		HandedOff:         s.stats.handedOff.Load(),
+		ReceivedHandOff:   s.stats.receivedHandOff.Load(),
+		HandOffErrors:     s.stats.handOffErrors.Load(),
+		Pulls:             s.stats.pulls.Load(),
+		ReplicaTakeovers:  s.stats.replicaTakeovers.Load(),
+		Replicated:        s.stats.replicated.Load(),
+		Replicas:          s.replicas.len(),
 	}
 	for _, p := range st.Peers {
 		st.ForwardRPCs += p.Batches
@@ -192,8 +296,10 @@ func (s *Server) statsFor(name string) *peerStats {
 	return v.(*peerStats)
 }
 
-// NewServer returns a Server whose ring holds only itself. It returns an
-// error when Name or Store is missing or the ring config is invalid.
+// NewServer returns a Server whose ring holds only itself, and starts its
+// background hand-off and replication loops (stopped by [Server.Close]).
+// It returns an error when Name or Store is missing or the ring config is
+// invalid.
 func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.Name == "" {
 		return nil, errors.New("rpc: name is required")
@@ -207,6 +313,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.HandOffTimeout <= 0 {
+		cfg.HandOffTimeout = DefaultHandOffTimeout
+	}
 	s := &Server{
 		name:           cfg.Name,
 		store:          cfg.Store,
@@ -218,14 +327,27 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		obs:            cfg.Observer,
 		retired:        map[*peer]*time.Timer{},
 		draining:       make(chan struct{}),
-		dialOpts:       append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...),
+		handOffTimeout: cfg.HandOffTimeout,
+		replication:    cfg.Replication.withDefaults(),
+		pushSignal:     make(chan struct{}, 1),
+		replicas:       newReplicaStore(),
+		dirty:          newDirtySet(),
+		fallback:       window.NewStore(window.StoreConfig{Clock: storeClock{cfg.Store}, MaxKeys: 100_000}),
+		ho: handOffState{doneFrom: map[string]string{}, outgoing: map[string]chan struct{}{},
+			tombs: map[string]tomb{}, departed: map[string]time.Time{}},
+		dialOpts: append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...),
 	}
 	r, err := ring.New([]string{cfg.Name}, cfg.Ring)
 	if err != nil {
 		return nil, fmt.Errorf("rpc: %w", err)
 	}
-	s.view.Store(&view{ring: r, members: []cluster.Member{{Name: cfg.Name, State: cluster.Alive}}})
-	s.ringBuilds.Add(1)
+	s.view.Store(&view{ring: r, members: []cluster.Member{{Name: cfg.Name, State: cluster.Alive}}, bootstrap: true})
+	ctx, cancel := context.WithCancel(context.Background())
+	s.bgCancel = cancel
+	s.bg.Go(func() { s.pushLoop(ctx) })
+	if s.replication.Factor > 0 {
+		s.bg.Go(func() { s.replicateLoop(ctx) })
+	}
 	return s, nil
 }
 
@@ -239,8 +361,25 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 	s.setMu.Lock()
 	defer s.setMu.Unlock()
 	old := s.view.Load()
-	ms := slices.Clone(members)
-	if !slices.ContainsFunc(ms, func(m cluster.Member) bool { return m.Name == s.name }) {
+	s.lastInput = slices.Clone(members)
+	// A member that said it is leaving (its hand-off done) is out of the
+	// ring at once, whether or not gossip has told of its leave yet.
+	ms := slices.DeleteFunc(slices.Clone(members), func(m cluster.Member) bool {
+		inst, ok := s.departing[m.Name]
+		return ok && m.Name != s.name && inst == m.Instance
+	})
+	for name := range s.departing {
+		if !slices.ContainsFunc(members, func(m cluster.Member) bool { return m.Name == name }) {
+			delete(s.departing, name) // gone from the gossip too
+		}
+	}
+	leaving := s.leaving.Load()
+	if leaving { // the ring excludes this node; its keys are handed off
+		ms = slices.DeleteFunc(ms, func(m cluster.Member) bool { return m.Name == s.name })
+		if len(ms) == 0 {
+			return nil
+		}
+	} else if !slices.ContainsFunc(ms, func(m cluster.Member) bool { return m.Name == s.name }) {
 		ms = append(ms, cluster.Member{Name: s.name, State: cluster.Alive})
 	}
 	slices.SortFunc(ms, func(a, b cluster.Member) int { return strings.Compare(a.Name, b.Name) })
@@ -272,29 +411,85 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 		p.batcher = newBatcher(p, s.batch, s.forwardTimeout, s.name, p.stats)
 		peers[m.Name] = p
 	}
-	s.view.Store(&view{ring: r, members: ms, peers: peers})
-	s.ringBuilds.Add(1)
+	changed := r.Fingerprint() != old.ring.Fingerprint()
+	if !changed {
+		r = old.ring // one ring per fingerprint: what awaits a hand-off refers to it
+	}
+	epoch := old.epoch
+	if changed {
+		epoch++
+	}
+	if changed && !leaving {
+		s.hmu.Lock()
+		prev := old.ring
+		if old.bootstrap {
+			prev = nil
+		}
+		s.moving.Store(s.newMovingIn(prev, r, s.moving.Load()))
+		s.noteRingLocked(old.ring, r)
+		for k, t := range s.ho.tombs {
+			if r.Owner([]byte(k)) != s.name || time.Now().After(t.until) {
+				delete(s.ho.tombs, k)
+			}
+		}
+		s.tombCount.Store(int64(len(s.ho.tombs)))
+		s.hmu.Unlock()
+	}
+	s.view.Store(&view{ring: r, members: ms, peers: peers, epoch: epoch, bootstrap: old.bootstrap && !changed})
 	for name, p := range old.peers {
 		if peers[name] != p {
 			go s.retire(p, s.forwardTimeout) // off the membership path
 		}
 	}
-	if r.Fingerprint() != old.ring.Fingerprint() {
-		s.log.Info("ring rebuilt", "members", len(ms), "fingerprint", r.Fingerprint())
+	s.checkRings(ms, r)
+	if changed {
+		s.log.Info("ring rebuilt", "members", len(ms), "fingerprint", r.Fingerprint(), "epoch", epoch)
+		if !leaving {
+			s.signalPush()
+		}
 	}
 	return nil
+}
+
+// memberLeaving takes name out of the ring: it said it has handed off all
+// its keys and is leaving (gossip may tell of it late, or, if its leave
+// message is lost, only after failure detection). Only the member's
+// gossiped instance counts: an impostor under its name is ignored.
+func (s *Server) memberLeaving(name, instance string) {
+	s.setMu.Lock()
+	var inst string
+	found := false
+	for _, m := range s.lastInput {
+		if m.Name == name {
+			inst, found = m.Instance, true
+		}
+	}
+	if !found || name == s.name || instance == "" || inst != instance {
+		s.setMu.Unlock()
+		return
+	}
+	if s.departing == nil {
+		s.departing = map[string]string{}
+	}
+	s.departing[name] = inst
+	in := s.lastInput
+	s.setMu.Unlock()
+	_ = s.SetMembers(in)
 }
 
 // Drain ends the peer streams this server answers, so that a graceful stop
 // of the gRPC server does not wait for peers to hang up. It is idempotent.
 func (s *Server) Drain() { s.drainOnce.Do(func() { close(s.draining) }) }
 
-// Close closes every peer connection. The Server must not be used after.
+// Close stops the background loops and closes every peer connection. The
+// Server must not be used after.
 func (s *Server) Close() {
+	s.bgCancel()
+	s.bg.Wait()
 	s.setMu.Lock()
 	defer s.setMu.Unlock()
 	v := s.view.Load()
-	s.view.Store(&view{ring: v.ring, members: v.members})
+	s.view.Store(&view{ring: v.ring, members: v.members, epoch: v.epoch})
 	for _, p := range v.peers {
 		p.batcher.close()
 		if p.stream != nil {
@@ -333,6 +528,9 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (*sluice
 		}
 		return nil, invalidArgument(fe)
 	}
+	if s.leaving.Load() {
+		return nil, status.Error(codes.Unavailable, "sluice: "+errLeaving.Error()+"; ask another node")
+	}
 	out := make([]*sluicev1.Decision, len(reqs))
 	pending := make([]int, len(reqs))
 	for i := range pending {
@@ -345,7 +543,7 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (*sluice
 		failed := s.route(ctx, v, reqs, pending, out)
 		if len(failed) == 0 || attempt == 1 || s.view.Load() == v {
 			for _, f := range failed {
-				out[f.index] = &sluicev1.Decision{Limit: reqs[f.index].check.Limit, Owner: f.owner, Error: f.err}
+				out[f.index] = s.unavailable(reqs[f.index], f)
 			}
 			break
 		}
@@ -389,15 +587,24 @@ type failure struct {
 // decided.
 func (s *Server) route(ctx context.Context, v *view, reqs []request, idx []int, out []*sluicev1.Decision) []failure {
 	var (
-		remote map[string][]int
-		buf    []byte
+		remote, given map[string][]int
+		buf           []byte
 	)
 	for _, i := range idx {
 		r := reqs[i]
 		buf = ring.Key(buf[:0], r.name, r.key)
 		owner := v.ring.Owner(buf)
 		if owner == s.name {
-			out[i] = s.decide(buf, r.check)
+			if to := s.tombFor(buf); to != "" {
+				// A peer pulled the key: this ring is behind. The key's
+				// state is there; it decides.
+				if given == nil {
+					given = map[string][]int{}
+				}
+				given[to] = append(given[to], i)
+				continue
+			}
+			out[i] = s.decideOwned(ctx, v, buf, r.check)
 			s.stats.localChecks.Add(1)
 			continue
 		}
@@ -405,6 +612,9 @@ func (s *Server) route(ctx context.Context, v *view, reqs []request, idx []int, 
 			remote = make(map[string][]int)
 		}
 		remote[owner] = append(remote[owner], i)
+	}
+	for to, is := range given {
+		s.reforward(ctx, v, to, reqs, is, out)
 	}
 	if len(remote) == 0 {
 		return nil
@@ -479,6 +689,8 @@ func (s *Server) forward(ctx context.Context, p *peer, owner string, reqs []requ
 	for j, i := range is {
 		req.Checks[j] = reqs[i].pb
 	}
+	v := s.view.Load()
+	req.RingFingerprint, req.RingEpoch = v.ring.Fingerprint(), v.epoch
 	cctx, cancel := context.WithTimeout(ctx, s.forwardTimeout)
 	defer cancel()
 	ds, err := forwardCall(cctx, p, req, p.stats)
@@ -491,15 +703,62 @@ func (s *Server) forward(ctx context.Context, p *peer, owner string, reqs []requ
 	return nil
 }
 
+// decideOwned decides a check of a key this node owns under v: when the
+// key moved here and its state has not arrived yet, it first pulls it.
+func (s *Server) decideOwned(ctx context.Context, v *view, storeKey []byte, c window.Check) *sluicev1.Decision {
+	if mi := s.awaiting(v, storeKey); mi != nil {
+		s.settle(ctx, v, mi, storeKey)
+	}
+	return s.decide(storeKey, c)
+}
+
 // decide applies one validated check to this node's store at the store's
-// clock.
+// clock, and marks the key for replication when it changed.
 func (s *Server) decide(storeKey []byte, c window.Check) *sluicev1.Decision {
 	d, err := s.store.ApplyBytes(storeKey, c, s.store.Now())
 	if err != nil { // cannot happen: checks are validated on entry
 		return &sluicev1.Decision{Limit: c.Limit, Owner: s.name, Error: err.Error()}
 	}
+	if d.Allowed && c.Hits > 0 && s.replication.Factor > 0 {
+		s.dirty.add(storeKey)
+	}
 	return toProto(d, s.name)
 }
+
+// unavailable answers a check whose owner could not be reached, per its
+// on_owner_unavailable policy; the decision is marked degraded.
+func (s *Server) unavailable(r request, f failure) *sluicev1.Decision {
+	s.stats.degraded.Add(1)
+	s.log.Debug("owner unavailable; degraded answer", "owner", f.owner, "error", f.err, "policy", r.pb.OnOwnerUnavailable)
+	switch r.pb.OnOwnerUnavailable {
+	case sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_ALLOW:
+		return &sluicev1.Decision{Allowed: true, Limit: r.check.Limit, Owner: s.name, Degraded: true}
+	case sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_DENY:
+		return &sluicev1.Decision{Allowed: false, Limit: r.check.Limit, Owner: s.name, Degraded: true}
+	}
+	// local: this node's replica of the key, if any, plus what it admitted
+	// while the owner was unreachable.
+	key := ring.Key(nil, r.name, r.key)
+	now := s.store.Now()
+	if _, ok := s.fallback.Get(string(key)); !ok {
+		if st, ok := s.replicas.get(string(key)); ok {
+			s.fallback.MergeState(string(key), st, now)
+		}
+	}
+	d, err := s.fallback.ApplyBytes(key, r.check, now)
+	if err != nil { // cannot happen: checks are validated on entry
+		return &sluicev1.Decision{Limit: r.check.Limit, Owner: f.owner, Error: f.err}
+	}
+	pd := toProto(d, s.name)
+	pd.Degraded = true
+	return pd
+}
+
+// storeClock reads the clock of a store, so the fallback windows share
+// the owner windows' clock.
+type storeClock struct{ s *window.Store }
+
+func (c storeClock) Now() time.Time { return c.s.Now() }
 
 // Forward implements PeerService.Forward. It is terminal: it decides every
 // check here, whatever this node's ring says, so a check is never forwarded
@@ -511,13 +770,124 @@ func (s *Server) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sl
 	}
 	s.stats.receivedRPCs.Add(1)
 	s.stats.receivedChecks.Add(int64(len(reqs)))
+	v := s.view.Load()
+	if req.RingFingerprint != "" && req.RingFingerprint != v.ring.Fingerprint() {
+		s.stats.viewMismatch.Add(1)
+	}
 	out := make([]*sluicev1.Decision, len(reqs))
-	var buf []byte
+	var (
+		buf   []byte
+		moved map[string][]int // owner under this node's ring -> checks
+	)
 	for i, r := range reqs {
 		buf = ring.Key(buf[:0], r.name, r.key)
-		out[i] = s.decide(buf, r.check)
+		owner := v.ring.Owner(buf)
+		if owner == s.name {
+			if to := s.tombFor(buf); to != "" && !req.Reforwarded {
+				owner = to
+			}
+		}
+		switch {
+		case owner == s.name:
+			out[i] = s.decideOwned(ctx, v, buf, r.check)
+		case req.Reforwarded:
+			// The sender was the owner under the first node's ring and
+			// names this node under its own (or gave the key to this
+			// node): decide here, never a third hop. When the owner under
+			// this ring is a third member, hand the key to it.
+			s.stats.notOwnerApplied.Add(1)
+			out[i] = s.decide(buf, r.check)
+			if owner != req.Sender {
+				s.signalPush()
+			}
+		default:
+			if moved == nil {
+				moved = map[string][]int{}
+			}
+			moved[owner] = append(moved[owner], i)
+		}
+	}
+	for owner, is := range moved {
+		s.reforward(ctx, v, owner, reqs, is, out)
 	}
 	return &sluicev1.ForwardResponse{Decisions: out}, nil
+}
+
+// reforward sends checks this node received as owner, but whose owner
+// under its own ring is owner (or that a peer pulled), on to it once,
+// marked reforwarded so that it decides them whatever its ring says. When owner cannot be reached the
+// checks are answered per their on_owner_unavailable policy.
+func (s *Server) reforward(ctx context.Context, v *view, owner string, reqs []request, is []int, out []*sluicev1.Decision) {
+	s.stats.reforwarded.Add(int64(len(is)))
+	req := &sluicev1.ForwardRequest{Sender: s.name, RingFingerprint: v.ring.Fingerprint(), RingEpoch: v.epoch,
+		Reforwarded: true, Checks: make([]*sluicev1.RateLimitCheck, len(is))}
+	for j, i := range is {
+		req.Checks[j] = reqs[i].pb
+	}
+	var err error
+	if p := v.peers[owner]; p == nil {
+		err = fmt.Errorf("owner %s: no connection to it", owner)
+	} else {
+		cctx, cancel := context.WithTimeout(ctx, s.forwardTimeout)
+		var resp *sluicev1.ForwardResponse
+		resp, err = p.client.Forward(cctx, req)
+		cancel()
+		if err == nil && len(resp.Decisions) != len(is) {
+			err = fmt.Errorf("owner %s answered %d decisions for %d checks", owner, len(resp.Decisions), len(is))
+		}
+		if err == nil {
+			for j, i := range is {
+				out[i] = resp.Decisions[j]
+			}
+			return
+		}
+	}
+	// The ring may have changed meanwhile (the owner left it, or this
+	// node now owns the key): decide here if so, else per the policy.
+	now := s.view.Load()
+	var buf []byte
+	for _, i := range is {
+		if now.ring.Fingerprint() != v.ring.Fingerprint() {
+			buf = ring.Key(buf[:0], reqs[i].name, reqs[i].key)
+			if now.ring.Owner(buf) == s.name && s.tombFor(buf) == "" {
+				out[i] = s.decideOwned(ctx, now, buf, reqs[i].check)
+				continue
+			}
+		}
+		s.log.Debug("re-forward failed", "owner", owner, "error", err)
+		out[i] = s.unavailable(reqs[i], failure{index: i, owner: owner, err: err.Error()})
+	}
+}
+
+// checkRings warns, and counts, when a member with the same member set as
+// this node's ring gossips another ring fingerprint: the two were built
+// with different ring configs or library versions and disagree on owners.
+func (s *Server) checkRings(ms []cluster.Member, r *ring.Ring) {
+	for _, m := range ms {
+		if m.Name == s.name || m.RingMembers != r.MembersHash() || m.RingFingerprint == "" {
+			continue
+		}
+		if m.RingFingerprint == r.Fingerprint() {
+			s.mismatch.Delete(m.Name)
+			continue
+		}
+		if prev, ok := s.mismatch.Load(m.Name); ok && prev == m.RingFingerprint {
+			continue
+		}
+		s.mismatch.Store(m.Name, m.RingFingerprint)
+		s.stats.ringMismatch.Add(1)
+		s.log.Warn("RING MISMATCH: a member has the same members but another ring fingerprint; owners disagree (check partition count, load, replication factor and sluice version on every node)",
+			"member", m.Name, "its_fingerprint", m.RingFingerprint, "our_fingerprint", r.Fingerprint(),
+			"its_version", m.Version, "ring_library", ring.Library)
+	}
+}
+
+// RingInfo returns this node's ring fingerprint, the hash of its member
+// set (see ring.Ring.MembersHash) and its ring epoch, as gossiped in the
+// node's metadata.
+func (s *Server) RingInfo() (fingerprint, membersHash string, epoch uint64) {
+	v := s.view.Load()
+	return v.ring.Fingerprint(), v.ring.MembersHash(), v.epoch
 }
 
 // Members implements RateLimitService.Members.

@@ -30,8 +30,9 @@ type checkLine struct {
 	ResetTime  int64  `json:"reset_time"`  // Unix ms
 	RetryAfter int64  `json:"retry_after"` // ms; -1: never
 	Owner      string `json:"owner"`
-	Delay      int64  `json:"delay"`  // ms; leaky_bucket: until the queue ahead has drained
-	Shadow     bool   `json:"shadow"` // over a limit in shadow mode: allowed anyway
+	Delay      int64  `json:"delay"`    // ms; leaky_bucket: until the queue ahead has drained
+	Degraded   bool   `json:"degraded"` // the owner was unreachable: decided per --on-owner-unavailable
+	Shadow     bool   `json:"shadow"`   // over a limit in shadow mode: allowed anyway
 }
 
 // clientFlags are the flags every client command has.
@@ -59,6 +60,7 @@ func checkCommand(e env) *cli.Command {
 			&cli.BoolFlag{Name: "named", Usage: "send no numbers: the node applies the limit configured under --name (serve --limits); --limit, --window, --algorithm and --burst may not be given"},
 			&cli.IntFlag{Name: "count", Value: 1, Usage: "how many times to send the check"},
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per answer"},
+			&cli.StringFlag{Name: "on-owner-unavailable", Value: "local", Usage: "when the key's owner cannot be reached: local (decide from the answering node's replica and its own count), allow or deny; the answer is marked degraded"},
 		),
 		Action: runCheck,
 	}
@@ -84,6 +86,10 @@ func runCheck(ctx context.Context, cmd *cli.Command) error {
 	case cmd.Duration("timeout") <= 0:
 		return usagef("timeout", "must be > 0, got %s", cmd.Duration("timeout"))
 	}
+	policy, ok := ownerUnavailablePolicies[cmd.String("on-owner-unavailable")]
+	if !ok {
+		return usagef("on-owner-unavailable", "want local, allow or deny, got %q", cmd.String("on-owner-unavailable"))
+	}
 	alg, err := window.ParseAlgorithm(cmd.String("algorithm"))
 	if err != nil {
 		return usagef("algorithm", "%s", strings.TrimPrefix(err.Error(), "algorithm: "))
@@ -94,6 +100,7 @@ func runCheck(ctx context.Context, cmd *cli.Command) error {
 	rc := &sluicev1.RateLimitCheck{
 		Name: name, Key: key, Hits: proto.Int64(cmd.Int64("hits")), Limit: cmd.Int64("limit"),
 		WindowMs: w.Milliseconds(), Burst: cmd.Int64("burst"), Algorithm: sluicev1.Algorithm(alg),
+		OnOwnerUnavailable: policy,
 	}
 	if cmd.Bool("named") {
 		for _, f := range []string{"limit", "window", "algorithm", "burst"} {
@@ -132,7 +139,7 @@ func runCheck(ctx context.Context, cmd *cli.Command) error {
 		}
 		if cmd.Bool("json") {
 			b, _ := json.Marshal(checkLine{Name: name, Key: key, Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
-				ResetTime: d.ResetTime, RetryAfter: d.RetryAfter, Owner: d.Owner, Delay: d.Delay, Shadow: d.Shadow})
+				ResetTime: d.ResetTime, RetryAfter: d.RetryAfter, Owner: d.Owner, Delay: d.Delay, Degraded: d.Degraded, Shadow: d.Shadow})
 			fmt.Fprintf(out, "%s\n", b)
 			continue
 		}
@@ -147,14 +154,25 @@ func runCheck(ctx context.Context, cmd *cli.Command) error {
 		if alg == window.LeakyBucket {
 			delay = " delay=" + (time.Duration(d.Delay) * time.Millisecond).String()
 		}
-		fmt.Fprintf(out, "%-10s remaining=%d limit=%d reset_time=%s retry_after=%s%s owner=%s\n",
+		degraded := ""
+		if d.Degraded {
+			degraded = " degraded (owner unreachable)"
+		}
+		fmt.Fprintf(out, "%-10s remaining=%d limit=%d reset_time=%s retry_after=%s%s owner=%s%s\n",
 			verdict, d.Remaining, d.Limit, time.UnixMilli(d.ResetTime).UTC().Format(time.RFC3339Nano),
-			retryString(d.RetryAfter), delay, d.Owner)
+			retryString(d.RetryAfter), delay, d.Owner, degraded)
 	}
 	if failed > 0 {
 		return cli.Exit(fmt.Sprintf("%d of %d checks were not decided", failed, cmd.Int("count")), exitFailure)
 	}
 	return nil
+}
+
+// ownerUnavailablePolicies maps --on-owner-unavailable to the proto.
+var ownerUnavailablePolicies = map[string]sluicev1.OwnerUnavailablePolicy{
+	"local": sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_LOCAL,
+	"allow": sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_ALLOW,
+	"deny":  sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_DENY,
 }
 
 func retryString(ms int64) string {

@@ -53,7 +53,7 @@ func TestCheckJSON(t *testing.T) {
 	if len(lines) != 4 {
 		t.Fatalf("%d lines, want 4:\n%s", len(lines), out)
 	}
-	wantKeys := []string{"name", "key", "allowed", "limit", "remaining", "reset_time", "retry_after", "owner", "delay", "shadow"}
+	wantKeys := []string{"name", "key", "allowed", "limit", "remaining", "reset_time", "retry_after", "owner", "delay", "degraded", "shadow"}
 	for i, l := range lines {
 		// Exactly these fields, in this order.
 		keys := regexp.MustCompile(`"([a-z_]+)":`).FindAllStringSubmatch(l, -1)

@@ -28,7 +28,9 @@ func serveCommand(e env) *cli.Command {
 		Usage: "run a sluice node",
 		Description: "Runs a node: it answers checks on --grpc-addr, gossips membership on --gossip-addr,\n" +
 			"and joins the members listed in --join (none: a cluster of one). SIGINT or SIGTERM\n" +
-			"makes it leave the cluster gracefully and exit; SIGHUP reloads --limits.\n\n" +
+			"makes it leave gracefully: health goes NOT_SERVING, it stops taking checks, hands the\n" +
+			"state of all its keys to their next owners (bounded by --handoff-timeout), leaves the\n" +
+			"gossip and exits. SIGHUP reloads --limits.\n\n" +
 			"Each setting comes from its flag, else from SLUICE_<FLAG>, else from the --config file.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "config", Usage: "YAML file of settings by flag name (e.g. grpc-addr: 10.0.0.5:7070); the command line, then SLUICE_* variables, win over it", Sources: e.of("config")},
@@ -42,7 +44,10 @@ func serveCommand(e env) *cli.Command {
 			&cli.DurationFlag{Name: "forward-timeout", Value: rpc.DefaultForwardTimeout, Usage: "bound on a forward to a key's owner", Sources: e.of("forward-timeout")},
 			&cli.IntFlag{Name: "batch-size", Value: rpc.DefaultBatchSize, Usage: "send checks forwarded to one owner once this many are queued (1..1000)", Sources: e.of("batch-size")},
 			&cli.DurationFlag{Name: "batch-wait", Value: rpc.DefaultBatchWait, Usage: "send checks forwarded to one owner at most this long after the first was queued", Sources: e.of("batch-wait")},
-			&cli.DurationFlag{Name: "leave-timeout", Value: 5 * time.Second, Usage: "bound on the graceful leave at shutdown", Sources: e.of("leave-timeout")},
+			&cli.DurationFlag{Name: "leave-timeout", Value: 5 * time.Second, Usage: "bound on the leave message at shutdown (after the hand-off)", Sources: e.of("leave-timeout")},
+			&cli.DurationFlag{Name: "handoff-timeout", Value: rpc.DefaultHandOffTimeout, Usage: "bound on handing all keys' state to their next owners at shutdown, and on how long a new owner waits for moved keys (pulling each on first touch meanwhile)", Sources: e.of("handoff-timeout")},
+			&cli.IntFlag{Name: "replicas", Value: rpc.DefaultReplicationFactor, Usage: "extra copies of each key's state, on the next members of the ring (0: none; a crashed owner's keys then start afresh)", Sources: e.of("replicas")},
+			&cli.DurationFlag{Name: "replication-interval", Value: rpc.DefaultReplicationInterval, Usage: "how often an owner sends changed keys to their replicas; a crash loses at most the hits of the last interval plus one send", Sources: e.of("replication-interval")},
 			&cli.DurationFlag{Name: "sweep-interval", Value: 5 * time.Second, Usage: "how often idle keys are removed", Sources: e.of("sweep-interval")},
 			&cli.IntFlag{Name: "max-keys", Value: 1_000_000, Usage: "cap on the keys this node holds state for (0: no cap); over it, keys back at full capacity go first, then the least recently used", Sources: e.of("max-keys")},
 			&cli.StringFlag{Name: "http-addr", Value: "127.0.0.1:7080", Usage: "host:port of the HTTP face: POST /v1/check, GET /v1/members, /healthz, /readyz, /metrics (empty: off; port 0 lets the OS pick)", Sources: e.of("http-addr")},
@@ -76,15 +81,19 @@ func serveCommand(e env) *cli.Command {
 				ForwardTimeout: cmd.Duration("forward-timeout"),
 				Batch:          rpc.BatchConfig{MaxSize: cmd.Int("batch-size"), MaxWait: cmd.Duration("batch-wait")},
 				LeaveTimeout:   cmd.Duration("leave-timeout"),
-				SweepInterval:  cmd.Duration("sweep-interval"),
-				MaxKeys:        cmd.Int("max-keys"),
-				Version:        version,
-				Logger:         logger,
+				HandOffTimeout: cmd.Duration("handoff-timeout"),
+				Replication: rpc.ReplicationConfig{Factor: cmd.Int("replicas"), Disabled: cmd.Int("replicas") == 0,
+					Interval: cmd.Duration("replication-interval")},
+				SweepInterval: cmd.Duration("sweep-interval"),
+				MaxKeys:       cmd.Int("max-keys"),
+				Version:       version,
+				Logger:        logger,
 			}
 			for _, d := range []struct {
 				flag string
 				v    time.Duration
-			}{{"forward-timeout", cfg.ForwardTimeout}, {"leave-timeout", cfg.LeaveTimeout}, {"sweep-interval", cfg.SweepInterval}} {
+			}{{"forward-timeout", cfg.ForwardTimeout}, {"leave-timeout", cfg.LeaveTimeout}, {"sweep-interval", cfg.SweepInterval},
+				{"handoff-timeout", cfg.HandOffTimeout}, {"replication-interval", cfg.Replication.Interval}} {
 				if d.v <= 0 {
 					return usagef(d.flag, "must be > 0, got %s", d.v)
 				}
@@ -94,6 +103,9 @@ func serveCommand(e env) *cli.Command {
 			}
 			if cfg.Batch.MaxWait <= 0 {
 				return usagef("batch-wait", "must be > 0, got %s", cfg.Batch.MaxWait)
+			}
+			if n := cmd.Int("replicas"); n < 0 || n > 3 {
+				return usagef("replicas", "must be in 0..3, got %d", n)
 			}
 			if cfg.MaxKeys < 0 {
 				return usagef("max-keys", "must be >= 0, got %d", cfg.MaxKeys)
@@ -175,7 +187,7 @@ func serveCommand(e env) *cli.Command {
 				logger.Info("shutting down", "reason", "signal")
 			case failure = <-node.Failed():
 			}
-			stopCtx, cancel := context.WithTimeout(context.Background(), cfg.LeaveTimeout+cfg.ForwardTimeout)
+			stopCtx, cancel := context.WithTimeout(context.Background(), cfg.HandOffTimeout+cfg.LeaveTimeout+cfg.ForwardTimeout)
 			defer cancel()
 			if err := node.Close(stopCtx); err != nil {
 				logger.Warn("graceful leave incomplete", "error", err)

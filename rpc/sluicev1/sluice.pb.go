@@ -87,6 +87,66 @@ func (Algorithm) EnumDescriptor() ([]byte, []int) {
 	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{0}
 }
 
+// OwnerUnavailablePolicy says how a node answers a check whose owner it
+// cannot reach. Every such answer has degraded set.
+type OwnerUnavailablePolicy int32
+
+const (
+	// Unspecified means OWNER_UNAVAILABLE_LOCAL.
+	OwnerUnavailablePolicy_OWNER_UNAVAILABLE_UNSPECIFIED OwnerUnavailablePolicy = 0
+	// Decide from this node's copy of the key (its replica, if it holds one,
+	// plus the hits it admitted while the owner was unreachable). Those hits
+	// are not added to the owner's count.
+	OwnerUnavailablePolicy_OWNER_UNAVAILABLE_LOCAL OwnerUnavailablePolicy = 1
+	// Allow the check (fail open); nothing is counted.
+	OwnerUnavailablePolicy_OWNER_UNAVAILABLE_ALLOW OwnerUnavailablePolicy = 2
+	// Deny the check (fail closed); nothing is counted.
+	OwnerUnavailablePolicy_OWNER_UNAVAILABLE_DENY OwnerUnavailablePolicy = 3
+)
+
+// Enum value maps for OwnerUnavailablePolicy.
+var (
+	OwnerUnavailablePolicy_name = map[int32]string{
+		0: "OWNER_UNAVAILABLE_UNSPECIFIED",
+		1: "OWNER_UNAVAILABLE_LOCAL",
+		2: "OWNER_UNAVAILABLE_ALLOW",
+		3: "OWNER_UNAVAILABLE_DENY",
+	}
+	OwnerUnavailablePolicy_value = map[string]int32{
+		"OWNER_UNAVAILABLE_UNSPECIFIED": 0,
+		"OWNER_UNAVAILABLE_LOCAL":       1,
+		"OWNER_UNAVAILABLE_ALLOW":       2,
+		"OWNER_UNAVAILABLE_DENY":        3,
+	}
+)
+
+func (x OwnerUnavailablePolicy) Enum() *OwnerUnavailablePolicy {
+	p := new(OwnerUnavailablePolicy)
+	*p = x
+	return p
+}
+
+func (x OwnerUnavailablePolicy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (OwnerUnavailablePolicy) Descriptor() protoreflect.EnumDescriptor {
+	return file_sluice_v1_sluice_proto_enumTypes[1].Descriptor()
+}
+
+func (OwnerUnavailablePolicy) Type() protoreflect.EnumType {
+	return &file_sluice_v1_sluice_proto_enumTypes[1]
+}
+
+func (x OwnerUnavailablePolicy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use OwnerUnavailablePolicy.Descriptor instead.
+func (OwnerUnavailablePolicy) EnumDescriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{1}
+}
+
 // RateLimitCheck asks to consume hits of key within the limit called name.
 type RateLimitCheck struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -117,9 +177,12 @@ type RateLimitCheck struct {
 	// configured numbers for name if it has them (so a key keeps one set of
 	// numbers while nodes' files differ, e.g. during a rollout), else these.
 	// Ignored from clients.
-	Named         bool `protobuf:"varint,17,opt,name=named,proto3" json:"named,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Named bool `protobuf:"varint,17,opt,name=named,proto3" json:"named,omitempty"`
+	// What to answer when the key's owner cannot be reached within the
+	// forward timeout; unspecified means OWNER_UNAVAILABLE_LOCAL.
+	OnOwnerUnavailable OwnerUnavailablePolicy `protobuf:"varint,9,opt,name=on_owner_unavailable,json=onOwnerUnavailable,proto3,enum=sluice.v1.OwnerUnavailablePolicy" json:"on_owner_unavailable,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *RateLimitCheck) Reset() {
@@ -215,6 +278,13 @@ func (x *RateLimitCheck) GetNamed() bool {
 	return false
 }
 
+func (x *RateLimitCheck) GetOnOwnerUnavailable() OwnerUnavailablePolicy {
+	if x != nil {
+		return x.OnOwnerUnavailable
+	}
+	return OwnerUnavailablePolicy_OWNER_UNAVAILABLE_UNSPECIFIED
+}
+
 // Decision answers one check.
 type Decision struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -241,7 +311,12 @@ type Decision struct {
 	// Set when the check's named limit is in shadow mode (serve --limits) and
 	// the check would have been denied: allowed is true anyway, and nothing
 	// was consumed.
-	Shadow        bool `protobuf:"varint,16,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	Shadow bool `protobuf:"varint,16,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	// True when the owner could not be reached and this decision was made
+	// per the check's on_owner_unavailable policy by the node named in owner:
+	// it may admit more than the limit (local, allow) or deny what the owner
+	// would admit (deny).
+	Degraded      bool `protobuf:"varint,9,opt,name=degraded,proto3" json:"degraded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -335,6 +410,13 @@ func (x *Decision) GetError() string {
 func (x *Decision) GetShadow() bool {
 	if x != nil {
 		return x.Shadow
+	}
+	return false
+}
+
+func (x *Decision) GetDegraded() bool {
+	if x != nil {
+		return x.Degraded
 	}
 	return false
 }
@@ -434,7 +516,17 @@ type ForwardRequest struct {
 	// Checks the sender validated and routed to the receiver.
 	Checks []*RateLimitCheck `protobuf:"bytes,1,rep,name=checks,proto3" json:"checks,omitempty"`
 	// The sender's node name.
-	Sender        string `protobuf:"bytes,2,opt,name=sender,proto3" json:"sender,omitempty"`
+	Sender string `protobuf:"bytes,2,opt,name=sender,proto3" json:"sender,omitempty"`
+	// Fingerprint of the sender's ring when it routed these checks (see
+	// MembersResponse.ring_fingerprint); empty from older senders.
+	RingFingerprint string `protobuf:"bytes,3,opt,name=ring_fingerprint,json=ringFingerprint,proto3" json:"ring_fingerprint,omitempty"`
+	// The sender's ring epoch: its count of ring builds that changed the
+	// fingerprint. Local to the sender; for logs.
+	RingEpoch uint64 `protobuf:"varint,4,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"`
+	// Set when the sender was not the node that routed the checks first: it
+	// received them as their owner but its own ring names another. The
+	// receiver then decides them whatever its ring says (never a third hop).
+	Reforwarded   bool `protobuf:"varint,5,opt,name=reforwarded,proto3" json:"reforwarded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -481,6 +573,27 @@ func (x *ForwardRequest) GetSender() string {
 		return x.Sender
 	}
 	return ""
+}
+
+func (x *ForwardRequest) GetRingFingerprint() string {
+	if x != nil {
+		return x.RingFingerprint
+	}
+	return ""
+}
+
+func (x *ForwardRequest) GetRingEpoch() uint64 {
+	if x != nil {
+		return x.RingEpoch
+	}
+	return 0
+}
+
+func (x *ForwardRequest) GetReforwarded() bool {
+	if x != nil {
+		return x.Reforwarded
+	}
+	return false
 }
 
 type ForwardResponse struct {
@@ -745,11 +858,445 @@ func (x *MembersResponse) GetPartitionCount() int32 {
 	return 0
 }
 
+// KeyState is one key's window state in transit between nodes.
+type KeyState struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The key as the ring places it: the uvarint length of the limit name,
+	// the name, then the key.
+	Key []byte `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// The state in the window package's binary encoding (window.State).
+	State []byte `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	// For a replica (PullResponse.replicas): the member whose copy it is.
+	Owner         string `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyState) Reset() {
+	*x = KeyState{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyState) ProtoMessage() {}
+
+func (x *KeyState) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyState.ProtoReflect.Descriptor instead.
+func (*KeyState) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *KeyState) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *KeyState) GetState() []byte {
+	if x != nil {
+		return x.State
+	}
+	return nil
+}
+
+func (x *KeyState) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+type HandOffRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The sender's node name.
+	Sender string `protobuf:"bytes,1,opt,name=sender,proto3" json:"sender,omitempty"`
+	// Fingerprint of the sender's ring the hand-off follows.
+	RingFingerprint string `protobuf:"bytes,2,opt,name=ring_fingerprint,json=ringFingerprint,proto3" json:"ring_fingerprint,omitempty"`
+	// At most 1000 keys' state to merge.
+	States []*KeyState `protobuf:"bytes,3,rep,name=states,proto3" json:"states,omitempty"`
+	// The sender has now handed off every key it held but does not own under
+	// ring_fingerprint.
+	Done bool `protobuf:"varint,4,opt,name=done,proto3" json:"done,omitempty"`
+	// Set when states are replicas whose owner left the ring (died): the
+	// receiver merges them like any other state.
+	FromReplica bool `protobuf:"varint,5,opt,name=from_replica,json=fromReplica,proto3" json:"from_replica,omitempty"`
+	// Set when the sender is leaving the cluster and ring_fingerprint is its
+	// ring without itself. Otherwise a receiver whose ring fingerprint
+	// differs refuses states (error set): one of the two rings is behind,
+	// and the sender tries again once they agree.
+	SenderLeaving bool `protobuf:"varint,6,opt,name=sender_leaving,json=senderLeaving,proto3" json:"sender_leaving,omitempty"`
+	// The sender's instance id (random per process start, gossiped in its
+	// metadata): a done of a leaving sender takes the member out of the
+	// receiver's ring only if it is this instance.
+	SenderInstance string `protobuf:"bytes,7,opt,name=sender_instance,json=senderInstance,proto3" json:"sender_instance,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *HandOffRequest) Reset() {
+	*x = HandOffRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HandOffRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HandOffRequest) ProtoMessage() {}
+
+func (x *HandOffRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HandOffRequest.ProtoReflect.Descriptor instead.
+func (*HandOffRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *HandOffRequest) GetSender() string {
+	if x != nil {
+		return x.Sender
+	}
+	return ""
+}
+
+func (x *HandOffRequest) GetRingFingerprint() string {
+	if x != nil {
+		return x.RingFingerprint
+	}
+	return ""
+}
+
+func (x *HandOffRequest) GetStates() []*KeyState {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
+func (x *HandOffRequest) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+func (x *HandOffRequest) GetFromReplica() bool {
+	if x != nil {
+		return x.FromReplica
+	}
+	return false
+}
+
+func (x *HandOffRequest) GetSenderLeaving() bool {
+	if x != nil {
+		return x.SenderLeaving
+	}
+	return false
+}
+
+func (x *HandOffRequest) GetSenderInstance() string {
+	if x != nil {
+		return x.SenderInstance
+	}
+	return ""
+}
+
+type HandOffResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Keys merged from the request.
+	Merged int64 `protobuf:"varint,1,opt,name=merged,proto3" json:"merged,omitempty"`
+	// Why the request was refused (nothing merged then).
+	Error         string `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HandOffResponse) Reset() {
+	*x = HandOffResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HandOffResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HandOffResponse) ProtoMessage() {}
+
+func (x *HandOffResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HandOffResponse.ProtoReflect.Descriptor instead.
+func (*HandOffResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *HandOffResponse) GetMerged() int64 {
+	if x != nil {
+		return x.Merged
+	}
+	return 0
+}
+
+func (x *HandOffResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type PullRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The sender's node name: the keys' new owner.
+	Sender string `protobuf:"bytes,1,opt,name=sender,proto3" json:"sender,omitempty"`
+	// Fingerprint of the sender's ring.
+	RingFingerprint string `protobuf:"bytes,2,opt,name=ring_fingerprint,json=ringFingerprint,proto3" json:"ring_fingerprint,omitempty"`
+	// 1..1000 keys, each encoded as KeyState.key.
+	Keys          [][]byte `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullRequest) Reset() {
+	*x = PullRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullRequest) ProtoMessage() {}
+
+func (x *PullRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullRequest.ProtoReflect.Descriptor instead.
+func (*PullRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *PullRequest) GetSender() string {
+	if x != nil {
+		return x.Sender
+	}
+	return ""
+}
+
+func (x *PullRequest) GetRingFingerprint() string {
+	if x != nil {
+		return x.RingFingerprint
+	}
+	return ""
+}
+
+func (x *PullRequest) GetKeys() [][]byte {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+type PullResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The state the receiver held and gave up, for the keys it held.
+	States []*KeyState `protobuf:"bytes,1,rep,name=states,proto3" json:"states,omitempty"`
+	// Copies the receiver held as a replica of another owner (given up
+	// too): the sender uses one only when the key's previous owner has left
+	// its ring and no state came.
+	Replicas      []*KeyState `protobuf:"bytes,2,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullResponse) Reset() {
+	*x = PullResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullResponse) ProtoMessage() {}
+
+func (x *PullResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullResponse.ProtoReflect.Descriptor instead.
+func (*PullResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *PullResponse) GetStates() []*KeyState {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
+func (x *PullResponse) GetReplicas() []*KeyState {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
+type ReplicateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The owner's node name.
+	Sender string `protobuf:"bytes,1,opt,name=sender,proto3" json:"sender,omitempty"`
+	// At most 1000 keys' latest state; each replaces the receiver's copy.
+	States        []*KeyState `protobuf:"bytes,2,rep,name=states,proto3" json:"states,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicateRequest) Reset() {
+	*x = ReplicateRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicateRequest) ProtoMessage() {}
+
+func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
+func (*ReplicateRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ReplicateRequest) GetSender() string {
+	if x != nil {
+		return x.Sender
+	}
+	return ""
+}
+
+func (x *ReplicateRequest) GetStates() []*KeyState {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
+type ReplicateResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicateResponse) Reset() {
+	*x = ReplicateResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicateResponse) ProtoMessage() {}
+
+func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
+func (*ReplicateResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
+}
+
 var File_sluice_v1_sluice_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\n" +
-	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"\x8c\x02\n" +
+	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"\xe1\x02\n" +
 	"\x0eRateLimitCheck\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x17\n" +
@@ -760,8 +1307,9 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\talgorithm\x18\a \x01(\x0e2\x14.sluice.v1.AlgorithmR\talgorithm\x12\x1f\n" +
 	"\vno_batching\x18\b \x01(\bR\n" +
 	"noBatching\x12\x14\n" +
-	"\x05named\x18\x11 \x01(\bR\x05namedB\a\n" +
-	"\x05_hits\"\xf2\x01\n" +
+	"\x05named\x18\x11 \x01(\bR\x05named\x12S\n" +
+	"\x14on_owner_unavailable\x18\t \x01(\x0e2!.sluice.v1.OwnerUnavailablePolicyR\x12onOwnerUnavailableB\a\n" +
+	"\x05_hits\"\x8e\x02\n" +
 	"\bDecision\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
@@ -773,14 +1321,19 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05owner\x18\x06 \x01(\tR\x05owner\x12\x14\n" +
 	"\x05delay\x18\a \x01(\x03R\x05delay\x12\x14\n" +
 	"\x05error\x18\b \x01(\tR\x05error\x12\x16\n" +
-	"\x06shadow\x18\x10 \x01(\bR\x06shadow\"A\n" +
+	"\x06shadow\x18\x10 \x01(\bR\x06shadow\x12\x1a\n" +
+	"\bdegraded\x18\t \x01(\bR\bdegraded\"A\n" +
 	"\fCheckRequest\x121\n" +
 	"\x06checks\x18\x01 \x03(\v2\x19.sluice.v1.RateLimitCheckR\x06checks\"B\n" +
 	"\rCheckResponse\x121\n" +
-	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\"[\n" +
+	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\"\xc7\x01\n" +
 	"\x0eForwardRequest\x121\n" +
 	"\x06checks\x18\x01 \x03(\v2\x19.sluice.v1.RateLimitCheckR\x06checks\x12\x16\n" +
-	"\x06sender\x18\x02 \x01(\tR\x06sender\"Z\n" +
+	"\x06sender\x18\x02 \x01(\tR\x06sender\x12)\n" +
+	"\x10ring_fingerprint\x18\x03 \x01(\tR\x0fringFingerprint\x12\x1d\n" +
+	"\n" +
+	"ring_epoch\x18\x04 \x01(\x04R\tringEpoch\x12 \n" +
+	"\vreforwarded\x18\x05 \x01(\bR\vreforwarded\"Z\n" +
 	"\x0fForwardResponse\x121\n" +
 	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\"\x10\n" +
@@ -799,19 +1352,53 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\amembers\x18\x01 \x03(\v2\x11.sluice.v1.MemberR\amembers\x12\x12\n" +
 	"\x04self\x18\x02 \x01(\tR\x04self\x12)\n" +
 	"\x10ring_fingerprint\x18\x03 \x01(\tR\x0fringFingerprint\x12'\n" +
-	"\x0fpartition_count\x18\x04 \x01(\x05R\x0epartitionCount*\x98\x01\n" +
+	"\x0fpartition_count\x18\x04 \x01(\x05R\x0epartitionCount\"H\n" +
+	"\bKeyState\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\fR\x05state\x12\x14\n" +
+	"\x05owner\x18\x03 \x01(\tR\x05owner\"\x87\x02\n" +
+	"\x0eHandOffRequest\x12\x16\n" +
+	"\x06sender\x18\x01 \x01(\tR\x06sender\x12)\n" +
+	"\x10ring_fingerprint\x18\x02 \x01(\tR\x0fringFingerprint\x12+\n" +
+	"\x06states\x18\x03 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\x12\x12\n" +
+	"\x04done\x18\x04 \x01(\bR\x04done\x12!\n" +
+	"\ffrom_replica\x18\x05 \x01(\bR\vfromReplica\x12%\n" +
+	"\x0esender_leaving\x18\x06 \x01(\bR\rsenderLeaving\x12'\n" +
+	"\x0fsender_instance\x18\a \x01(\tR\x0esenderInstance\"?\n" +
+	"\x0fHandOffResponse\x12\x16\n" +
+	"\x06merged\x18\x01 \x01(\x03R\x06merged\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"d\n" +
+	"\vPullRequest\x12\x16\n" +
+	"\x06sender\x18\x01 \x01(\tR\x06sender\x12)\n" +
+	"\x10ring_fingerprint\x18\x02 \x01(\tR\x0fringFingerprint\x12\x12\n" +
+	"\x04keys\x18\x03 \x03(\fR\x04keys\"l\n" +
+	"\fPullResponse\x12+\n" +
+	"\x06states\x18\x01 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\x12/\n" +
+	"\breplicas\x18\x02 \x03(\v2\x13.sluice.v1.KeyStateR\breplicas\"W\n" +
+	"\x10ReplicateRequest\x12\x16\n" +
+	"\x06sender\x18\x01 \x01(\tR\x06sender\x12+\n" +
+	"\x06states\x18\x02 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\"\x13\n" +
+	"\x11ReplicateResponse*\x98\x01\n" +
 	"\tAlgorithm\x12\x19\n" +
 	"\x15ALGORITHM_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16ALGORITHM_FIXED_WINDOW\x10\x01\x12\x1c\n" +
 	"\x18ALGORITHM_SLIDING_WINDOW\x10\x02\x12\x1a\n" +
 	"\x16ALGORITHM_TOKEN_BUCKET\x10\x03\x12\x1a\n" +
-	"\x16ALGORITHM_LEAKY_BUCKET\x10\x042\x90\x01\n" +
+	"\x16ALGORITHM_LEAKY_BUCKET\x10\x04*\x91\x01\n" +
+	"\x16OwnerUnavailablePolicy\x12!\n" +
+	"\x1dOWNER_UNAVAILABLE_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17OWNER_UNAVAILABLE_LOCAL\x10\x01\x12\x1b\n" +
+	"\x17OWNER_UNAVAILABLE_ALLOW\x10\x02\x12\x1a\n" +
+	"\x16OWNER_UNAVAILABLE_DENY\x10\x032\x90\x01\n" +
 	"\x10RateLimitService\x12:\n" +
 	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse\x12@\n" +
-	"\aMembers\x12\x19.sluice.v1.MembersRequest\x1a\x1a.sluice.v1.MembersResponse2\x9b\x01\n" +
+	"\aMembers\x12\x19.sluice.v1.MembersRequest\x1a\x1a.sluice.v1.MembersResponse2\xe2\x02\n" +
 	"\vPeerService\x12@\n" +
 	"\aForward\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponse\x12J\n" +
-	"\rForwardStream\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponse(\x010\x01B2Z0github.com/sluicehq/sluice/rpc/sluicev1;sluicev1b\x06proto3"
+	"\rForwardStream\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponse(\x010\x01\x12D\n" +
+	"\aHandOff\x12\x19.sluice.v1.HandOffRequest\x1a\x1a.sluice.v1.HandOffResponse(\x010\x01\x127\n" +
+	"\x04Pull\x12\x16.sluice.v1.PullRequest\x1a\x17.sluice.v1.PullResponse\x12F\n" +
+	"\tReplicate\x12\x1b.sluice.v1.ReplicateRequest\x1a\x1c.sluice.v1.ReplicateResponseB2Z0github.com/sluicehq/sluice/rpc/sluicev1;sluicev1b\x06proto3"
 
 var (
 	file_sluice_v1_sluice_proto_rawDescOnce sync.Once
@@ -825,40 +1412,59 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 	return file_sluice_v1_sluice_proto_rawDescData
 }
 
-var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_sluice_v1_sluice_proto_goTypes = []any{
-	(Algorithm)(0),          // 0: sluice.v1.Algorithm
-	(*RateLimitCheck)(nil),  // 1: sluice.v1.RateLimitCheck
-	(*Decision)(nil),        // 2: sluice.v1.Decision
-	(*CheckRequest)(nil),    // 3: sluice.v1.CheckRequest
-	(*CheckResponse)(nil),   // 4: sluice.v1.CheckResponse
-	(*ForwardRequest)(nil),  // 5: sluice.v1.ForwardRequest
-	(*ForwardResponse)(nil), // 6: sluice.v1.ForwardResponse
-	(*MembersRequest)(nil),  // 7: sluice.v1.MembersRequest
-	(*Member)(nil),          // 8: sluice.v1.Member
-	(*MembersResponse)(nil), // 9: sluice.v1.MembersResponse
+	(Algorithm)(0),              // 0: sluice.v1.Algorithm
+	(OwnerUnavailablePolicy)(0), // 1: sluice.v1.OwnerUnavailablePolicy
+	(*RateLimitCheck)(nil),      // 2: sluice.v1.RateLimitCheck
+	(*Decision)(nil),            // 3: sluice.v1.Decision
+	(*CheckRequest)(nil),        // 4: sluice.v1.CheckRequest
+	(*CheckResponse)(nil),       // 5: sluice.v1.CheckResponse
+	(*ForwardRequest)(nil),      // 6: sluice.v1.ForwardRequest
+	(*ForwardResponse)(nil),     // 7: sluice.v1.ForwardResponse
+	(*MembersRequest)(nil),      // 8: sluice.v1.MembersRequest
+	(*Member)(nil),              // 9: sluice.v1.Member
+	(*MembersResponse)(nil),     // 10: sluice.v1.MembersResponse
+	(*KeyState)(nil),            // 11: sluice.v1.KeyState
+	(*HandOffRequest)(nil),      // 12: sluice.v1.HandOffRequest
+	(*HandOffResponse)(nil),     // 13: sluice.v1.HandOffResponse
+	(*PullRequest)(nil),         // 14: sluice.v1.PullRequest
+	(*PullResponse)(nil),        // 15: sluice.v1.PullResponse
+	(*ReplicateRequest)(nil),    // 16: sluice.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),   // 17: sluice.v1.ReplicateResponse
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	0,  // 0: sluice.v1.RateLimitCheck.algorithm:type_name -> sluice.v1.Algorithm
-	1,  // 1: sluice.v1.CheckRequest.checks:type_name -> sluice.v1.RateLimitCheck
-	2,  // 2: sluice.v1.CheckResponse.decisions:type_name -> sluice.v1.Decision
-	1,  // 3: sluice.v1.ForwardRequest.checks:type_name -> sluice.v1.RateLimitCheck
-	2,  // 4: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
-	8,  // 5: sluice.v1.MembersResponse.members:type_name -> sluice.v1.Member
-	3,  // 6: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
-	7,  // 7: sluice.v1.RateLimitService.Members:input_type -> sluice.v1.MembersRequest
-	5,  // 8: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
-	5,  // 9: sluice.v1.PeerService.ForwardStream:input_type -> sluice.v1.ForwardRequest
-	4,  // 10: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
-	9,  // 11: sluice.v1.RateLimitService.Members:output_type -> sluice.v1.MembersResponse
-	6,  // 12: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
-	6,  // 13: sluice.v1.PeerService.ForwardStream:output_type -> sluice.v1.ForwardResponse
-	10, // [10:14] is the sub-list for method output_type
-	6,  // [6:10] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	1,  // 1: sluice.v1.RateLimitCheck.on_owner_unavailable:type_name -> sluice.v1.OwnerUnavailablePolicy
+	2,  // 2: sluice.v1.CheckRequest.checks:type_name -> sluice.v1.RateLimitCheck
+	3,  // 3: sluice.v1.CheckResponse.decisions:type_name -> sluice.v1.Decision
+	2,  // 4: sluice.v1.ForwardRequest.checks:type_name -> sluice.v1.RateLimitCheck
+	3,  // 5: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
+	9,  // 6: sluice.v1.MembersResponse.members:type_name -> sluice.v1.Member
+	11, // 7: sluice.v1.HandOffRequest.states:type_name -> sluice.v1.KeyState
+	11, // 8: sluice.v1.PullResponse.states:type_name -> sluice.v1.KeyState
+	11, // 9: sluice.v1.PullResponse.replicas:type_name -> sluice.v1.KeyState
+	11, // 10: sluice.v1.ReplicateRequest.states:type_name -> sluice.v1.KeyState
+	4,  // 11: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
+	8,  // 12: sluice.v1.RateLimitService.Members:input_type -> sluice.v1.MembersRequest
+	6,  // 13: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
+	6,  // 14: sluice.v1.PeerService.ForwardStream:input_type -> sluice.v1.ForwardRequest
+	12, // 15: sluice.v1.PeerService.HandOff:input_type -> sluice.v1.HandOffRequest
+	14, // 16: sluice.v1.PeerService.Pull:input_type -> sluice.v1.PullRequest
+	16, // 17: sluice.v1.PeerService.Replicate:input_type -> sluice.v1.ReplicateRequest
+	5,  // 18: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
+	10, // 19: sluice.v1.RateLimitService.Members:output_type -> sluice.v1.MembersResponse
+	7,  // 20: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
+	7,  // 21: sluice.v1.PeerService.ForwardStream:output_type -> sluice.v1.ForwardResponse
+	13, // 22: sluice.v1.PeerService.HandOff:output_type -> sluice.v1.HandOffResponse
+	15, // 23: sluice.v1.PeerService.Pull:output_type -> sluice.v1.PullResponse
+	17, // 24: sluice.v1.PeerService.Replicate:output_type -> sluice.v1.ReplicateResponse
+	18, // [18:25] is the sub-list for method output_type
+	11, // [11:18] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -872,8 +1478,8 @@ func file_sluice_v1_sluice_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   9,
+			NumEnums:      2,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

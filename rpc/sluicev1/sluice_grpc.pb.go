@@ -182,6 +182,9 @@ var RateLimitService_ServiceDesc = grpc.ServiceDesc{
 const (
 	PeerService_Forward_FullMethodName       = "/sluice.v1.PeerService/Forward"
 	PeerService_ForwardStream_FullMethodName = "/sluice.v1.PeerService/ForwardStream"
+	PeerService_HandOff_FullMethodName       = "/sluice.v1.PeerService/HandOff"
+	PeerService_Pull_FullMethodName          = "/sluice.v1.PeerService/Pull"
+	PeerService_Replicate_FullMethodName     = "/sluice.v1.PeerService/Replicate"
 )
 
 // PeerServiceClient is the client API for PeerService service.
@@ -199,6 +202,24 @@ type PeerServiceClient interface {
 	// request gets one response, in order. A request the receiver refuses
 	// gets a response with error set, and the stream goes on.
 	ForwardStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ForwardRequest, ForwardResponse], error)
+	// HandOff moves keys' state to this node, their new owner: the sender
+	// streams batches of the keys it holds but no longer owns (having
+	// removed them from its own windows), and the receiver merges each into
+	// its own (window merge: as if all hits had gone to one owner) and
+	// answers one response per request, in order. A request with done set
+	// (and no states) says the sender has handed off everything it held for
+	// the ring named by ring_fingerprint.
+	HandOff(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[HandOffRequest, HandOffResponse], error)
+	// Pull asks for the state of keys the sender now owns: the receiver
+	// removes each key from its windows and answers its state (a key it
+	// holds no state for is left out). The receiver no longer counts those
+	// keys itself: checks for them go to the sender. Used on the first touch
+	// of a key whose hand-off has not arrived yet.
+	Pull(ctx context.Context, in *PullRequest, opts ...grpc.CallOption) (*PullResponse, error)
+	// Replicate stores copies of keys' state (each replacing the previous
+	// copy) on the keys' next node on the ring, so that it can take over if
+	// the owner dies. Sent asynchronously by the owner.
+	Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error)
 }
 
 type peerServiceClient struct {
@@ -232,6 +253,39 @@ func (c *peerServiceClient) ForwardStream(ctx context.Context, opts ...grpc.Call
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type PeerService_ForwardStreamClient = grpc.BidiStreamingClient[ForwardRequest, ForwardResponse]
 
+func (c *peerServiceClient) HandOff(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[HandOffRequest, HandOffResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &PeerService_ServiceDesc.Streams[1], PeerService_HandOff_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[HandOffRequest, HandOffResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PeerService_HandOffClient = grpc.BidiStreamingClient[HandOffRequest, HandOffResponse]
+
+func (c *peerServiceClient) Pull(ctx context.Context, in *PullRequest, opts ...grpc.CallOption) (*PullResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PullResponse)
+	err := c.cc.Invoke(ctx, PeerService_Pull_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerServiceClient) Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReplicateResponse)
+	err := c.cc.Invoke(ctx, PeerService_Replicate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServiceServer is the server API for PeerService service.
 // All implementations must embed UnimplementedPeerServiceServer
 // for forward compatibility.
@@ -247,6 +301,24 @@ type PeerServiceServer interface {
 	// request gets one response, in order. A request the receiver refuses
 	// gets a response with error set, and the stream goes on.
 	ForwardStream(grpc.BidiStreamingServer[ForwardRequest, ForwardResponse]) error
+	// HandOff moves keys' state to this node, their new owner: the sender
+	// streams batches of the keys it holds but no longer owns (having
+	// removed them from its own windows), and the receiver merges each into
+	// its own (window merge: as if all hits had gone to one owner) and
+	// answers one response per request, in order. A request with done set
+	// (and no states) says the sender has handed off everything it held for
+	// the ring named by ring_fingerprint.
+	HandOff(grpc.BidiStreamingServer[HandOffRequest, HandOffResponse]) error
+	// Pull asks for the state of keys the sender now owns: the receiver
+	// removes each key from its windows and answers its state (a key it
+	// holds no state for is left out). The receiver no longer counts those
+	// keys itself: checks for them go to the sender. Used on the first touch
+	// of a key whose hand-off has not arrived yet.
+	Pull(context.Context, *PullRequest) (*PullResponse, error)
+	// Replicate stores copies of keys' state (each replacing the previous
+	// copy) on the keys' next node on the ring, so that it can take over if
+	// the owner dies. Sent asynchronously by the owner.
+	Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error)
 	mustEmbedUnimplementedPeerServiceServer()
 }
 
@@ -262,6 +334,15 @@ func (UnimplementedPeerServiceServer) Forward(context.Context, *ForwardRequest) 
 }
 func (UnimplementedPeerServiceServer) ForwardStream(grpc.BidiStreamingServer[ForwardRequest, ForwardResponse]) error {
 	return status.Error(codes.Unimplemented, "method ForwardStream not implemented")
+}
+func (UnimplementedPeerServiceServer) HandOff(grpc.BidiStreamingServer[HandOffRequest, HandOffResponse]) error {
+	return status.Error(codes.Unimplemented, "method HandOff not implemented")
+}
+func (UnimplementedPeerServiceServer) Pull(context.Context, *PullRequest) (*PullResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Pull not implemented")
+}
+func (UnimplementedPeerServiceServer) Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Replicate not implemented")
 }
 func (UnimplementedPeerServiceServer) mustEmbedUnimplementedPeerServiceServer() {}
 func (UnimplementedPeerServiceServer) testEmbeddedByValue()                     {}
@@ -309,6 +390,49 @@ func _PeerService_ForwardStream_Handler(srv interface{}, stream grpc.ServerStrea
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type PeerService_ForwardStreamServer = grpc.BidiStreamingServer[ForwardRequest, ForwardResponse]
 
+func _PeerService_HandOff_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(PeerServiceServer).HandOff(&grpc.GenericServerStream[HandOffRequest, HandOffResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PeerService_HandOffServer = grpc.BidiStreamingServer[HandOffRequest, HandOffResponse]
+
+func _PeerService_Pull_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PullRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServiceServer).Pull(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PeerService_Pull_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServiceServer).Pull(ctx, req.(*PullRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _PeerService_Replicate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplicateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServiceServer).Replicate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PeerService_Replicate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServiceServer).Replicate(ctx, req.(*ReplicateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PeerService_ServiceDesc is the grpc.ServiceDesc for PeerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -320,11 +444,25 @@ var PeerService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "Forward",
 			Handler:    _PeerService_Forward_Handler,
 		},
+		{
+			MethodName: "Pull",
+			Handler:    _PeerService_Pull_Handler,
+		},
+		{
+			MethodName: "Replicate",
+			Handler:    _PeerService_Replicate_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "ForwardStream",
 			Handler:       _PeerService_ForwardStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "HandOff",
+			Handler:       _PeerService_HandOff_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
 		},

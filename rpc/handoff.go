@@ -1,0 +1,781 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/rpc/sluicev1"
+	"github.com/sluicehq/sluice/window"
+)
+
+// DefaultHandOffTimeout bounds how long a new owner waits for the keys
+// that moved to it (pulling each on first touch meanwhile), and a graceful
+// leave's hand-off, when ServerConfig.HandOffTimeout is 0.
+const DefaultHandOffTimeout = 10 * time.Second
+
+// handOffBatch is the most keys one HandOff request or Pull carries.
+const handOffBatch = 1000
+
+// errLeaving refuses what a leaving node no longer takes.
+var errLeaving = errors.New("node is leaving the cluster")
+
+// movingIn is what this node awaits after a ring change: the partitions it
+// now owns and did not own before, until every other member has said it
+// handed off everything for this ring (done). Until then the first touch of
+// a key of such a partition pulls the key from the members not yet done.
+// parts, ring, prev and deadline are immutable; the rest is guarded by
+// Server.hmu.
+type movingIn struct {
+	ring     *ring.Ring
+	prev     *ring.Ring // the ring before: who owned the moved partitions
+	parts    []bool     // by partition id
+	deadline time.Time
+
+	waiting map[string]bool          // members whose done has not arrived
+	settled map[string]bool          // keys pulled under this movingIn
+	pulling map[string]chan struct{} // keys being pulled: closed when settled
+}
+
+// tomb says that this node gave a key it owns under its own (stale) ring
+// to the member to, which pulled it: until the ring catches up, checks for
+// the key go there.
+type tomb struct {
+	to    string
+	until time.Time
+}
+
+// handOffState is the Server's hand-off bookkeeping, guarded by Server.hmu.
+type handOffState struct {
+	doneFrom map[string]string        // member -> fingerprint of its last done
+	outgoing map[string]chan struct{} // keys in a HandOff batch not yet answered
+	tombs    map[string]tomb          // keys given away while this node still owns them
+	lastPush string                   // fingerprint of the last completed push
+	departed map[string]time.Time     // members that left this node's ring, and when
+}
+
+// newMovingIn computes what moves to self going from prev to next, keeping
+// what was still awaited under old (which may be nil). A nil prev (the
+// bootstrap ring) owned nothing: every partition self owns under next
+// moved in.
+func (s *Server) newMovingIn(prev, next *ring.Ring, old *movingIn) *movingIn {
+	n := next.Config().PartitionCount
+	parts := make([]bool, n)
+	any := false
+	for id := range n {
+		if next.PartitionOwner(id) != s.name {
+			continue
+		}
+		if prev == nil || prev.PartitionOwner(id) != s.name || (old != nil && id < len(old.parts) && old.parts[id]) {
+			parts[id], any = true, true
+		}
+	}
+	if !any {
+		return nil
+	}
+	mi := &movingIn{ring: next, prev: prev, parts: parts, deadline: time.Now().Add(s.handOffTimeout),
+		waiting: map[string]bool{}, settled: map[string]bool{}, pulling: map[string]chan struct{}{}}
+	if old != nil {
+		mi.prev = old.prev // keys still awaited came from the older owners
+	}
+	for _, m := range next.Members() {
+		if m != s.name && s.ho.doneFrom[m] != next.Fingerprint() {
+			mi.waiting[m] = true
+		}
+	}
+	if len(mi.waiting) == 0 {
+		return nil
+	}
+	return mi
+}
+
+// awaiting returns the movingIn that covers key under v, or nil when key's
+// state is here (or cannot come any more).
+func (s *Server) awaiting(v *view, key []byte) *movingIn {
+	mi := s.moving.Load()
+	if mi == nil || mi.ring.Fingerprint() != v.ring.Fingerprint() || !mi.parts[v.ring.Partition(key)] {
+		return nil
+	}
+	if time.Now().After(mi.deadline) {
+		s.hmu.Lock()
+		if s.moving.Load() == mi {
+			s.moving.Store(nil)
+			s.stats.handOffTimeouts.Add(1)
+			s.log.Warn("hand-off did not complete in time; keys not yet pulled start from what this node has",
+				"fingerprint", mi.ring.Fingerprint(), "waiting_for", keysOf(mi.waiting))
+		}
+		s.hmu.Unlock()
+		return nil
+	}
+	return mi
+}
+
+// settle makes sure key's state has arrived before this node, its new
+// owner, decides it: the first check of key pulls it from every member
+// that has not finished its hand-off; concurrent checks of key wait for
+// that pull. It returns when the key is settled or ctx ends.
+func (s *Server) settle(ctx context.Context, v *view, mi *movingIn, key []byte) {
+	k := string(key)
+	s.hmu.Lock()
+	if mi.settled[k] || len(mi.waiting) == 0 {
+		s.hmu.Unlock()
+		return
+	}
+	if ch, ok := mi.pulling[k]; ok {
+		s.hmu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		}
+		return
+	}
+	ch := make(chan struct{})
+	mi.pulling[k] = ch
+	from := make([]string, 0, len(mi.waiting))
+	for m := range mi.waiting {
+		from = append(from, m)
+	}
+	s.hmu.Unlock()
+
+	s.pull(ctx, v, mi, k, from)
+
+	s.hmu.Lock()
+	delete(mi.pulling, k)
+	mi.settled[k] = true
+	s.hmu.Unlock()
+	close(ch)
+}
+
+// pull asks each member of from for key's state in parallel and merges
+// what they give up.
+func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, from []string) {
+	s.stats.pulls.Add(1)
+	var (
+		mu            sync.Mutex
+		found, failed bool
+		wg            sync.WaitGroup
+		replicas      []replicaEntry
+		now           = s.store.Now()
+		req           = &sluicev1.PullRequest{Sender: s.name, RingFingerprint: v.ring.Fingerprint(), Keys: [][]byte{[]byte(key)}}
+		// Half the forward timeout: the check that waits for the pull
+		// (and the checks behind it on a peer's stream) must still be
+		// answered within the forward timeout.
+		cctx, cancel     = context.WithTimeout(ctx, s.forwardTimeout/2)
+		prevOwner        = s.name
+		prevOwnerPresent = true
+	)
+	if mi.prev != nil {
+		prevOwner = mi.prev.Owner([]byte(key))
+		prevOwnerPresent = v.ring.Has(prevOwner)
+	}
+	defer cancel()
+	if e, ok := s.replicas.take(key); ok { // this node held a copy
+		replicas = append(replicas, e)
+	}
+	_, hadState := s.store.Get(key) // e.g. handed off before this first touch
+	for _, m := range from {
+		p := v.peers[m]
+		if p == nil {
+			failed = true
+			continue
+		}
+		wg.Go(func() {
+			resp, err := p.client.Pull(cctx, req)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				failed = true
+				s.log.Warn("pull failed", "peer", m, "error", err)
+				return
+			}
+			for _, ks := range resp.States {
+				var st window.State
+				if err := st.UnmarshalBinary(ks.State); err != nil || string(ks.Key) != key {
+					continue
+				}
+				s.store.MergeState(key, st, now)
+				found = true
+			}
+			for _, ks := range resp.Replicas {
+				var st window.State
+				if err := st.UnmarshalBinary(ks.State); err == nil && string(ks.Key) == key {
+					replicas = append(replicas, replicaEntry{st: st, owner: ks.Owner})
+				}
+			}
+		})
+	}
+	wg.Wait()
+	// A replica stands in for its owner's state only when no state came
+	// and the owner has departed (was in this node's ring and left it), or
+	// is this node (restarted under its name, its windows lost); several
+	// copies of one key are copies, so the latest wins.
+	var best *replicaEntry
+	for i, r := range replicas {
+		if (r.owner == s.name || (!v.ring.Has(r.owner) && s.departed(r.owner))) && (best == nil || r.st.Expires().After(best.st.Expires())) {
+			best = &replicas[i]
+		}
+	}
+	if best != nil && !found && !hadState {
+		s.store.MergeState(key, best.st, now)
+		s.stats.replicaTakeovers.Add(1)
+		found = true
+	}
+	switch {
+	case found:
+	case failed:
+		s.stats.movedWithoutState.Add(1)
+	case !prevOwnerPresent && prevOwner != s.name:
+		if _, ok := s.store.Get(key); !ok {
+			s.stats.ownerLost.Add(1)
+		}
+	}
+}
+
+// departed reports whether member was in this node's ring and has left
+// it (within the last 10 minutes) without coming back.
+func (s *Server) departed(member string) bool {
+	s.hmu.Lock()
+	defer s.hmu.Unlock()
+	_, ok := s.ho.departed[member]
+	return ok
+}
+
+// noteRing records the members that left (and came back) between two
+// rings. Requires hmu held.
+func (s *Server) noteRingLocked(prev, next *ring.Ring) {
+	now := time.Now()
+	for _, m := range prev.Members() {
+		if !next.Has(m) {
+			s.ho.departed[m] = now
+		}
+	}
+	for m, at := range s.ho.departed {
+		if next.Has(m) || now.Sub(at) > 10*time.Minute {
+			delete(s.ho.departed, m)
+		}
+	}
+}
+
+// instanceID returns this node's gossiped instance id ("" if unknown).
+func (s *Server) instanceID() string {
+	if p := s.instance.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// noteDone records that member said it handed off everything for the ring
+// fp; when every member has, the keys moved here are all here.
+func (s *Server) noteDone(member, fp string) {
+	s.hmu.Lock()
+	defer s.hmu.Unlock()
+	s.ho.doneFrom[member] = fp
+	mi := s.moving.Load()
+	if mi == nil || mi.ring.Fingerprint() != fp {
+		return
+	}
+	delete(mi.waiting, member)
+	if len(mi.waiting) == 0 {
+		s.moving.Store(nil)
+		s.log.Debug("hand-off complete", "fingerprint", fp)
+	}
+}
+
+// tombFor returns the member a key this node owns was given to by a pull,
+// or "" when none was.
+func (s *Server) tombFor(key []byte) string {
+	if s.tombCount.Load() == 0 {
+		return ""
+	}
+	s.hmu.Lock()
+	defer s.hmu.Unlock()
+	t, ok := s.ho.tombs[string(key)]
+	if !ok || time.Now().After(t.until) {
+		return ""
+	}
+	return t.to
+}
+
+// signalPush asks the push loop to hand off the keys this node holds but
+// does not own; signals coalesce.
+func (s *Server) signalPush() {
+	select {
+	case s.pushSignal <- struct{}{}:
+	default:
+	}
+}
+
+// pushLoop runs a hand-off after each signal until ctx ends; one that
+// fails is tried again after a pause (100 ms, doubling up to 2 s) until it
+// succeeds.
+func (s *Server) pushLoop(ctx context.Context) {
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	backoff := time.Duration(0)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.pushSignal:
+		case <-retry.C:
+		}
+		if s.leaving.Load() {
+			continue // Leave pushes on its own
+		}
+		err := s.pushOnce(ctx, s.view.Load())
+		if err == nil || ctx.Err() != nil {
+			retry.Stop()
+			backoff = 0
+			continue
+		}
+		backoff = min(max(2*backoff, 100*time.Millisecond), 2*time.Second)
+		if backoff >= 2*time.Second {
+			s.log.Warn("hand-off incomplete; keys not handed off stay here until the next try", "error", err)
+		} else {
+			s.log.Debug("hand-off incomplete; trying again", "in", backoff, "error", err)
+		}
+		retry.Reset(backoff)
+	}
+}
+
+// pushOnce hands every key this node holds but does not own under v to
+// its owner under v, then tells every member it is done. Replicas of
+// members that left v go to their new owners too. A batch that fails goes
+// back into this node's windows (and its owner will pull its keys on first
+// touch); the error names the first failure.
+func (s *Server) pushOnce(ctx context.Context, v *view) error {
+	_, err := s.pushTargets(ctx, v)
+	return err
+}
+
+// pushTargets is pushOnce that also returns the error of each member the
+// hand-off to failed.
+func (s *Server) pushTargets(ctx context.Context, v *view) (map[string]error, error) {
+	fp := v.ring.Fingerprint()
+	byOwner := map[string][]string{}
+	for k := range s.store.All() {
+		if o := v.ring.Owner([]byte(k)); o != s.name {
+			byOwner[o] = append(byOwner[o], k)
+		}
+	}
+	replicasByOwner := s.replicas.orphans(v, s.departed)
+	now := s.store.Now()
+	for k, e := range replicasByOwner[s.name] { // this node is the new owner: take over
+		s.store.MergeState(k, e.st, now)
+		s.stats.replicaTakeovers.Add(1)
+	}
+	delete(replicasByOwner, s.name)
+	// Copies on their way to a new owner are outgoing: a Pull of one of
+	// them waits until its push is answered (or put back).
+	orphanDone := map[string]chan struct{}{}
+	s.hmu.Lock()
+	for o, rs := range replicasByOwner {
+		ch := make(chan struct{})
+		orphanDone[o] = ch
+		for k := range rs {
+			s.ho.outgoing[k] = ch
+		}
+	}
+	s.hmu.Unlock()
+	defer func() {
+		s.hmu.Lock()
+		for o, rs := range replicasByOwner {
+			for k := range rs {
+				if s.ho.outgoing[k] == orphanDone[o] {
+					delete(s.ho.outgoing, k)
+				}
+			}
+		}
+		s.hmu.Unlock()
+		for _, ch := range orphanDone {
+			close(ch)
+		}
+	}()
+
+	var firstErr error
+	failed := map[string]error{}
+	for _, m := range v.ring.Members() {
+		if m == s.name {
+			continue
+		}
+		if s.view.Load().ring.Fingerprint() != fp && !s.leaving.Load() {
+			s.restoreReplicas(replicasByOwner[m])
+			if firstErr == nil {
+				firstErr = errors.New("ring changed during the hand-off")
+			}
+			continue
+		}
+		p := v.peers[m]
+		if p == nil {
+			s.restoreReplicas(replicasByOwner[m])
+			failed[m] = errors.New("no connection")
+			if firstErr == nil {
+				firstErr = fmt.Errorf("%s: no connection", m)
+			}
+			continue
+		}
+		if err := s.pushTo(ctx, p, fp, byOwner[m], replicasByOwner[m], false); err != nil {
+			s.stats.handOffErrors.Add(1)
+			failed[m] = err
+			if firstErr == nil {
+				firstErr = fmt.Errorf("%s: %w", m, err)
+			}
+		}
+	}
+	// Done goes to every member only once everything went everywhere: a
+	// member that hears done (of a leaving node: that takes it out of its
+	// ring) must not route a key to a member that has not got it yet.
+	if firstErr == nil {
+		for _, m := range v.ring.Members() {
+			if m == s.name {
+				continue
+			}
+			if err := s.pushTo(ctx, v.peers[m], fp, nil, nil, true); err != nil {
+				s.stats.handOffErrors.Add(1)
+				failed[m] = err
+				if firstErr == nil {
+					firstErr = fmt.Errorf("%s: %w", m, err)
+				}
+			}
+		}
+	}
+	if firstErr == nil {
+		s.hmu.Lock()
+		s.ho.lastPush = fp
+		s.hmu.Unlock()
+	}
+	return failed, firstErr
+}
+
+// pushTo streams keys (taken from this node's windows batch by batch) and
+// replicas to p, then (if done) done for fp.
+func (s *Server) pushTo(ctx context.Context, p *peer, fp string, keys []string, replicas map[string]replicaEntry, done bool) error {
+	if len(keys) == 0 && len(replicas) == 0 && !done {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.handOffTimeout)
+	defer cancel()
+	st, err := p.client.HandOff(ctx)
+	if err != nil {
+		s.restoreReplicas(replicas)
+		return err
+	}
+	defer func() { _ = st.CloseSend() }()
+	send := func(req *sluicev1.HandOffRequest) error {
+		if err := st.Send(req); err != nil {
+			return err
+		}
+		resp, err := st.Recv()
+		switch {
+		case err != nil:
+			return err
+		case resp.Error != "":
+			return errors.New(resp.Error)
+		}
+		return nil
+	}
+	for len(keys) > 0 {
+		n := min(len(keys), handOffBatch)
+		batch := keys[:n]
+		keys = keys[n:]
+		if err := s.pushBatch(p, fp, batch, send); err != nil {
+			s.restoreReplicas(replicas)
+			return err
+		}
+	}
+	if len(replicas) > 0 {
+		req := &sluicev1.HandOffRequest{Sender: s.name, RingFingerprint: fp, FromReplica: true, SenderLeaving: s.leaving.Load()}
+		for k, e := range replicas {
+			b, _ := e.st.AppendBinary(nil)
+			req.States = append(req.States, &sluicev1.KeyState{Key: []byte(k), State: b})
+		}
+		if err := send(req); err != nil {
+			s.restoreReplicas(replicas)
+			return err
+		}
+	}
+	if done {
+		if err := send(&sluicev1.HandOffRequest{Sender: s.name, RingFingerprint: fp, Done: true, SenderLeaving: s.leaving.Load(),
+			SenderInstance: s.instanceID()}); err != nil {
+			return err
+		}
+	}
+	_ = st.CloseSend()
+	if _, err := st.Recv(); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	return nil
+}
+
+// pushBatch takes keys out of this node's windows, marks them outgoing
+// (a Pull of one waits for the batch's answer), sends them, and puts them
+// back if the send fails.
+func (s *Server) pushBatch(p *peer, fp string, keys []string, send func(*sluicev1.HandOffRequest) error) error {
+	done := make(chan struct{})
+	req := &sluicev1.HandOffRequest{Sender: s.name, RingFingerprint: fp, SenderLeaving: s.leaving.Load()}
+	taken := map[string]window.State{}
+	s.hmu.Lock()
+	for _, k := range keys {
+		st, ok := s.store.Take(k)
+		if !ok {
+			continue
+		}
+		taken[k] = st
+		s.ho.outgoing[k] = done
+		b, _ := st.AppendBinary(nil)
+		req.States = append(req.States, &sluicev1.KeyState{Key: []byte(k), State: b})
+	}
+	s.hmu.Unlock()
+	var err error
+	if len(req.States) > 0 {
+		err = send(req)
+		if err != nil {
+			now := s.store.Now()
+			for k, st := range taken {
+				s.store.MergeState(k, st, now)
+			}
+		} else {
+			s.stats.handedOff.Add(int64(len(req.States)))
+		}
+	}
+	s.hmu.Lock()
+	for k := range taken {
+		if s.ho.outgoing[k] == done {
+			delete(s.ho.outgoing, k)
+		}
+	}
+	s.hmu.Unlock()
+	close(done)
+	return err
+}
+
+func (s *Server) restoreReplicas(rs map[string]replicaEntry) {
+	for k, e := range rs {
+		s.replicas.putBack(k, e)
+	}
+}
+
+// HandOff implements PeerService.HandOff: it merges each batch of states
+// into this node's windows and answers each request in order. A leaving
+// node refuses (it hands everything off itself).
+func (s *Server) HandOff(stream sluicev1.PeerService_HandOffServer) error {
+	for {
+		req, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		resp := &sluicev1.HandOffResponse{}
+		switch {
+		case s.leaving.Load():
+			resp.Error = errLeaving.Error()
+		case len(req.States) > handOffBatch:
+			resp.Error = fmt.Sprintf("states: at most %d per request, got %d", handOffBatch, len(req.States))
+		case req.Sender == "":
+			resp.Error = "sender: must not be empty"
+		case len(req.States) > 0 && !req.SenderLeaving && req.RingFingerprint != s.view.Load().ring.Fingerprint():
+			// One of the two rings is behind: the keys may not be this
+			// node's. The sender keeps them and tries again.
+			resp.Error = fmt.Sprintf("ring_fingerprint: %s differs from the receiver's %s; retry when the rings agree",
+				req.RingFingerprint, s.view.Load().ring.Fingerprint())
+		default:
+			states := make([]window.State, len(req.States))
+			for i, ks := range req.States {
+				if len(ks.GetKey()) == 0 {
+					resp.Error = fmt.Sprintf("states[%d].key: must not be empty", i)
+					break
+				}
+				if err := states[i].UnmarshalBinary(ks.GetState()); err != nil {
+					resp.Error = fmt.Sprintf("states[%d].state: %v", i, err)
+					break
+				}
+			}
+			if resp.Error != "" {
+				break
+			}
+			now := s.store.Now()
+			for i, ks := range req.States {
+				s.store.MergeState(string(ks.Key), states[i], now)
+			}
+			resp.Merged = int64(len(states))
+			s.stats.receivedHandOff.Add(int64(len(states)))
+			if req.FromReplica {
+				s.stats.replicaTakeovers.Add(int64(len(states)))
+			}
+			if req.Done {
+				s.noteDone(req.Sender, req.RingFingerprint)
+			}
+			if req.Done && req.SenderLeaving {
+				// It handed off its keys itself: the copies of them here
+				// are stale, and must not stand in for it once it is gone;
+				// and it is out of the ring from now on.
+				s.replicas.dropOwner(req.Sender)
+				s.memberLeaving(req.Sender, req.SenderInstance)
+			}
+		}
+		if err := stream.Send(resp); err != nil {
+			return err
+		}
+	}
+}
+
+// Pull implements PeerService.Pull: it gives up the state of each key it
+// holds (waiting first for a HandOff batch that carries the key to be
+// answered), with any replica of it (the sender uses one only if the
+// key's previous owner has left its ring). When this
+// node still owns a key under its own ring, it records that the key went
+// to the sender, so that it forwards the key's checks there.
+func (s *Server) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluicev1.PullResponse, error) {
+	switch {
+	case req.Sender == "":
+		return nil, invalidArgument(&fieldError{"sender", "must not be empty"})
+	case len(req.Keys) == 0 || len(req.Keys) > handOffBatch:
+		return nil, invalidArgument(&fieldError{"keys", fmt.Sprintf("must hold 1..%d keys, got %d", handOffBatch, len(req.Keys))})
+	}
+	v := s.view.Load()
+	resp := &sluicev1.PullResponse{}
+	for i, kb := range req.Keys {
+		if len(kb) == 0 {
+			return nil, invalidArgument(&fieldError{fmt.Sprintf("keys[%d]", i), "must not be empty"})
+		}
+	}
+	for _, kb := range req.Keys {
+		k := string(kb)
+		for {
+			s.hmu.Lock()
+			ch, busy := s.ho.outgoing[k]
+			s.hmu.Unlock()
+			if !busy {
+				break
+			}
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		s.hmu.Lock()
+		st, ok := s.store.Take(k)
+		if v.ring.Owner(kb) == s.name && req.Sender != s.name {
+			s.ho.tombs[k] = tomb{to: req.Sender, until: time.Now().Add(s.handOffTimeout)}
+			s.tombCount.Store(int64(len(s.ho.tombs)))
+		}
+		s.hmu.Unlock()
+		if ok {
+			b, _ := st.AppendBinary(nil)
+			resp.States = append(resp.States, &sluicev1.KeyState{Key: kb, State: b})
+			s.stats.handedOff.Add(1)
+		}
+		if e, ok := s.replicas.take(k); ok {
+			b, _ := e.st.AppendBinary(nil)
+			resp.Replicas = append(resp.Replicas, &sluicev1.KeyState{Key: kb, State: b, Owner: e.owner})
+		}
+	}
+	return resp, nil
+}
+
+// Leave hands this node's keys to their next owners before it leaves: it
+// stops taking checks (Check answers UNAVAILABLE), routes what peers still
+// forward to it to the keys' next owners, and pushes all its state there.
+// It returns when everything was handed off or ctx ends (the error then
+// says what was not). Call it once, before leaving the gossip.
+func (s *Server) Leave(ctx context.Context) error {
+	s.setMu.Lock()
+	s.leaving.Store(true)
+	old := s.view.Load()
+	var others []string
+	for _, m := range old.members {
+		if m.Name != s.name {
+			others = append(others, m.Name)
+		}
+	}
+	if len(others) == 0 {
+		s.setMu.Unlock()
+		if n := s.store.Len(); n > 0 {
+			s.log.Warn("last member leaving: its keys' state is lost", "keys", n)
+		}
+		return nil
+	}
+	r, err := ring.New(others, s.ringCfg)
+	if err != nil {
+		s.setMu.Unlock()
+		return fmt.Errorf("rpc: leave: %w", err)
+	}
+	v := &view{ring: r, members: old.members, peers: old.peers, epoch: old.epoch + 1}
+	s.view.Store(v)
+	s.setMu.Unlock()
+	s.log.Info("handing off before leaving", "keys", s.store.Len(), "fingerprint", r.Fingerprint())
+	var (
+		lastErr error
+		skip    = map[string]bool{} // members that cannot take keys: gone or leaving too
+	)
+	for attempt := 0; ; attempt++ {
+		// The view is rebuilt without this node on each membership change
+		// meanwhile; members found gone or leaving are left out of it, so
+		// their keys go to the next owner (gossip may tell late of them).
+		v := s.view.Load()
+		if len(skip) > 0 {
+			var names []string
+			for _, m := range v.ring.Members() {
+				if !skip[m] {
+					names = append(names, m)
+				}
+			}
+			r, err := ring.New(names, s.ringCfg)
+			if err != nil {
+				lastErr = err
+				break
+			}
+			v = &view{ring: r, members: v.members, peers: v.peers, epoch: v.epoch}
+		}
+		var failed map[string]error
+		failed, lastErr = s.pushTargets(ctx, v)
+		if ctx.Err() != nil {
+			break
+		}
+		if lastErr == nil {
+			if s.store.Len() == 0 {
+				break
+			}
+			// A check that was being decided as the ring switched landed
+			// after its key was handed off: hand it off too.
+			continue
+		}
+		for m, err := range failed {
+			if c := status.Code(err); c == codes.Unavailable || c == codes.Canceled || strings.Contains(err.Error(), errLeaving.Error()) {
+				skip[m] = true
+			}
+		}
+		if attempt%20 == 0 {
+			s.log.Warn("hand-off before leaving incomplete, retrying", "keys", s.store.Len(), "error", lastErr)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if n := s.store.Len(); n > 0 {
+		s.stats.movedWithoutState.Add(int64(n))
+		return fmt.Errorf("rpc: leave: %d keys not handed off: %v", n, lastErr)
+	}
+	return nil
+}
+
+func keysOf(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}

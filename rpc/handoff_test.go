@@ -1,0 +1,328 @@
+package rpc
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/rpc/sluicev1"
+	"github.com/sluicehq/sluice/window"
+)
+
+// handOffScenario hits 50 keys of a fixed window of 100 per hour through
+// a changing set of nodes and counts what each key was allowed.
+type handOffScenario struct {
+	t       *testing.T
+	clock   *window.ManualClock
+	keys    []string
+	allowed map[string]int
+}
+
+func newHandOffScenario(t *testing.T) *handOffScenario {
+	sc := &handOffScenario{t: t, clock: windowClock(), allowed: map[string]int{}}
+	for i := range 50 {
+		sc.keys = append(sc.keys, fmt.Sprintf("user:%d", i))
+	}
+	return sc
+}
+
+// scenarioForwardTimeout is the forward timeout of the hand-off scenarios:
+// long, so that a loaded test machine does not turn a slow forward into a
+// degraded answer (the scenarios are about counts; degraded answers have
+// tests of their own).
+const scenarioForwardTimeout = 5 * time.Second
+
+// startScenarioNode starts a node for the hand-off scenarios.
+func startScenarioNode(t *testing.T, name string, clock window.Clock, join ...string) *testNode {
+	return startNodeWith(t, name, clock, NodeConfig{ForwardTimeout: scenarioForwardTimeout}, join...)
+}
+
+// startScenarioCluster starts n scenario nodes named node1..nodeN, joined
+// through node1, and waits until their rings agree.
+func startScenarioCluster(t *testing.T, n int, clock window.Clock) []*testNode {
+	t.Helper()
+	nodes := []*testNode{startScenarioNode(t, "node1", clock)}
+	for i := 2; i <= n; i++ {
+		nodes = append(nodes, startScenarioNode(t, fmt.Sprintf("node%d", i), clock, nodes[0].GossipAddr()))
+	}
+	waitRingAgrees(t, nodes)
+	return nodes
+}
+
+// hit sends perKey hits on every key, spread round-robin over nodes, from
+// 16 goroutines at once; every answer must come without error, not
+// degraded, and within twice the forward timeout (a check whose forward
+// fails while the ring changes is retried once) plus a margin.
+func (sc *handOffScenario) hit(nodes []*testNode, perKey int) (allowed int) {
+	t := sc.t
+	t.Helper()
+	type job struct {
+		key string
+		via *testNode
+	}
+	jobs := make(chan job)
+	var (
+		mu   sync.Mutex
+		errs []string
+		wg   sync.WaitGroup
+	)
+	for range 16 {
+		wg.Go(func() {
+			for j := range jobs {
+				start := time.Now()
+				ctx, cancel := context.WithTimeout(context.Background(), 3*scenarioForwardTimeout)
+				resp, err := j.via.client.Check(ctx, &sluicev1.CheckRequest{Checks: []*sluicev1.RateLimitCheck{{
+					Name: "handoff", Key: j.key, Hits: proto.Int64(1), Limit: 100, WindowMs: 3_600_000}}})
+				cancel()
+				took := time.Since(start)
+				mu.Lock()
+				switch {
+				case err != nil:
+					errs = append(errs, fmt.Sprintf("%s via %s: %v", j.key, j.via.Name(), err))
+				case resp.Decisions[0].Error != "" || resp.Decisions[0].Degraded:
+					errs = append(errs, fmt.Sprintf("%s via %s: %+v", j.key, j.via.Name(), resp.Decisions[0]))
+				case took > 2*scenarioForwardTimeout+time.Second:
+					errs = append(errs, fmt.Sprintf("%s via %s: answered after %s", j.key, j.via.Name(), took))
+				case resp.Decisions[0].Allowed:
+					sc.allowed[j.key]++
+					allowed++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	for i := range perKey {
+		for ki, k := range sc.keys {
+			jobs <- job{k, nodes[(i+ki)%len(nodes)]}
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatalf("%d bad answers, e.g. %s", len(errs), errs[0])
+	}
+	return allowed
+}
+
+// wantAllowed fails unless every key was allowed exactly n hits in all.
+func (sc *handOffScenario) wantAllowed(n int, when string) {
+	sc.t.Helper()
+	for _, k := range sc.keys {
+		if sc.allowed[k] != n {
+			sc.t.Errorf("%s: key %s allowed %d hits in all, want exactly %d", when, k, sc.allowed[k], n)
+		}
+	}
+}
+
+// logStats logs every node's routing and hand-off counters.
+func logStats(t *testing.T, nodes []*testNode) {
+	t.Helper()
+	for _, n := range nodes {
+		st := n.Server().Stats()
+		st.Peers = nil
+		t.Logf("%s: %+v", n.Name(), st)
+	}
+}
+
+// waitRingsAgreeOnKeys waits until every node's ring has all the nodes
+// and one fingerprint, then checks that they name the same owner for 10000
+// sample keys.
+func waitRingsAgreeOnKeys(t *testing.T, nodes []*testNode) {
+	t.Helper()
+	waitRingAgrees(t, nodes)
+	for i := range 10000 {
+		k := fmt.Sprintf("sample:%d", i)
+		want := nodes[0].Server().Owner("api", k)
+		for _, n := range nodes[1:] {
+			if got := n.Server().Owner("api", k); got != want {
+				t.Fatalf("key %s: %s names %s, %s names %s", k, n.Name(), got, nodes[0].Name(), want)
+			}
+		}
+	}
+}
+
+// noLostState fails if a node counted a key that moved or lost its owner
+// without its state.
+func noLostState(t *testing.T, nodes []*testNode) {
+	t.Helper()
+	for _, n := range nodes {
+		st := n.Server().Stats()
+		if st.MovedWithoutState != 0 || st.OwnerLost != 0 || st.HandOffTimeouts != 0 || st.Degraded != 0 {
+			t.Errorf("%s: moved without state %d, owner lost %d, hand-off timeouts %d, degraded %d",
+				n.Name(), st.MovedWithoutState, st.OwnerLost, st.HandOffTimeouts, st.Degraded)
+		}
+	}
+}
+
+// Done when: 3 nodes, 60 hits on each of 50 keys (fixed window 100 per
+// hour), 2 nodes join, 60 more hits per key spread over all 5: exactly 100
+// allowed per key. Then 2 nodes leave gracefully and 40 more hits per key
+// over the other 3: none allowed.
+func TestJoinAndLeaveMoveCounts(t *testing.T) {
+	sc := newHandOffScenario(t)
+	nodes := startScenarioCluster(t, 3, sc.clock)
+	if got := sc.hit(nodes, 60); got != 50*60 {
+		t.Fatalf("first 60 hits per key: %d allowed, want all %d", got, 50*60)
+	}
+	nodes = append(nodes,
+		startScenarioNode(t, "node4", sc.clock, nodes[0].GossipAddr()),
+		startScenarioNode(t, "node5", sc.clock, nodes[2].GossipAddr()))
+	waitRingAgrees(t, nodes)
+	// The hits go at once: the hand-off may still be under way, and the
+	// new owners pull what has not arrived on first touch.
+	sc.hit(nodes, 60)
+	sc.wantAllowed(100, "after 2 joined")
+	waitRingsAgreeOnKeys(t, nodes)
+	moved := int64(0)
+	for _, n := range nodes {
+		moved += n.Server().Stats().HandedOff
+	}
+	if moved == 0 {
+		t.Fatal("no key was handed off: the joins moved nothing?")
+	}
+	noLostState(t, nodes)
+
+	// node1 (a first member) and node4 (a newcomer) leave gracefully.
+	for _, i := range []int{3, 0} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := nodes[i].Close(ctx); err != nil {
+			t.Fatalf("close %s: %v", nodes[i].Name(), err)
+		}
+		cancel()
+	}
+	rest := []*testNode{nodes[1], nodes[2], nodes[4]}
+	waitRingsAgreeOnKeys(t, rest)
+	if got := sc.hit(rest, 40); got != 0 {
+		t.Errorf("after 2 left: %d of %d hits allowed, want none", got, 50*40)
+	}
+	sc.wantAllowed(100, "after 2 left")
+	noLostState(t, rest)
+}
+
+// replace closes old gracefully and starts a node named name in its place,
+// joined through via, and returns the new member list.
+func replace(t *testing.T, clock window.Clock, nodes []*testNode, old int, name string, via *testNode) []*testNode {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := nodes[old].Close(ctx); err != nil {
+		t.Fatalf("close %s: %v", nodes[old].Name(), err)
+	}
+	out := append([]*testNode(nil), nodes[:old]...)
+	out = append(out, nodes[old+1:]...)
+	waitRingAgrees(t, out)
+	out = append(out, startScenarioNode(t, name, clock, via.GossipAddr()))
+	waitRingsAgreeOnKeys(t, out)
+	return out
+}
+
+// Done when: a rolling replacement of every node, one at a time, with 20
+// hits per key after each step (120 in all): exactly 100 per key.
+func TestRollingReplacementKeepsCounts(t *testing.T) {
+	sc := newHandOffScenario(t)
+	nodes := startScenarioCluster(t, 3, sc.clock)
+	sc.hit(nodes, 60)
+	for step, name := range []string{"node1", "node2", "node3"} {
+		i := 0
+		for nodes[i].Name() != name {
+			i++
+		}
+		via := nodes[(i+1)%len(nodes)]
+		nodes = replace(t, sc.clock, nodes, i, name+"-b", via)
+		sc.hit(nodes, 20)
+		if step < 2 {
+			sc.wantAllowed(80+20*step, fmt.Sprintf("after replacing %s", name))
+		}
+	}
+	sc.wantAllowed(100, "after every node was replaced")
+	noLostState(t, nodes)
+	if t.Failed() {
+		logStats(t, nodes)
+	}
+}
+
+// Done when: replacing only the owner of a key keeps every key's count:
+// 60 hits, the owner of user:0 is replaced, 60 more: exactly 100 per key.
+func TestReplacingAnOwnerKeepsCounts(t *testing.T) {
+	sc := newHandOffScenario(t)
+	nodes := startScenarioCluster(t, 3, sc.clock)
+	sc.hit(nodes, 60)
+	owner := nodes[0].Server().Owner("handoff", "user:0")
+	i := 0
+	for nodes[i].Name() != owner {
+		i++
+	}
+	nodes = replace(t, sc.clock, nodes, i, owner+"-b", nodes[(i+1)%3])
+	sc.hit(nodes, 60)
+	sc.wantAllowed(100, "after replacing "+owner)
+	noLostState(t, nodes)
+}
+
+// A new owner that is touched before the old owner's hand-off arrives
+// pulls the key: here node2 takes key k from node1 and node1's hand-off is
+// never sent (node1's push finds nothing, its windows having been pulled):
+// the count carries over exactly.
+func TestPullOnFirstTouch(t *testing.T) {
+	clock := windowClock()
+	nodes := startCluster(t, 2, clock)
+	k := keyOwnedBy(t, nodes[0], "pull", "node1")
+	rc := &sluicev1.RateLimitCheck{Name: "pull", Key: k, Hits: proto.Int64(1), Limit: 10, WindowMs: 60000}
+	for range 7 {
+		if !check(t, nodes[0].client, rc).Allowed {
+			t.Fatal("denied under the limit")
+		}
+	}
+	// node2 learns of a ring in which it owns k (node1 not yet): it pulls.
+	s1, s2 := nodes[0].Server(), nodes[1].Server()
+	key := ring.Key(nil, "pull", k)
+	v := s2.view.Load()
+	mi := &movingIn{ring: v.ring, prev: v.ring, parts: make([]bool, v.ring.Config().PartitionCount),
+		deadline: time.Now().Add(time.Minute), waiting: map[string]bool{"node1": true},
+		settled: map[string]bool{}, pulling: map[string]chan struct{}{}}
+	s2.settle(context.Background(), v, mi, key)
+	if _, ok := s1.store.Get(string(key)); ok {
+		t.Fatal("node1 still holds the key after the pull")
+	}
+	st, ok := s2.store.Get(string(key))
+	if !ok {
+		t.Fatal("node2 holds no state after the pull")
+	}
+	d, _ := s2.store.Apply(string(key), window.Check{Algorithm: window.FixedWindow, Limit: 10, Window: time.Minute, Hits: 0}, clock.Now())
+	if d.Remaining != 3 || st.IsZero() {
+		t.Fatalf("after the pull node2 has remaining %d, want 3", d.Remaining)
+	}
+	// node1 still owns k under its ring, but gave it away: its checks go
+	// to node2 and count there.
+	d1 := check(t, nodes[0].client, rc)
+	if d1.Owner != "node2" || !d1.Allowed || d1.Remaining != 2 {
+		t.Fatalf("check via node1 after the pull: %+v, want node2 deciding with remaining 2", d1)
+	}
+}
+
+// Beyond the scenario: 2 nodes join while hits are under way (40
+// per key before, 40 during the joins, 40 after over all 5): still exactly
+// 100 per key. The joins' hand-offs race the hits; the new owners pull
+// what has not arrived.
+func TestJoinDuringHitsKeepsCounts(t *testing.T) {
+	sc := newHandOffScenario(t)
+	nodes := startScenarioCluster(t, 3, sc.clock)
+	sc.hit(nodes, 40)
+	var wg sync.WaitGroup
+	wg.Go(func() { sc.hit(nodes, 40) })
+	more := []*testNode{
+		startScenarioNode(t, "node4", sc.clock, nodes[0].GossipAddr()),
+		startScenarioNode(t, "node5", sc.clock, nodes[1].GossipAddr())}
+	wg.Wait()
+	all := append(nodes, more...)
+	waitRingAgrees(t, all)
+	sc.hit(all, 40)
+	sc.wantAllowed(100, "joins during hits")
+	if t.Failed() {
+		logStats(t, all)
+	}
+}
