@@ -427,15 +427,10 @@ func (c *Client) order() []*node {
 	return append(out, skipped...)
 }
 
-// serverDegraded reports whether the node marked d degraded.
-//
-// DEGRADED: the proto's Decision.degraded field is being added in other
-// work; once rpc/sluicev1 has it, this returns d.GetDegraded(). Until
-// then only the client's own failure mode marks a decision degraded.
-func serverDegraded(d *sluicev1.Decision) bool {
-	_ = d
-	return false
-}
+// serverDegraded reports whether the node marked d degraded: the key's
+// owner could not be reached and the node answered per the check's
+// on_owner_unavailable policy.
+func serverDegraded(d *sluicev1.Decision) bool { return d.GetDegraded() }
 
 // decision converts a node's answer.
 func decision(d *sluicev1.Decision) Decision {

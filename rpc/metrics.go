@@ -123,16 +123,40 @@ var (
 	descEvictedLive  = prometheus.NewDesc("sluice_keys_evicted_live_total", "Keys removed under --max-keys while still inside their window: each handed its client a fresh budget.", nil, nil)
 	descReloads      = prometheus.NewDesc("sluice_limits_reloads_total", "Reloads of the named limits file, by result (ok, refused).", []string{"result"}, nil)
 	descLimits       = prometheus.NewDesc("sluice_limits_configured", "Named limits in force.", nil, nil)
-	descRLS          = prometheus.NewDesc("sluice_rls_requests_total", "Envoy ShouldRateLimit requests answered, by overall code (ok, over_limit).", []string{"code"}, nil)
-	descRLSPartial   = prometheus.NewDesc("sluice_rls_partial_charges_total", "Envoy requests refused by a descriptor after their peek passed (a concurrent request took the last hits): their other descriptors stay charged.", nil, nil)
+	descHandOff      = []struct {
+		desc *prometheus.Desc
+		get  func(Stats) int64
+	}{
+		{prometheus.NewDesc("sluice_degraded_checks_total", "Checks answered per on_owner_unavailable because their owner could not be reached (each may admit beyond the limit).", nil, nil), func(st Stats) int64 { return st.Degraded }},
+		{prometheus.NewDesc("sluice_keys_moved_without_state_total", "Keys that changed owner without their state (a pull or hand-off failed or timed out): each may start afresh.", nil, nil), func(st Stats) int64 { return st.MovedWithoutState }},
+		{prometheus.NewDesc("sluice_keys_owner_lost_total", "Keys first touched here as new owner whose previous owner left without a hand-off and with no replica: they start afresh.", nil, nil), func(st Stats) int64 { return st.OwnerLost }},
+		{prometheus.NewDesc("sluice_replica_behind_total", "Key copies a replication send failed to deliver (sent again next interval).", nil, nil), func(st Stats) int64 { return st.ReplicaBehind }},
+		{prometheus.NewDesc("sluice_handoff_timeouts_total", "Ring changes whose hand-off did not complete within --handoff-timeout.", nil, nil), func(st Stats) int64 { return st.HandOffTimeouts }},
+		{prometheus.NewDesc("sluice_handoff_errors_total", "Hand-offs to a peer that failed (retried on the next ring change).", nil, nil), func(st Stats) int64 { return st.HandOffErrors }},
+		{prometheus.NewDesc("sluice_handed_off_keys_total", "Keys whose state this node sent to a new owner.", nil, nil), func(st Stats) int64 { return st.HandedOff }},
+		{prometheus.NewDesc("sluice_received_handoff_keys_total", "Keys merged from peers' hand-offs.", nil, nil), func(st Stats) int64 { return st.ReceivedHandOff }},
+		{prometheus.NewDesc("sluice_pulls_total", "Keys pulled from their previous owner on first touch.", nil, nil), func(st Stats) int64 { return st.Pulls }},
+		{prometheus.NewDesc("sluice_replica_takeovers_total", "Keys whose replica stood in for a lost owner.", nil, nil), func(st Stats) int64 { return st.ReplicaTakeovers }},
+		{prometheus.NewDesc("sluice_replicated_keys_total", "Key copies sent to successors.", nil, nil), func(st Stats) int64 { return st.Replicated }},
+		{prometheus.NewDesc("sluice_reforwarded_checks_total", "Checks received as owner that this node's ring gives to another member, sent on once.", nil, nil), func(st Stats) int64 { return st.Reforwarded }},
+		{prometheus.NewDesc("sluice_not_owner_applied_total", "Re-forwarded checks decided here although this node's ring names another owner.", nil, nil), func(st Stats) int64 { return st.NotOwnerApplied }},
+		{prometheus.NewDesc("sluice_view_mismatch_total", "Forwarded requests whose sender's ring fingerprint differed from this node's.", nil, nil), func(st Stats) int64 { return st.ViewMismatch }},
+		{prometheus.NewDesc("sluice_ring_mismatch_total", "Members seen with the same member set but another ring fingerprint (they disagree about owners).", nil, nil), func(st Stats) int64 { return st.RingMismatch }},
+	}
+	descReplicas   = prometheus.NewDesc("sluice_replicas", "Copies of other owners' keys held on this node.", nil, nil)
+	descRLS        = prometheus.NewDesc("sluice_rls_requests_total", "Envoy ShouldRateLimit requests answered, by overall code (ok, over_limit).", []string{"code"}, nil)
+	descRLSPartial = prometheus.NewDesc("sluice_rls_partial_charges_total", "Envoy requests refused by a descriptor after their peek passed (a concurrent request took the last hits): their other descriptors stay charged.", nil, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLocal, descForwarded, descFwdCalls, descFwdErrors, descNoConn,
 		descReceived, descReceivedRPCs, descMembers, descRingEpoch, descKeys, descSwept, descEvictedLive, descReloads, descLimits,
-		descRLS, descRLSPartial} {
+		descRLS, descRLSPartial, descReplicas} {
 		ch <- d
+	}
+	for _, h := range descHandOff {
+		ch <- h.desc
 	}
 }
 
@@ -158,6 +182,10 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 			counter(descFwdCalls, p.Batches, name)
 			counter(descFwdErrors, p.Errors, name)
 		}
+		for _, h := range descHandOff {
+			counter(h.desc, h.get(st))
+		}
+		gauge(descReplicas, int64(st.Replicas))
 		v := srv.view.Load()
 		gauge(descMembers, int64(len(v.members)))
 		gauge(descRingEpoch, int64(v.epoch))
