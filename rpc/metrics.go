@@ -25,6 +25,7 @@ type Metrics struct {
 	fwdSeconds prometheus.Histogram
 	fwdBatch   prometheus.Histogram
 	sweep      prometheus.Histogram
+	insecure   prometheus.Gauge
 
 	mu     sync.Mutex
 	server *Server
@@ -58,7 +59,11 @@ func NewMetrics() *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
 		}),
 	}
-	m.reg.MustRegister(m.checks, m.fwdSeconds, m.fwdBatch, m.sweep, (*statsCollector)(m),
+	m.insecure = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sluice_insecure",
+		Help: "1 when the node is reachable from other hosts in plaintext without authentication (--insecure), else 0.",
+	})
+	m.reg.MustRegister(m.checks, m.fwdSeconds, m.fwdBatch, m.sweep, m.insecure, (*statsCollector)(m),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

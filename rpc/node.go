@@ -91,6 +91,12 @@ type NodeConfig struct {
 	// DialOptions are added to the options of connections to peers.
 	// (Optional)
 	DialOptions []grpc.DialOption
+	// Insecure lets the node listen or advertise off loopback although it
+	// gossips and serves in plaintext without authentication (see
+	// protected mode in the README); it then says so in its log every
+	// InsecureWarnEvery and in the metric sluice_insecure. On loopback it
+	// changes nothing. (Optional)
+	Insecure bool
 	// SettleTime is how long membership must have been unchanged before
 	// the node reports ready on /readyz. Default 1 s. (Optional)
 	SettleTime time.Duration
@@ -156,6 +162,9 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	log := cfg.Logger.With("node", cfg.Name)
 	advertised, err := advertise(cfg.GRPCAddr, cfg.AdvertiseHost)
 	if err != nil {
+		return nil, err
+	}
+	if err := protectedMode(cfg); err != nil {
 		return nil, err
 	}
 	lis, err := net.Listen("tcp", cfg.GRPCAddr)
@@ -228,6 +237,11 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	n.setMembers()
 	n.wg.Go(func() { n.watchMembers(ctx) })
 	n.wg.Go(func() { n.publishRing(ctx) })
+	if setting, addr := offLoopback(map[string]string{"grpc_addr": cfg.GRPCAddr, "http_addr": cfg.HTTPAddr,
+		"gossip_addr": cfg.GossipAddr, "advertise_addr": cfg.AdvertiseHost}); setting != "" {
+		metrics.insecure.Set(1)
+		n.wg.Go(func() { warnInsecure(ctx, log, setting, addr) })
+	}
 	n.wg.Go(func() {
 		store.RunSweeper(ctx, cfg.SweepInterval, func(_ int, took time.Duration) { metrics.ObserveSweep(took) })
 	})

@@ -330,6 +330,7 @@ func TestServeRefusesBadFlags(t *testing.T) {
 		{[]string{"serve", "--log-level", "loud"}, "--log-level"},
 		{[]string{"serve", "--forward-timeout", "0s"}, "--forward-timeout"},
 		{[]string{"serve", "--name", ""}, "--name"},
+		{[]string{"serve", "--grpc-addr", "0.0.0.0:0", "--advertise-addr", "127.0.0.1", "--gossip-addr", "127.0.0.1:0", "--http-addr", ""}, "--insecure"},
 	}
 	for _, c := range cases {
 		code, _, errOut := sluice(t, c.args...)

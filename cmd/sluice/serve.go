@@ -52,6 +52,7 @@ func serveCommand(e env) *cli.Command {
 			&cli.IntFlag{Name: "max-keys", Value: 1_000_000, Usage: "cap on the keys this node holds state for (0: no cap); over it, keys back at full capacity go first, then the least recently used", Sources: e.of("max-keys")},
 			&cli.StringFlag{Name: "http-addr", Value: "127.0.0.1:7080", Usage: "host:port of the HTTP face: POST /v1/check, GET /v1/members, /healthz, /readyz, /metrics (empty: off; port 0 lets the OS pick)", Sources: e.of("http-addr")},
 			&cli.StringFlag{Name: "limits", Usage: "YAML file of named limits (see README); reloaded on SIGHUP and when the file changes", Sources: e.of("limits")},
+			&cli.BoolFlag{Name: "insecure", Usage: "allow addresses reachable from other hosts although gossip and the gRPC/HTTP APIs are plaintext and unauthenticated in this version (the node warns every 5 minutes); without it such a node refuses to start", Sources: e.of("insecure")},
 			&cli.StringFlag{Name: "debug-addr", Usage: "host:port to serve Go's /debug/pprof on (off when empty; keep it on loopback)", Sources: e.of("debug-addr")},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", Sources: e.of("log-level")},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json", Sources: e.of("log-format")},
@@ -119,6 +120,7 @@ func serveCommand(e env) *cli.Command {
 				return usagef("profile", "want lan, wan or local, got %q", cfg.Profile)
 			}
 			cfg.HTTPAddr = cmd.String("http-addr")
+			cfg.Insecure = cmd.Bool("insecure")
 			if want, warn := tracingWanted(e.getenv); warn != "" {
 				logger.Warn(warn)
 			} else if want {

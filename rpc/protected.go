@@ -1,0 +1,69 @@
+package rpc
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+)
+
+// InsecureWarnEvery is how often a node running with NodeConfig.Insecure
+// off loopback says so in its log.
+const InsecureWarnEvery = 5 * time.Minute
+
+// offLoopback returns the first of the node's addresses (settings by
+// name) that other hosts can reach, or "" when all are on loopback. A
+// host name counts as off loopback unless it is "localhost".
+func offLoopback(addrs map[string]string) (setting, addr string) {
+	for _, name := range []string{"grpc_addr", "http_addr", "gossip_addr", "advertise_addr"} {
+		a := addrs[name]
+		if a == "" {
+			continue
+		}
+		host := a
+		if h, _, err := net.SplitHostPort(a); err == nil {
+			host = h
+		}
+		if host == "localhost" {
+			continue
+		}
+		if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+			continue
+		}
+		return name, a
+	}
+	return "", ""
+}
+
+// protectedMode refuses a node that others could reach while it has no
+// way to authenticate them: this version of sluice gossips and serves in
+// plaintext, without client or peer authentication, so off loopback
+// anyone who reaches a port can reset counters or join the ring. insecure
+// (serve --insecure) accepts that risk. It returns an error naming the
+// setting, or nil.
+func protectedMode(cfg NodeConfig) error {
+	setting, addr := offLoopback(map[string]string{
+		"grpc_addr": cfg.GRPCAddr, "http_addr": cfg.HTTPAddr, "gossip_addr": cfg.GossipAddr, "advertise_addr": cfg.AdvertiseHost,
+	})
+	if setting == "" || cfg.Insecure {
+		return nil
+	}
+	return fmt.Errorf("%s: %s is reachable from other hosts, and this node has no encrypted gossip and no client or peer authentication yet: "+
+		"keep every address on loopback, or accept the risk on a private network with insecure (serve --insecure, SLUICE_INSECURE=true)", setting, addr)
+}
+
+// warnInsecure logs, now and every InsecureWarnEvery until ctx is done,
+// that the node runs off loopback in plaintext.
+func warnInsecure(ctx context.Context, log *slog.Logger, setting, addr string) {
+	t := time.NewTicker(InsecureWarnEvery)
+	defer t.Stop()
+	for {
+		log.Warn("INSECURE: reachable from other hosts with plaintext gossip and no authentication (--insecure)", "setting", setting, "addr", addr)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
