@@ -35,6 +35,11 @@ docker: ## build bin/sluice-static (CGO_ENABLED=0) and the FROM scratch image (I
 
 .PHONY: cluster-up
 cluster-up: build docker ## start three nodes in containers (docker-compose.yml); gRPC and HTTP of sluice1 on 127.0.0.1:7070 and :7080
+	@# A gossip key made with sluice's own command, kept out of git; readable
+	@# by the containers' user (development only).
+	mkdir -p .cluster
+	[ -s .cluster/gossip.keys ] || bin/sluice keygen > .cluster/gossip.keys
+	chmod 644 .cluster/gossip.keys
 	SLUICE_IMAGE=$(IMAGE) docker-compose up -d
 	@for i in $$(seq 1 60); do bin/sluice members --addr 127.0.0.1:7070 --json 2>/dev/null | grep -o '"state":"alive"' | wc -l | grep -qx 3 && break; sleep 1; done
 	bin/sluice members --addr 127.0.0.1:7070

@@ -63,6 +63,15 @@ type Config struct {
 	// Logger receives membership events and memberlist's own log lines.
 	// Default: slog.Default(). (Optional)
 	Logger *slog.Logger
+	// Keys, when set, encrypt and authenticate all gossip with AES-256-GCM
+	// (memberlist's keyring): each key KeySize bytes, Keys[0] encrypts,
+	// all decrypt; a node without one of them cannot join or be heard.
+	// Rotate them live with [Cluster.SetKeys]. (Optional)
+	Keys [][]byte
+	// Label, when set, marks every gossip packet and stream; nodes with
+	// another label (another cluster on the same network) are ignored, so
+	// two clusters never merge. At most 255 bytes. (Optional)
+	Label string
 	// Transport replaces memberlist's network transport, e.g. with a
 	// memberlist.MockNetwork transport in tests; BindAddr is then ignored.
 	// (Optional)
@@ -140,6 +149,7 @@ type Cluster struct {
 	nodes   map[string]memberlist.Node
 
 	gossipAddr string
+	keyring    *memberlist.Keyring // nil: gossip in plaintext
 }
 
 // New starts gossip on cfg.BindAddr as a cluster of one. Join others with
@@ -177,6 +187,18 @@ func New(cfg Config) (*Cluster, error) {
 		return nil, fmt.Errorf("%w: profile: unknown %q (want lan, wan or local)", ErrConfig, cfg.Profile)
 	}
 	mc.Name = cfg.Name
+	if len(cfg.Label) > 255 {
+		return nil, fmt.Errorf("%w: cluster_label: at most 255 bytes, got %d", ErrConfig, len(cfg.Label))
+	}
+	mc.Label = cfg.Label
+	var keyring *memberlist.Keyring
+	if len(cfg.Keys) > 0 {
+		if keyring, err = newKeyring(cfg.Keys); err != nil {
+			return nil, err
+		}
+		mc.Keyring = keyring
+		mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
+	}
 	// A node that comes back under its name at a new address (a restart
 	// after a crash) is accepted as soon as the old one has been declared
 	// dead (it stopped answering probes), instead of memberlist's default
@@ -205,8 +227,8 @@ func New(cfg Config) (*Cluster, error) {
 		mc.AdvertiseAddr = adv
 	}
 	c := &Cluster{name: cfg.Name, log: cfg.Logger.With("node", cfg.Name), changes: make(chan struct{}, 1),
-		nodes: map[string]memberlist.Node{},
-		md:    metadata{GRPCAddr: cfg.GRPCAddr, Region: cfg.Region, Version: cfg.Version, Instance: instance}}
+		nodes: map[string]memberlist.Node{}, keyring: keyring,
+		md: metadata{GRPCAddr: cfg.GRPCAddr, Region: cfg.Region, Version: cfg.Version, Instance: instance}}
 	c.delegate.meta.Store(&meta)
 	mc.Delegate = &c.delegate
 	mc.Events = &events{c: c}

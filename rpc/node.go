@@ -91,6 +91,13 @@ type NodeConfig struct {
 	// DialOptions are added to the options of connections to peers.
 	// (Optional)
 	DialOptions []grpc.DialOption
+	// GossipKeys, when set, encrypt and authenticate gossip (AES-256, each
+	// 32 bytes, the first encrypts; see cluster.Config.Keys); rotate them
+	// with Node.SetGossipKeys. (Optional)
+	GossipKeys [][]byte
+	// ClusterLabel marks this cluster's gossip so that another cluster on
+	// the same network never merges with it. (Optional)
+	ClusterLabel string
 	// Insecure lets the node listen or advertise off loopback although it
 	// gossips and serves in plaintext without authentication (see
 	// protected mode in the README); it then says so in its log every
@@ -200,7 +207,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	cl, err := cluster.New(cluster.Config{
 		Name: cfg.Name, BindAddr: cfg.GossipAddr, AdvertiseHost: cfg.AdvertiseHost,
 		GRPCAddr: advertised, Region: cfg.Region, Version: cfg.Version,
-		Profile: cfg.Profile, Logger: cfg.Logger,
+		Profile: cfg.Profile, Logger: cfg.Logger, Keys: cfg.GossipKeys, Label: cfg.ClusterLabel,
 	})
 	if err != nil {
 		lis.Close()
@@ -366,6 +373,11 @@ func (n *Node) Ready() error {
 	}
 	return nil
 }
+
+// SetGossipKeys replaces the gossip keyring live (see cluster.SetKeys):
+// keys[0] encrypts, all decrypt, keys not listed are removed. It fails on a
+// node started without GossipKeys.
+func (n *Node) SetGossipKeys(keys [][]byte) error { return n.cluster.SetKeys(keys) }
 
 // HTTPAddr returns the host:port the HTTP face listens on ("" without one).
 func (n *Node) HTTPAddr() string { return n.httpAddr }

@@ -36,12 +36,12 @@ func offLoopback(addrs map[string]string) (setting, addr string) {
 	return "", ""
 }
 
-// protectedMode refuses a node that others could reach while it has no
-// way to authenticate them: this version of sluice gossips and serves in
-// plaintext, without client or peer authentication, so off loopback
-// anyone who reaches a port can reset counters or join the ring. insecure
-// (serve --insecure) accepts that risk. It returns an error naming the
-// setting, or nil.
+// protectedMode refuses a node that others could reach while it cannot
+// authenticate them: this version serves gRPC and HTTP without client or
+// peer authentication (and gossips in plaintext unless GossipKeys are
+// set), so off loopback anyone who reaches a port can reset counters or
+// join the ring. Insecure (serve --insecure) accepts that risk. It returns
+// an error naming the setting and what is missing, or nil.
 func protectedMode(cfg NodeConfig) error {
 	setting, addr := offLoopback(map[string]string{
 		"grpc_addr": cfg.GRPCAddr, "http_addr": cfg.HTTPAddr, "gossip_addr": cfg.GossipAddr, "advertise_addr": cfg.AdvertiseHost,
@@ -49,8 +49,12 @@ func protectedMode(cfg NodeConfig) error {
 	if setting == "" || cfg.Insecure {
 		return nil
 	}
-	return fmt.Errorf("%s: %s is reachable from other hosts, and this node has no encrypted gossip and no client or peer authentication yet: "+
-		"keep every address on loopback, or accept the risk on a private network with insecure (serve --insecure, SLUICE_INSECURE=true)", setting, addr)
+	missing := "gossip is not encrypted (serve --gossip-key-file) and clients and peers are not authenticated (not available in this version)"
+	if len(cfg.GossipKeys) > 0 {
+		missing = "clients and peers are not authenticated (not available in this version)"
+	}
+	return fmt.Errorf("%s: %s is reachable from other hosts, and %s: "+
+		"keep every address on loopback, or accept the risk on a private network with insecure (serve --insecure, SLUICE_INSECURE=true)", setting, addr, missing)
 }
 
 // warnInsecure logs, now and every InsecureWarnEvery until ctx is done,

@@ -6,6 +6,7 @@
 //	sluice bench    load a cluster and measure it
 //	sluice healthcheck  exit 0 if a node serves (container health checks)
 //	sluice proxy    a reverse proxy that applies limits per route
+//	sluice keygen   print a new gossip encryption key
 //
 // Every flag of serve, and --addr and --timeout of the client commands, can
 // also come from the environment as SLUICE_<FLAG> (upper case, dashes as
@@ -54,10 +55,10 @@ func run(ctx context.Context, args []string, getenv func(string) (string, bool),
 		Version:   version,
 		Writer:    stdout,
 		ErrWriter: stderr,
-		Commands:  []*cli.Command{serveCommand(e), checkCommand(e), membersCommand(e), benchCommand(e), healthcheckCommand(e), proxyCommand(e)},
+		Commands:  []*cli.Command{serveCommand(e), checkCommand(e), membersCommand(e), benchCommand(e), healthcheckCommand(e), keygenCommand(), proxyCommand(e)},
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			if cmd.Args().Len() > 0 {
-				return usageError{fmt.Errorf("unknown command %q (want serve, check, members, bench, healthcheck or proxy; see sluice --help)", cmd.Args().First())}
+				return usageError{fmt.Errorf("unknown command %q (want serve, check, members, bench, healthcheck, proxy or keygen; see sluice --help)", cmd.Args().First())}
 			}
 			return cli.ShowAppHelp(cmd)
 		},

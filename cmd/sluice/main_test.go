@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"log/slog"
 	"os"
@@ -343,5 +344,35 @@ func TestServeRefusesBadFlags(t *testing.T) {
 func TestEnvName(t *testing.T) {
 	if got := EnvName("grpc-addr"); got != "SLUICE_GRPC_ADDR" {
 		t.Fatalf("EnvName = %s", got)
+	}
+}
+
+// keygen prints a key that serve --gossip-key-file takes; a bad key file
+// stops serve, naming the flag and the line.
+func TestKeygenAndGossipKeyFile(t *testing.T) {
+	code, out, _ := sluice(t, "keygen")
+	key := strings.TrimSpace(out)
+	if b, err := base64.StdEncoding.DecodeString(key); code != 0 || err != nil || len(b) != 32 {
+		t.Fatalf("keygen: exit %d, %q", code, out)
+	}
+	dir := t.TempDir()
+	good := filepath.Join(dir, "gossip.keys")
+	if err := os.WriteFile(good, []byte("# primary\n"+key+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr, stop := startServe(t, "keyed", []string{"--name", "keyed", "--grpc-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0",
+		"--http-addr", "", "--profile", "local", "--gossip-key-file", good, "--cluster-label", "test"}, nil)
+	if code, _, stderr := sluice(t, "check", "--addr", addr, "--name", "api", "--key", "k"); code != 0 {
+		t.Fatalf("check on a keyed node: exit %d %s", code, stderr)
+	}
+	if code, log := stop(); code != 0 {
+		t.Fatalf("serve exited %d:\n%s", code, log)
+	}
+	bad := filepath.Join(dir, "bad.keys")
+	if err := os.WriteFile(bad, []byte(key+"\nnot a key\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := sluice(t, "serve", "--gossip-key-file", bad, "--grpc-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0", "--http-addr", ""); code != 2 || !strings.Contains(errOut, "--gossip-key-file") || !strings.Contains(errOut, "bad.keys:2") {
+		t.Fatalf("a bad key file: exit %d %q", code, errOut)
 	}
 }

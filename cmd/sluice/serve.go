@@ -30,7 +30,7 @@ func serveCommand(e env) *cli.Command {
 			"and joins the members listed in --join (none: a cluster of one). SIGINT or SIGTERM\n" +
 			"makes it leave gracefully: health goes NOT_SERVING, it stops taking checks, hands the\n" +
 			"state of all its keys to their next owners (bounded by --handoff-timeout), leaves the\n" +
-			"gossip and exits. SIGHUP reloads --limits.\n\n" +
+			"gossip and exits. SIGHUP reloads --limits and --gossip-key-file.\n\n" +
 			"Each setting comes from its flag, else from SLUICE_<FLAG>, else from the --config file.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "config", Usage: "YAML file of settings by flag name (e.g. grpc-addr: 10.0.0.5:7070); the command line, then SLUICE_* variables, win over it", Sources: e.of("config")},
@@ -52,6 +52,8 @@ func serveCommand(e env) *cli.Command {
 			&cli.IntFlag{Name: "max-keys", Value: 1_000_000, Usage: "cap on the keys this node holds state for (0: no cap); over it, keys back at full capacity go first, then the least recently used", Sources: e.of("max-keys")},
 			&cli.StringFlag{Name: "http-addr", Value: "127.0.0.1:7080", Usage: "host:port of the HTTP face: POST /v1/check, GET /v1/members, /healthz, /readyz, /metrics (empty: off; port 0 lets the OS pick)", Sources: e.of("http-addr")},
 			&cli.StringFlag{Name: "limits", Usage: "YAML file of named limits (see README); reloaded on SIGHUP and when the file changes", Sources: e.of("limits")},
+			&cli.StringFlag{Name: "gossip-key-file", Usage: "file of base64 gossip keys (sluice keygen), one per line, the one that encrypts first: gossip is then encrypted and authenticated (AES-256-GCM); reloaded on SIGHUP (rotate: add the new key second, then first, then drop the old)", Sources: e.of("gossip-key-file")},
+			&cli.StringFlag{Name: "cluster-label", Usage: "label on all gossip: nodes with another label (another cluster on the network) are ignored", Sources: e.of("cluster-label")},
 			&cli.BoolFlag{Name: "insecure", Usage: "allow addresses reachable from other hosts although gossip and the gRPC/HTTP APIs are plaintext and unauthenticated in this version (the node warns every 5 minutes); without it such a node refuses to start", Sources: e.of("insecure")},
 			&cli.StringFlag{Name: "debug-addr", Usage: "host:port to serve Go's /debug/pprof on (off when empty; keep it on loopback)", Sources: e.of("debug-addr")},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", Sources: e.of("log-level")},
@@ -136,6 +138,7 @@ func serveCommand(e env) *cli.Command {
 				cfg.ServerOptions, cfg.DialOptions = tr.server, tr.dial
 				logger.Info("tracing RPCs with OpenTelemetry (OTLP)")
 			}
+			var onHUP []func() // what SIGHUP reloads
 			if path := cmd.String("limits"); path != "" {
 				src, err := limits.Open(path, logger.With("component", "limits"))
 				if err != nil {
@@ -149,20 +152,17 @@ func serveCommand(e env) *cli.Command {
 						logger.Warn("not watching the limits file; reload it with SIGHUP", "file", path, "error", err)
 					}
 				}()
-				hup := make(chan os.Signal, 1)
-				signal.Notify(hup, syscall.SIGHUP)
-				defer signal.Stop(hup)
-				go func() {
-					for {
-						select {
-						case <-watchCtx.Done():
-							return
-						case <-hup:
-							_ = src.Reload() // a refused file is logged; the running limits stay
-						}
-					}
-				}()
+				onHUP = append(onHUP, func() { _ = src.Reload() }) // a refused file is logged; the running limits stay
 			}
+			keyFile := cmd.String("gossip-key-file")
+			if keyFile != "" {
+				keys, err := cluster.ReadKeyFile(keyFile)
+				if err != nil {
+					return usagef("gossip-key-file", "%v", err)
+				}
+				cfg.GossipKeys = keys
+			}
+			cfg.ClusterLabel = cmd.String("cluster-label")
 			if path := cmd.String("rls-config"); path != "" {
 				rules, err := rls.Load(path)
 				if err != nil {
@@ -174,6 +174,36 @@ func serveCommand(e env) *cli.Command {
 			node, err := rpc.StartNode(cfg)
 			if err != nil {
 				return cli.Exit(err.Error(), exitFailure)
+			}
+			if keyFile != "" {
+				onHUP = append(onHUP, func() {
+					keys, err := cluster.ReadKeyFile(keyFile)
+					if err == nil {
+						err = node.SetGossipKeys(keys)
+					}
+					if err != nil {
+						logger.Error("gossip key file refused; the running keys stay", "file", keyFile, "error", err)
+					}
+				})
+			}
+			if len(onHUP) > 0 {
+				hup := make(chan os.Signal, 1)
+				signal.Notify(hup, syscall.SIGHUP)
+				defer signal.Stop(hup)
+				hupCtx, stopHUP := context.WithCancel(ctx)
+				defer stopHUP()
+				go func() {
+					for {
+						select {
+						case <-hupCtx.Done():
+							return
+						case <-hup:
+							for _, f := range onHUP {
+								f()
+							}
+						}
+					}
+				}()
 			}
 			if addr := cmd.String("debug-addr"); addr != "" {
 				stopDebug, err := serveDebug(addr, logger)
