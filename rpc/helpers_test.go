@@ -116,21 +116,7 @@ func waitRingAgrees(t *testing.T, nodes []*testNode) {
 			}
 		}
 	}()
-	eventually(t, "the rings to agree", func() bool {
-		fp := ""
-		for _, n := range nodes {
-			resp, err := n.client.Members(context.Background(), &sluicev1.MembersRequest{})
-			if err != nil || len(resp.Members) != len(nodes) {
-				return false
-			}
-			if fp == "" {
-				fp = resp.RingFingerprint
-			} else if resp.RingFingerprint != fp {
-				return false
-			}
-		}
-		return true
-	})
+	eventually(t, "the rings to agree", func() bool { return ringsAgree(nodes) })
 }
 
 // check sends one check and fails the test on an RPC or per-check error.

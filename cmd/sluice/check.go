@@ -184,6 +184,26 @@ func retryString(ms int64) string {
 
 // dialNode opens a plaintext gRPC connection to addr (no I/O until the
 // first call).
+// callNode checks the client flags of cmd (no arguments, --timeout > 0),
+// dials --addr and calls f with the connection and a context bounded by
+// --timeout; it closes the connection after.
+func callNode(ctx context.Context, cmd *cli.Command, f func(ctx context.Context, conn *grpc.ClientConn) error) error {
+	if err := noArgs(cmd); err != nil {
+		return err
+	}
+	if cmd.Duration("timeout") <= 0 {
+		return usagef("timeout", "must be > 0, got %s", cmd.Duration("timeout"))
+	}
+	conn, err := dialNode(cmd.String("addr"))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, cmd.Duration("timeout"))
+	defer cancel()
+	return f(ctx, conn)
+}
+
 func dialNode(addr string) (*grpc.ClientConn, error) {
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

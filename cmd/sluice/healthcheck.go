@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/urfave/cli/v3"
+	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
@@ -18,21 +20,15 @@ func healthcheckCommand(e env) *cli.Command {
 			"until it begins to leave (SIGTERM), then NOT_SERVING.",
 		Flags: clientFlags(e),
 		Action: func(ctx context.Context, cmd *cli.Command) error {
-			if err := noArgs(cmd); err != nil {
+			var resp *healthpb.HealthCheckResponse
+			if err := callNode(ctx, cmd, func(ctx context.Context, conn *grpc.ClientConn) (err error) {
+				resp, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
 				return err
-			}
-			if cmd.Duration("timeout") <= 0 {
-				return usagef("timeout", "must be > 0, got %s", cmd.Duration("timeout"))
-			}
-			conn, err := dialNode(cmd.String("addr"))
-			if err != nil {
-				return err
-			}
-			defer conn.Close()
-			ctx, cancel := context.WithTimeout(ctx, cmd.Duration("timeout"))
-			defer cancel()
-			resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
-			if err != nil {
+			}); err != nil {
+				var ue usageError
+				if errors.As(err, &ue) {
+					return err
+				}
 				return cli.Exit(fmt.Sprintf("node %s: not healthy: %v", cmd.String("addr"), err), exitFailure)
 			}
 			if resp.Status != healthpb.HealthCheckResponse_SERVING {

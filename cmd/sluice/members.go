@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"text/tabwriter"
 
 	"github.com/urfave/cli/v3"
+	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 )
@@ -33,21 +35,15 @@ func membersCommand(e env) *cli.Command {
 			&cli.BoolFlag{Name: "json", Usage: `print {"members":[...]} as JSON`},
 		),
 		Action: func(ctx context.Context, cmd *cli.Command) error {
-			if err := noArgs(cmd); err != nil {
+			var resp *sluicev1.MembersResponse
+			if err := callNode(ctx, cmd, func(ctx context.Context, conn *grpc.ClientConn) (err error) {
+				resp, err = sluicev1.NewRateLimitServiceClient(conn).Members(ctx, &sluicev1.MembersRequest{})
 				return err
-			}
-			if cmd.Duration("timeout") <= 0 {
-				return usagef("timeout", "must be > 0, got %s", cmd.Duration("timeout"))
-			}
-			conn, err := dialNode(cmd.String("addr"))
-			if err != nil {
-				return err
-			}
-			defer conn.Close()
-			ctx, cancel := context.WithTimeout(ctx, cmd.Duration("timeout"))
-			defer cancel()
-			resp, err := sluicev1.NewRateLimitServiceClient(conn).Members(ctx, &sluicev1.MembersRequest{})
-			if err != nil {
+			}); err != nil {
+				var ue usageError
+				if errors.As(err, &ue) {
+					return err
+				}
 				return callError(cmd.String("addr"), err)
 			}
 			out := cmd.Root().Writer
