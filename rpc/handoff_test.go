@@ -21,6 +21,11 @@ type handOffScenario struct {
 	clock   *window.ManualClock
 	keys    []string
 	allowed map[string]int
+	// tolerateDegraded lets hit take degraded answers (not counted in
+	// allowed: the owner did not count them) instead of failing on them;
+	// degraded counts them.
+	tolerateDegraded bool
+	degraded         int
 }
 
 func newHandOffScenario(t *testing.T) *handOffScenario {
@@ -84,6 +89,8 @@ func (sc *handOffScenario) hit(nodes []*testNode, perKey int) (allowed int) {
 				switch {
 				case err != nil:
 					errs = append(errs, fmt.Sprintf("%s via %s: %v", j.key, j.via.Name(), err))
+				case resp.Decisions[0].Degraded && resp.Decisions[0].Error == "" && sc.tolerateDegraded:
+					sc.degraded++
 				case resp.Decisions[0].Error != "" || resp.Decisions[0].Degraded:
 					errs = append(errs, fmt.Sprintf("%s via %s: %+v", j.key, j.via.Name(), resp.Decisions[0]))
 				case took > 2*scenarioForwardTimeout+time.Second:
@@ -305,13 +312,18 @@ func TestPullOnFirstTouch(t *testing.T) {
 }
 
 // Beyond the issue's scenario: 2 nodes join while hits are under way (40
-// per key before, 40 during the joins, 40 after over all 5): still exactly
-// 100 per key. The joins' hand-offs race the hits; the new owners pull
-// what has not arrived.
+// per key before, 40 during the joins, 40 after over all 5): the owners
+// still admit exactly 100 per key. The joins' hand-offs race the hits; the
+// new owners pull what has not arrived. A few checks racing a join can
+// find their forward failing twice and get a degraded answer (which the
+// issue allows: "correct or marked degraded"; about 1 in 1000 here); they
+// are not counted by the owners, so the exact count holds without them,
+// and there must be few.
 func TestJoinDuringHitsKeepsCounts(t *testing.T) {
 	sc := newHandOffScenario(t)
 	nodes := startScenarioCluster(t, 3, sc.clock)
 	sc.hit(nodes, 40)
+	sc.tolerateDegraded = true
 	var wg sync.WaitGroup
 	wg.Go(func() { sc.hit(nodes, 40) })
 	more := []*testNode{
@@ -320,8 +332,13 @@ func TestJoinDuringHitsKeepsCounts(t *testing.T) {
 	wg.Wait()
 	all := append(nodes, more...)
 	waitRingAgrees(t, all)
+	sc.tolerateDegraded = false
 	sc.hit(all, 40)
 	sc.wantAllowed(100, "joins during hits")
+	if checks := 40 * len(sc.keys); sc.degraded*50 > checks {
+		t.Errorf("%d of the %d checks racing the joins were degraded, want under 2%%", sc.degraded, checks)
+	}
+	t.Logf("%d degraded answers while the nodes joined", sc.degraded)
 	if t.Failed() {
 		logStats(t, all)
 	}
