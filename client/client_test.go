@@ -61,55 +61,6 @@ func startFake(t *testing.T) *fakeNode {
 	return f
 }
 
-// deadAddr returns an address nothing listens on.
-func deadAddr(t *testing.T) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := lis.Addr().String()
-	lis.Close()
-	return addr
-}
-
-// silentAddr returns an address that accepts connections and never
-// answers (a hung node).
-func silentAddr(t *testing.T) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		lis.Close()
-		<-done
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
-	return lis.Addr().String()
-}
-
 func newClient(t *testing.T, cfg client.Config) *client.Client {
 	t.Helper()
 	if cfg.Logger == nil {
@@ -196,7 +147,7 @@ func TestCheckRefusesBadInput(t *testing.T) {
 // is tried once, then skipped for SkipFor, and tried again after it.
 func TestSpreadsAndSkipsDeadNodes(t *testing.T) {
 	a, b := startFake(t), startFake(t)
-	dead := deadAddr(t)
+	dead := testcluster.DeadAddr(t)
 	var mu sync.Mutex
 	attempts := map[string]int{}
 	count := grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -244,7 +195,7 @@ func TestFailureModes(t *testing.T) {
 	var logs bytes.Buffer
 	var mu sync.Mutex
 	logger := slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, nil))
-	addrs := []string{deadAddr(t), silentAddr(t)}
+	addrs := []string{testcluster.DeadAddr(t), testcluster.SilentAddr(t)}
 	const timeout = 300 * time.Millisecond
 
 	open := newClient(t, client.Config{Addrs: addrs, Timeout: timeout, Logger: logger})

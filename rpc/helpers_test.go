@@ -56,17 +56,16 @@ type testNode struct {
 // join (if any), using clock, and stops it (gracefully) when the test ends.
 func startNode(t *testing.T, name string, clock window.Clock, join ...string) *testNode {
 	t.Helper()
-	n, err := StartNode(NodeConfig{
-		Name:           name,
-		GRPCAddr:       "127.0.0.1:0",
-		GossipAddr:     "127.0.0.1:0",
-		Join:           join,
-		Profile:        cluster.Local,
-		Clock:          clock,
-		Logger:         testLogger(),
-		ForwardTimeout: 2 * time.Second,
-		LeaveTimeout:   time.Second,
-	})
+	return startNodeWith(t, name, clock, NodeConfig{ForwardTimeout: 2 * time.Second}, join...)
+}
+
+// startNodeWith starts a node like startNode, with cfg's other settings
+// (replication, forward and hand-off timeouts, limits, HTTP...).
+func startNodeWith(t *testing.T, name string, clock window.Clock, cfg NodeConfig, join ...string) *testNode {
+	t.Helper()
+	cfg.Name, cfg.GRPCAddr, cfg.GossipAddr, cfg.Join = name, "127.0.0.1:0", "127.0.0.1:0", join
+	cfg.Profile, cfg.Clock, cfg.Logger, cfg.LeaveTimeout = cluster.Local, clock, testLogger(), time.Second
+	n, err := StartNode(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

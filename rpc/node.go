@@ -244,8 +244,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	n.setMembers()
 	n.wg.Go(func() { n.watchMembers(ctx) })
 	n.wg.Go(func() { n.publishRing(ctx) })
-	if setting, addr := offLoopback(map[string]string{"grpc_addr": cfg.GRPCAddr, "http_addr": cfg.HTTPAddr,
-		"gossip_addr": cfg.GossipAddr, "advertise_addr": cfg.AdvertiseHost}); setting != "" {
+	if setting, addr := exposed(cfg); setting != "" {
 		metrics.insecure.Set(1)
 		n.wg.Go(func() { warnInsecure(ctx, log, setting, addr) })
 	}

@@ -36,6 +36,14 @@ func offLoopback(addrs map[string]string) (setting, addr string) {
 	return "", ""
 }
 
+// exposed returns the first of cfg's addresses that other hosts can
+// reach (see offLoopback), or "" when the node stays on loopback.
+func exposed(cfg NodeConfig) (setting, addr string) {
+	return offLoopback(map[string]string{
+		"grpc_addr": cfg.GRPCAddr, "http_addr": cfg.HTTPAddr, "gossip_addr": cfg.GossipAddr, "advertise_addr": cfg.AdvertiseHost,
+	})
+}
+
 // protectedMode refuses a node that others could reach while it cannot
 // authenticate them: this version serves gRPC and HTTP without client or
 // peer authentication (and gossips in plaintext unless GossipKeys are
@@ -43,9 +51,7 @@ func offLoopback(addrs map[string]string) (setting, addr string) {
 // join the ring. Insecure (serve --insecure) accepts that risk. It returns
 // an error naming the setting and what is missing, or nil.
 func protectedMode(cfg NodeConfig) error {
-	setting, addr := offLoopback(map[string]string{
-		"grpc_addr": cfg.GRPCAddr, "http_addr": cfg.HTTPAddr, "gossip_addr": cfg.GossipAddr, "advertise_addr": cfg.AdvertiseHost,
-	})
+	setting, addr := exposed(cfg)
 	if setting == "" || cfg.Insecure {
 		return nil
 	}

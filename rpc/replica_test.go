@@ -9,29 +9,9 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
-	"github.com/sluicehq/sluice/window"
 )
-
-// startNodeWith starts a node like startNode, with cfg's replication,
-// forward and hand-off settings.
-func startNodeWith(t *testing.T, name string, clock window.Clock, cfg NodeConfig, join ...string) *testNode {
-	t.Helper()
-	cfg.Name, cfg.GRPCAddr, cfg.GossipAddr, cfg.Join = name, "127.0.0.1:0", "127.0.0.1:0", join
-	cfg.Profile, cfg.Clock, cfg.Logger, cfg.LeaveTimeout = cluster.Local, clock, testLogger(), time.Second
-	n, err := StartNode(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = n.Close(ctx)
-	})
-	return &testNode{Node: n, client: dial(t, n.GRPCAddr())}
-}
 
 // answer is one decision of the kill test's stream.
 type answer struct {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/textproto"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -60,18 +61,23 @@ func startProxy(t *testing.T, args []string, env map[string]string) string {
 	}
 }
 
-// upstream is an app that knows nothing of rate limits: it answers 200
-// "upstream METHOD PATH" and echoes the over-limit header it got.
-func upstream(t *testing.T) *httptest.Server {
+// echoApp is an app that knows nothing of rate limits: it answers 200
+// "NAME METHOD PATH" and echoes the over-limit header it got in the
+// header "Name-Over-Limit".
+func echoApp(t *testing.T, name string) *httptest.Server {
 	t.Helper()
+	over := textproto.CanonicalMIMEHeaderKey(name + "-Over-Limit")
 	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Upstream-Over-Limit", r.Header.Get(overLimitHeader))
-		fmt.Fprintf(w, "upstream %s %s", r.Method, r.URL.Path)
+		w.Header().Set(over, r.Header.Get(overLimitHeader))
+		fmt.Fprintf(w, "%s %s %s", name, r.Method, r.URL.Path)
 	}))
 	t.Cleanup(s.Close)
 	return s
 }
+
+// upstream is the proxy tests' app: echoApp named "upstream".
+func upstream(t *testing.T) *httptest.Server { return echoApp(t, "upstream") }
 
 func writeFiles(t *testing.T, files map[string]string) string {
 	t.Helper()

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -130,24 +129,12 @@ func body429(limit string, retry int) string {
 	return fmt.Sprintf(`{"error":"rate_limited","limit":"%s","retry_after":%d}`+"\n", limit, retry)
 }
 
-// deadCluster returns an address nothing listens on.
-func deadCluster(t *testing.T) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := lis.Addr().String()
-	lis.Close()
-	return addr
-}
-
 // failOpen checks that with the cluster unreachable, requests reach the
 // app within the seed's timeout (plus slack), with no rate-limit headers.
 func failOpen(t *testing.T, s *seed, app *httptest.Server, timeout time.Duration, method, path string, headers ...string) string {
 	t.Helper()
 	var logs lockedBuffer
-	base := s.proxyTimeout(t, app, []string{deadCluster(t), silentCluster(t)}, nil, &logs, true)
+	base := s.proxyTimeout(t, app, []string{testcluster.DeadAddr(t), testcluster.SilentAddr(t)}, nil, &logs, true)
 	for i := range 4 {
 		start := time.Now()
 		resp, body := send(t, method, base+path, "203.0.113.250", "", headers...)
@@ -162,55 +149,9 @@ func failOpen(t *testing.T, s *seed, app *httptest.Server, timeout time.Duration
 	return logs.String()
 }
 
-// silentCluster returns an address that accepts connections and never
-// answers: a hung node.
-func silentCluster(t *testing.T) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		lis.Close()
-		<-done
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return lis.Addr().String()
-}
-
-// app is the seed's app: it knows nothing of rate limits, answers 200
-// "app METHOD PATH" and echoes the over-limit mark it got.
-func app(t *testing.T) *httptest.Server {
-	t.Helper()
-	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("App-Over-Limit", r.Header.Get(overLimitHeader))
-		fmt.Fprintf(w, "app %s %s", r.Method, r.URL.Path)
-	}))
-	t.Cleanup(s.Close)
-	return s
-}
+// app is the seed's app: echoApp named "app" (the over-limit mark comes
+// back in App-Over-Limit).
+func app(t *testing.T) *httptest.Server { return echoApp(t, "app") }
 
 // S1: a ranking and voting site.
 func TestSeedS1(t *testing.T) {
