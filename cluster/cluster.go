@@ -72,6 +72,16 @@ type Config struct {
 	// another label (another cluster on the same network) are ignored, so
 	// two clusters never merge. At most 255 bytes. (Optional)
 	Label string
+	// ReconnectInterval is how often this node tries to join one member
+	// that was declared dead (not one that left), so that the two sides of
+	// a healed network partition merge again. Default 5 s. (Optional)
+	ReconnectInterval time.Duration
+	// ReconnectTimeout is how long a dead member is tried again before it
+	// is forgotten. Default 24 h. (Optional)
+	ReconnectTimeout time.Duration
+	// tune, when set, adjusts memberlist's config last (tests: shorter
+	// timers).
+	tune func(*memberlist.Config)
 	// Transport replaces memberlist's network transport, e.g. with a
 	// memberlist.MockNetwork transport in tests; BindAddr is then ignored.
 	// (Optional)
@@ -150,6 +160,7 @@ type Cluster struct {
 
 	gossipAddr string
 	keyring    *memberlist.Keyring // nil: gossip in plaintext
+	reconnect  *reconnector
 }
 
 // New starts gossip on cfg.BindAddr as a cluster of one. Join others with
@@ -227,18 +238,22 @@ func New(cfg Config) (*Cluster, error) {
 		mc.AdvertiseAddr = adv
 	}
 	c := &Cluster{name: cfg.Name, log: cfg.Logger.With("node", cfg.Name), changes: make(chan struct{}, 1),
-		nodes: map[string]memberlist.Node{}, keyring: keyring,
+		nodes: map[string]memberlist.Node{}, keyring: keyring, reconnect: newReconnector(cfg.ReconnectInterval, cfg.ReconnectTimeout),
 		md: metadata{GRPCAddr: cfg.GRPCAddr, Region: cfg.Region, Version: cfg.Version, Instance: instance}}
 	c.delegate.meta.Store(&meta)
 	mc.Delegate = &c.delegate
 	mc.Events = &events{c: c}
 	mc.Conflict = &conflicts{c: c}
 	mc.Logger = newStdLogger(c.log.With("component", "memberlist"))
+	if cfg.tune != nil {
+		cfg.tune(mc)
+	}
 	list, err := memberlist.Create(mc)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: start gossip on %s: %w", cfg.BindAddr, err)
 	}
 	c.list = list
+	go c.reconnectLoop()
 	ln := list.LocalNode() // read once: memberlist rewrites it on metadata updates
 	c.gossipAddr = net.JoinHostPort(ln.Addr.String(), strconv.Itoa(int(ln.Port)))
 	return c, nil
@@ -256,6 +271,7 @@ func (c *Cluster) Join(ctx context.Context, seeds []string) (int, error) {
 		c.joined.Store(true)
 		return 0, nil
 	}
+	c.reconnect.setSeeds(seeds)
 	for attempt := 1; ; attempt++ {
 		n, err := c.list.Join(seeds)
 		if other := c.conflict.Load(); other != nil {
@@ -329,6 +345,7 @@ func (c *Cluster) signal() {
 // Leave tells the other members that this node is leaving, waiting up to
 // timeout for the message to spread, then stops gossip. It is idempotent.
 func (c *Cluster) Leave(timeout time.Duration) error {
+	c.reconnect.close()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed.Load() {
@@ -345,6 +362,7 @@ func (c *Cluster) Leave(timeout time.Duration) error {
 // Shutdown stops gossip without a leave message (others will see this node
 // fail). It is idempotent.
 func (c *Cluster) Shutdown() error {
+	c.reconnect.close()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed.Swap(true) {
@@ -439,11 +457,15 @@ type events struct{ c *Cluster }
 func (e *events) NotifyJoin(n *memberlist.Node) {
 	e.c.log.Info("member joined", "member", n.Name, "addr", n.Address())
 	e.c.record(n)
+	e.c.reconnect.alive(n.Name)
 	e.c.signal()
 }
 
 func (e *events) NotifyLeave(n *memberlist.Node) {
 	e.c.log.Info("member left", "member", n.Name, "addr", n.Address(), "state", n.State)
+	if n.Name != e.c.name {
+		e.c.reconnect.left(n)
+	}
 	e.c.nodesMu.Lock()
 	delete(e.c.nodes, n.Name)
 	e.c.nodesMu.Unlock()
