@@ -379,7 +379,8 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		if err != nil { // cannot happen: the gateway's registration does not fail
 			log.Error("no HTTP face", "error", err)
 		} else {
-			n.http = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+			n.http = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second,
+				ErrorLog: slog.NewLogLogger(log.With("component", "http").Handler(), slog.LevelDebug)}
 			if cs != nil {
 				// Any mode: /healthz and /readyz stay open to probes
 				// without a certificate; the handler checks the rest.

@@ -5,9 +5,9 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
-	"errors"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -477,6 +478,206 @@ func pingCheck(t *testing.T, addr string, cfg *tls.Config) error {
 	return err
 }
 
-var _ = errors.New
-var _ = io.EOF
-var _ = strings.Contains
+func insecureCreds() credentials.TransportCredentials { return insecure.NewCredentials() }
+
+// bearerCreds sends a bearer token on every call (plaintext allowed: the
+// node decides).
+type bearerCreds string
+
+func (b bearerCreds) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+}
+func (bearerCreds) RequireTransportSecurity() bool { return false }
+
+const (
+	tokenAPI = "tok-api-0123456789abcdef"
+	tokenAll = "tok-all-0123456789abcdef"
+)
+
+func writeTokens(t *testing.T) string {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "tokens")
+	writeFile(t, f, []byte("# token prefixes\n"+tokenAPI+" api auth.\n"+tokenAll+" *\n"))
+	return f
+}
+
+func tokenClient(t *testing.T, addr, token string, tc *tls.Config) sluicev1.RateLimitServiceClient {
+	t.Helper()
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecureCreds())}
+	if tc != nil {
+		opts[0] = grpc.WithTransportCredentials(credentials.NewTLS(tc))
+	}
+	if token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(bearerCreds(token)))
+	}
+	conn, err := grpc.NewClient(addr, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return sluicev1.NewRateLimitServiceClient(conn)
+}
+
+func checkNames(c sluicev1.RateLimitServiceClient, names ...string) error {
+	req := &sluicev1.CheckRequest{}
+	for _, n := range names {
+		req.Checks = append(req.Checks, &sluicev1.RateLimitCheck{Name: n, Key: "k", Hits: proto.Int64(1), Limit: 100, WindowMs: 60000})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := c.Check(ctx, req)
+	return err
+}
+
+// Token auth on gRPC and HTTP: the right token passes for the names its
+// prefixes cover; no token, a wrong one or a malformed header is
+// Unauthenticated; a name outside its prefixes is PermissionDenied and
+// nothing of the batch is counted.
+func TestTokenAuth(t *testing.T) {
+	n := startNodeWith(t, "tok", window.NewManualClock(windowStart), NodeConfig{HTTPAddr: "127.0.0.1:0", TokenFile: writeTokens(t)})
+	addr := n.GRPCAddr()
+	for _, tc := range []struct {
+		what  string
+		token string
+		names []string
+		want  codes.Code
+	}{
+		{"right token", tokenAPI, []string{"api", "auth.signin"}, codes.OK},
+		{"all-names token", tokenAll, []string{"anything"}, codes.OK},
+		{"no token", "", []string{"api"}, codes.Unauthenticated},
+		{"wrong token", "tok-api-0123456789abcdeX", []string{"api"}, codes.Unauthenticated},
+		{"unknown prefix", tokenAPI, []string{"api", "billing"}, codes.PermissionDenied},
+	} {
+		if got := status.Code(checkNames(tokenClient(t, addr, tc.token, nil), tc.names...)); got != tc.want {
+			t.Errorf("gRPC %s: %s, want %s", tc.what, got, tc.want)
+		}
+	}
+	// The refused batch counted nothing: its "api" check is at 1 (the
+	// right token's) and the next is the second.
+	resp, err := tokenClient(t, addr, tokenAPI, nil).Check(context.Background(), &sluicev1.CheckRequest{Checks: []*sluicev1.RateLimitCheck{
+		{Name: "api", Key: "k", Hits: proto.Int64(1), Limit: 100, WindowMs: 60000}}})
+	if err != nil || resp.Decisions[0].Remaining != 98 {
+		t.Fatalf("after a refused batch: %v, remaining %v, want 98", err, resp.GetDecisions())
+	}
+
+	body := `{"checks":[{"name":"%s","key":"h","limit":5,"window_ms":60000}]}`
+	for _, tc := range []struct {
+		what, auth, name string
+		want             int
+	}{
+		{"right token", "Bearer " + tokenAPI, "api", 200},
+		{"no token", "", "api", 401},
+		{"wrong token", "Bearer nope-nope-nope-nope", "api", 401},
+		{"not bearer", "Basic " + tokenAPI, "api", 401},
+		{"unknown prefix", "Bearer " + tokenAPI, "billing", 403},
+	} {
+		req, _ := http.NewRequest("POST", "http://"+n.HTTPAddr()+"/v1/check", strings.NewReader(strings.Replace(body, "%s", tc.name, 1)))
+		if tc.auth != "" {
+			req.Header.Set("Authorization", tc.auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("HTTP %s: %d %s, want %d", tc.what, resp.StatusCode, b, tc.want)
+		}
+	}
+	if code, _ := httpDo(t, "GET", "http://"+n.HTTPAddr()+"/healthz", ""); code != 200 {
+		t.Errorf("/healthz without a token: %d, want 200", code)
+	}
+	if code, _ := httpDo(t, "GET", "http://"+n.HTTPAddr()+"/metrics", ""); code != 401 {
+		t.Errorf("/metrics without a token: %d, want 401", code)
+	}
+}
+
+// nonLoopbackIP returns an IPv4 address of this host other than loopback.
+func nonLoopbackIP(t *testing.T) string {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil && !ipn.IP.IsLoopback() {
+			return ipn.IP.String()
+		}
+	}
+	t.Skip("this host has no non-loopback IPv4 address")
+	return ""
+}
+
+// A token over plaintext is refused when it comes from another address
+// than loopback (here: this host's own LAN address), and accepted over TLS
+// (client auth either) from the same address.
+func TestTokenOverPlaintextOffLoopbackRefused(t *testing.T) {
+	ip := nonLoopbackIP(t)
+	tokens := writeTokens(t)
+	n, err := StartNode(NodeConfig{Name: "wide", GRPCAddr: net.JoinHostPort(ip, "0"), GossipAddr: "127.0.0.1:0", AdvertiseHost: ip,
+		Profile: "local", Logger: testLogger(), TokenFile: tokens, Insecure: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Kill()
+	err = checkNames(tokenClient(t, n.GRPCAddr(), tokenAPI, nil), "api")
+	if status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "plaintext") {
+		t.Fatalf("token over plaintext from %s: %v, want Unauthenticated naming plaintext", ip, err)
+	}
+
+	p := newPKI(t)
+	c, k := p.issue(t, certs.Peer, "wide2")
+	n2, err := StartNode(NodeConfig{Name: "wide2", GRPCAddr: net.JoinHostPort(ip, "0"), GossipAddr: "127.0.0.1:0", AdvertiseHost: ip,
+		Profile: "local", Logger: testLogger(), TokenFile: tokens, ClientAuth: ClientAuthEither, TLSCert: c, TLSKey: k, TLSCA: p.caFile, Insecure: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n2.Kill()
+	tc := p.clientTLS(t, "", "")
+	tc.InsecureSkipVerify = true // the certificate's SAN is 127.0.0.1, the address ip
+	if err := checkNames(tokenClient(t, n2.GRPCAddr(), tokenAPI, tc), "api"); err != nil {
+		t.Fatalf("token over TLS from %s: %v", ip, err)
+	}
+	if err := checkNames(tokenClient(t, n2.GRPCAddr(), "", tc), "api"); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("client auth either, neither certificate nor token: %v, want Unauthenticated", err)
+	}
+}
+
+// The HTTP face with mTLS: a client certificate passes, none gets 401,
+// /healthz needs none.
+func TestHTTPMutualTLS(t *testing.T) {
+	p := newPKI(t)
+	n := startTLSNode(t, p, "web", NodeConfig{HTTPAddr: "127.0.0.1:0"})
+	cc, ck := p.issue(t, certs.Client, "app")
+	do := func(tc *tls.Config, method, path, body string) int {
+		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tc}}
+		defer hc.CloseIdleConnections()
+		req, _ := http.NewRequest(method, "https://"+n.HTTPAddr()+path, strings.NewReader(body))
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		defer resp.Body.Close()
+		return resp.StatusCode
+	}
+	body := `{"checks":[{"name":"api","key":"h","limit":5,"window_ms":60000}]}`
+	if code := do(p.clientTLS(t, cc, ck), "POST", "/v1/check", body); code != 200 {
+		t.Errorf("check with a client certificate: %d", code)
+	}
+	if code := do(p.clientTLS(t, "", ""), "POST", "/v1/check", body); code != 401 {
+		t.Errorf("check without a certificate: %d, want 401", code)
+	}
+	if code := do(p.clientTLS(t, "", ""), "GET", "/healthz", ""); code != 200 {
+		t.Errorf("/healthz without a certificate: %d, want 200", code)
+	}
+	// Plaintext HTTP gets Go's 400 from the TLS server, never the handler.
+	hc := &http.Client{}
+	defer hc.CloseIdleConnections()
+	if resp, err := hc.Get("http://" + n.HTTPAddr() + "/v1/members"); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode != 400 {
+			t.Errorf("plaintext HTTP: %d, want 400", resp.StatusCode)
+		}
+	}
+}
