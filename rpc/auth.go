@@ -246,9 +246,6 @@ func bearer(v string) (string, bool) {
 // fromToken checks a bearer token; secure says the call came over TLS or
 // from loopback. It returns the principal or an Unauthenticated error.
 func (a *authenticator) fromToken(tok string, secure bool) (*tokenEntry, error) {
-	if a.tokens == nil || (a.mode != ClientAuthToken && a.mode != ClientAuthEither) {
-		return nil, status.Error(codes.Unauthenticated, "tokens are not accepted by this node (client auth "+string(a.mode)+")")
-	}
 	if !secure {
 		return nil, status.Error(codes.Unauthenticated, "a token over plaintext from another host is refused: use TLS")
 	}
@@ -257,6 +254,12 @@ func (a *authenticator) fromToken(tok string, secure bool) (*tokenEntry, error) 
 		return nil, status.Error(codes.Unauthenticated, "unknown token")
 	}
 	return e, nil
+}
+
+// takesTokens reports whether the mode accepts bearer tokens; other modes
+// ignore an Authorization header.
+func (a *authenticator) takesTokens() bool {
+	return a.tokens != nil && (a.mode == ClientAuthToken || a.mode == ClientAuthEither)
 }
 
 // grpcPrincipal authenticates a gRPC call from its peer and metadata.
@@ -273,7 +276,7 @@ func (a *authenticator) grpcPrincipal(ctx context.Context) (principal, error) {
 		}
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
-	if vs := md.Get("authorization"); len(vs) > 0 {
+	if vs := md.Get("authorization"); len(vs) > 0 && a.takesTokens() {
 		tok, ok := bearer(vs[0])
 		if !ok {
 			return pr, status.Error(codes.Unauthenticated, `authorization: want "Bearer TOKEN"`)
@@ -385,7 +388,7 @@ func (a *authenticator) httpAuth(h http.Handler) http.Handler {
 		var pr principal
 		pr.kind, pr.name, pr.cert = verifiedCert(r.TLS)
 		secure := r.TLS != nil || isLoopbackHost(r.RemoteAddr)
-		if v := r.Header.Get("Authorization"); v != "" {
+		if v := r.Header.Get("Authorization"); v != "" && a.takesTokens() {
 			tok, ok := bearer(v)
 			var err error = status.Error(codes.Unauthenticated, `authorization: want "Bearer TOKEN"`)
 			if ok {

@@ -208,6 +208,7 @@ type Node struct {
 	verified   map[string]memberKey    // member name -> the incarnation whose certificate was verified
 	unverified map[string]*verifyState // member name -> failed verifications of its current incarnation
 	verifyKick chan struct{}           // capacity 1: members to verify
+	admit      chan struct{}           // capacity 1: verifyLoop admitted a member
 }
 
 // memberKey is one incarnation of a member at one address.
@@ -349,7 +350,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	n := &Node{cfg: cfg, lis: lis, grpcAddr: advertised, grpc: gs, health: hs,
 		cluster: cl, server: srv, store: store, metrics: metrics, log: log, cancel: cancel, failed: make(chan error, 1),
 		publish: make(chan struct{}, 1), certs: cs, tokens: ts, auth: auth,
-		verified: map[string]memberKey{}, unverified: map[string]*verifyState{}, verifyKick: make(chan struct{}, 1)}
+		verified: map[string]memberKey{}, unverified: map[string]*verifyState{}, verifyKick: make(chan struct{}, 1), admit: make(chan struct{}, 1)}
 	n.lastChange.Store(time.Now().UnixNano())
 	n.rls = rlsSvc
 	n.setMembers()
@@ -443,16 +444,20 @@ func advertise(bind, host string) (string, error) {
 	return bh, nil
 }
 
-// watchMembers rebuilds the ring on every membership change.
+// watchMembers rebuilds the ring on every membership change and every
+// member admitted after its certificate verified; it is the only
+// goroutine that applies member lists once the node runs, so they apply
+// in order.
 func (n *Node) watchMembers(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-n.cluster.Changes():
-			n.lastChange.Store(time.Now().UnixNano())
-			n.setMembers()
+		case <-n.admit: // verifyLoop admitted a member
 		}
+		n.lastChange.Store(time.Now().UnixNano())
+		n.setMembers()
 	}
 }
 
@@ -763,8 +768,11 @@ func (n *Node) verifyLoop(ctx context.Context) {
 			}
 			n.verifyMu.Unlock()
 		}
-		if admittedAny {
-			n.setMembers()
+		if admittedAny { // watchMembers rebuilds the ring: one goroutine applies member lists, in order
+			select {
+			case n.admit <- struct{}{}:
+			default:
+			}
 		}
 	}
 }

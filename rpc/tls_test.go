@@ -312,6 +312,16 @@ func TestUnverifiedMemberNeverEntersRing(t *testing.T) {
 			t.Errorf("%s: ring members %v, want node1..3", n.Name(), ms)
 		}
 	}
+	// The check behind admission, by a real handshake: node2's address
+	// presents node2's certificate, never node1's.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := nodes[0].certs.verifyMember(ctx, "node2", nodes[1].GRPCAddr()); err != nil {
+		t.Fatalf("verifying node2 at its address: %v", err)
+	}
+	if err := nodes[0].certs.verifyMember(ctx, "node1", nodes[1].GRPCAddr()); err == nil || !strings.Contains(err.Error(), `want peer "node1"`) {
+		t.Fatalf("node2's address taken for node1: %v, want a name mismatch", err)
+	}
 }
 
 func equalStrings(a, b []string) bool {

@@ -139,3 +139,41 @@ func TestClientCommandsOverMutualTLS(t *testing.T) {
 		t.Fatalf("plaintext check on a TLS node: %d %s, want %d", code, errOut, exitFailure)
 	}
 }
+
+// check sends a token from --token-file or SLUICE_TOKEN; without one, or
+// with one that does not cover the name, the node refuses (exit 1).
+func TestCheckWithToken(t *testing.T) {
+	dir := t.TempDir()
+	tokens, mine := filepath.Join(dir, "tokens"), filepath.Join(dir, "mine")
+	const tok = "cli-token-0123456789abcdef"
+	if err := os.WriteFile(tokens, []byte(tok+" api\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(mine, []byte(tok+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n, err := rpc.StartNode(rpc.NodeConfig{Name: "tok", GRPCAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
+		Profile: cluster.Local, Logger: slog.New(slog.DiscardHandler), LeaveTimeout: time.Second, TokenFile: tokens})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	runEnv := func(env map[string]string, args ...string) (int, string) {
+		var out, errOut strings.Builder
+		code := run(context.Background(), append([]string{"sluice", "check", "--addr", n.GRPCAddr(), "--key", "k"}, args...),
+			func(k string) (string, bool) { v, ok := env[k]; return v, ok }, &out, &errOut)
+		return code, errOut.String()
+	}
+	if code, errOut := runEnv(nil, "--name", "api", "--token-file", mine); code != 0 {
+		t.Fatalf("--token-file: %d %s", code, errOut)
+	}
+	if code, errOut := runEnv(map[string]string{"SLUICE_TOKEN": tok}, "--name", "api"); code != 0 {
+		t.Fatalf("SLUICE_TOKEN: %d %s", code, errOut)
+	}
+	if code, errOut := runEnv(nil, "--name", "api"); code != exitFailure || !strings.Contains(errOut, "Unauthenticated") {
+		t.Fatalf("no token: %d %s, want %d Unauthenticated", code, errOut, exitFailure)
+	}
+	if code, errOut := runEnv(map[string]string{"SLUICE_TOKEN": tok}, "--name", "billing"); code != exitFailure || !strings.Contains(errOut, "PermissionDenied") {
+		t.Fatalf("a name outside the token's prefixes: %d %s, want %d PermissionDenied", code, errOut, exitFailure)
+	}
+}
