@@ -124,6 +124,9 @@ func (s *certSource) reload() error {
 func (s *certSource) serverConfig(auth tls.ClientAuthType, nextProtos []string) *tls.Config {
 	return &tls.Config{
 		MinVersion: MinPublicTLS,
+		// Also here: net/http serves HTTP/2 only when the outer config
+		// lists h2.
+		NextProtos: nextProtos,
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
 			m := s.cur.Load()
 			return &tls.Config{

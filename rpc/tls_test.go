@@ -661,7 +661,8 @@ func TestHTTPMutualTLS(t *testing.T) {
 	n := startTLSNode(t, p, "web", NodeConfig{HTTPAddr: "127.0.0.1:0"})
 	cc, ck := p.issue(t, certs.Client, "app")
 	do := func(tc *tls.Config, method, path, body string) int {
-		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tc}}
+		// HTTP/2, as curl and browsers negotiate it.
+		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: true}}
 		defer hc.CloseIdleConnections()
 		req, _ := http.NewRequest(method, "https://"+n.HTTPAddr()+path, strings.NewReader(body))
 		resp, err := hc.Do(req)
@@ -669,6 +670,9 @@ func TestHTTPMutualTLS(t *testing.T) {
 			t.Fatalf("%s %s: %v", method, path, err)
 		}
 		defer resp.Body.Close()
+		if resp.ProtoMajor != 2 {
+			t.Errorf("%s %s over %s, want HTTP/2", method, path, resp.Proto)
+		}
 		return resp.StatusCode
 	}
 	body := `{"checks":[{"name":"api","key":"h","limit":5,"window_ms":60000}]}`
