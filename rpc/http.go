@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/rpc/sluicev1gw"
 )
 
@@ -30,6 +31,8 @@ type HTTPConfig struct {
 	Ready func() error
 	// Metrics backs /metrics; nil: no /metrics. (Optional)
 	Metrics *Metrics
+
+	auth *authenticator // a node's client authentication; nil: none
 }
 
 // NewHTTPHandler returns the HTTP/JSON face of a node:
@@ -53,7 +56,11 @@ func NewHTTPHandler(cfg HTTPConfig) (http.Handler, error) {
 		MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
 		UnmarshalOptions: protojson.UnmarshalOptions{},
 	}), runtime.WithRoutingErrorHandler(routingError))
-	if err := sluicev1gw.RegisterRateLimitServiceHandlerServer(context.Background(), gw, cfg.Server); err != nil {
+	var svc sluicev1.RateLimitServiceServer = cfg.Server
+	if cfg.auth != nil && cfg.auth.mode != ClientAuthNone {
+		svc = gatewayServer{Server: cfg.Server, auth: cfg.auth}
+	}
+	if err := sluicev1gw.RegisterRateLimitServiceHandlerServer(context.Background(), gw, svc); err != nil {
 		return nil, fmt.Errorf("http gateway: %w", err)
 	}
 	mux := http.NewServeMux()
@@ -75,6 +82,9 @@ func NewHTTPHandler(cfg HTTPConfig) (http.Handler, error) {
 	})
 	if cfg.Metrics != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Metrics.Registry(), promhttp.HandlerOpts{}))
+	}
+	if cfg.auth != nil && cfg.auth.mode != ClientAuthNone {
+		return cfg.auth.httpAuth(mux), nil
 	}
 	return mux, nil
 }

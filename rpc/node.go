@@ -2,6 +2,8 @@ package rpc
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +16,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
@@ -110,6 +113,61 @@ type NodeConfig struct {
 	// RLS, when set, serves Envoy's rate limit service (RLS v3) from these
 	// rules on the gRPC port (see package rls and docs/envoy.md). (Optional)
 	RLS *rls.Config
+	// TLSCert and TLSKey are PEM files of this node's peer certificate
+	// (its URI SAN spiffe://sluice/peer/NAME names this node, see
+	// internal/certs) and key; TLSCA is a PEM bundle of the CA(s) that
+	// sign peers and clients. Give all three or none. With them the gRPC
+	// and HTTP ports serve TLS (1.2 at least), the node dials peers with
+	// TLS 1.3 presenting its certificate, the peer API takes only callers
+	// whose verified certificate names a current member, and a member
+	// enters the ring only once this node has verified its certificate.
+	// The files are reloaded when they change and on Node.ReloadTLS;
+	// bad files keep the running ones. (Optional)
+	TLSCert, TLSKey, TLSCA string
+	// ClientAuth is how callers of the public API authenticate: mtls,
+	// token or either; none authenticates nobody. Default mtls with TLS,
+	// else token with a TokenFile, else none. (Optional)
+	ClientAuth ClientAuth
+	// TokenFile is a file of bearer tokens and the limit-name prefixes
+	// each may check (see ParseTokens); reloaded with the TLS files. A
+	// token over plaintext is refused unless it comes from loopback.
+	// (Optional)
+	TokenFile string
+}
+
+// clientAuth returns cfg's client authentication mode with its default,
+// or an error naming the setting when the mode lacks what it needs.
+func (cfg NodeConfig) clientAuth() (ClientAuth, error) {
+	tlsOn := cfg.TLSCert != "" || cfg.TLSKey != "" || cfg.TLSCA != ""
+	if tlsOn && (cfg.TLSCert == "" || cfg.TLSKey == "" || cfg.TLSCA == "") {
+		return "", errors.New("tls_cert, tls_key, tls_ca: give all three or none")
+	}
+	mode := cfg.ClientAuth
+	if mode == "" {
+		switch {
+		case tlsOn:
+			mode = ClientAuthMTLS
+		case cfg.TokenFile != "":
+			mode = ClientAuthToken
+		default:
+			mode = ClientAuthNone
+		}
+	}
+	switch mode {
+	case ClientAuthNone, ClientAuthToken, ClientAuthMTLS, ClientAuthEither:
+	default:
+		return "", fmt.Errorf("client_auth: want mtls, token, either or none, got %q", mode)
+	}
+	if (mode == ClientAuthMTLS || mode == ClientAuthEither) && !tlsOn {
+		return "", fmt.Errorf("client_auth: %s needs TLS (tls_cert, tls_key, tls_ca)", mode)
+	}
+	if (mode == ClientAuthToken || mode == ClientAuthEither) && cfg.TokenFile == "" {
+		return "", fmt.Errorf("client_auth: %s needs token_file", mode)
+	}
+	if mode != ClientAuthToken && mode != ClientAuthEither && cfg.TokenFile != "" {
+		return "", fmt.Errorf("token_file: given, but client_auth %s takes no tokens (use token or either)", mode)
+	}
+	return mode, nil
 }
 
 // Node is a running sluice node. Stop it with [Node.Close] (graceful) or
@@ -141,6 +199,27 @@ type Node struct {
 	refused   atomic.Bool   // the cluster refused the node (its name is taken): it hands nothing off
 
 	rls *rls.Service // nil unless NodeConfig.RLS is set
+
+	certs  *certSource // nil without TLS
+	tokens *tokenSet   // nil without a token file
+	auth   *authenticator
+
+	verifyMu   sync.Mutex
+	verified   map[string]memberKey    // member name -> the incarnation whose certificate was verified
+	unverified map[string]*verifyState // member name -> failed verifications of its current incarnation
+	verifyKick chan struct{}           // capacity 1: members to verify
+	admit      chan struct{}           // capacity 1: verifyLoop admitted a member
+}
+
+// memberKey is one incarnation of a member at one address.
+type memberKey struct{ name, addr, instance string }
+
+// verifyState counts the failed verifications of one incarnation.
+type verifyState struct {
+	key   memberKey
+	fails int
+	next  time.Time // no attempt before
+	err   error
 }
 
 // StartNode listens on cfg.GRPCAddr and cfg.GossipAddr, starts serving
@@ -174,6 +253,25 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	if err := protectedMode(cfg); err != nil {
 		return nil, err
 	}
+	mode, err := cfg.clientAuth()
+	if err != nil {
+		return nil, err
+	}
+	var cs *certSource
+	if cfg.TLSCert != "" {
+		if cs, err = newCertSource(cfg.TLSCert, cfg.TLSKey, cfg.TLSCA, log.With("component", "tls")); err != nil {
+			return nil, err
+		}
+		if err := verifyPeerChain(chainOf(cs.cur.Load().cert), cs.cur.Load().pool, cfg.Name, x509.ExtKeyUsageServerAuth); err != nil {
+			return nil, fmt.Errorf("tls_cert: %w (want a peer certificate of this node signed by tls_ca)", err)
+		}
+	}
+	var ts *tokenSet
+	if cfg.TokenFile != "" {
+		if ts, err = newTokenSet(cfg.TokenFile, log.With("component", "tokens")); err != nil {
+			return nil, err
+		}
+	}
 	lis, err := net.Listen("tcp", cfg.GRPCAddr)
 	if err != nil {
 		return nil, fmt.Errorf("grpc_addr: %w", err)
@@ -191,6 +289,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		ForwardTimeout: cfg.ForwardTimeout, Batch: cfg.Batch, Logger: log.With("component", "rpc"),
 		Limits: cfg.Limits, Observer: metrics, DialOptions: cfg.DialOptions,
 		HandOffTimeout: cfg.HandOffTimeout, Replication: cfg.Replication,
+		PeerCredentials: peerCredentials(cs),
 	})
 	if err != nil {
 		lis.Close()
@@ -221,7 +320,19 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	srv.instance.Store(&inst)
 	// Stream workers serve RPCs on long-lived goroutines instead of a new
 	// goroutine (and a new, growing stack) per RPC.
-	gs := grpc.NewServer(append([]grpc.ServerOption{grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0)))}, cfg.ServerOptions...)...)
+	auth := &authenticator{mode: mode, tls: cs != nil, tokens: ts, isMember: srv.isMember}
+	sopts := []grpc.ServerOption{grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0)))}
+	if cs != nil {
+		ca := tls.VerifyClientCertIfGiven // token or either: a call may come without one
+		if mode == ClientAuthMTLS {
+			ca = tls.RequireAndVerifyClientCert
+		}
+		sopts = append(sopts, grpc.Creds(credentials.NewTLS(cs.serverConfig(ca, []string{"h2"}))))
+	}
+	if cs != nil || ts != nil {
+		sopts = append(sopts, grpc.ChainUnaryInterceptor(auth.unary), grpc.ChainStreamInterceptor(auth.stream))
+	}
+	gs := grpc.NewServer(append(sopts, cfg.ServerOptions...)...)
 	hs := health.NewServer()
 	sluicev1.RegisterRateLimitServiceServer(gs, srv)
 	sluicev1.RegisterPeerServiceServer(gs, srv)
@@ -238,13 +349,26 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &Node{cfg: cfg, lis: lis, grpcAddr: advertised, grpc: gs, health: hs,
 		cluster: cl, server: srv, store: store, metrics: metrics, log: log, cancel: cancel, failed: make(chan error, 1),
-		publish: make(chan struct{}, 1)}
+		publish: make(chan struct{}, 1), certs: cs, tokens: ts, auth: auth,
+		verified: map[string]memberKey{}, unverified: map[string]*verifyState{}, verifyKick: make(chan struct{}, 1), admit: make(chan struct{}, 1)}
 	n.lastChange.Store(time.Now().UnixNano())
 	n.rls = rlsSvc
 	n.setMembers()
 	n.wg.Go(func() { n.watchMembers(ctx) })
+	if cs != nil {
+		n.wg.Go(func() { n.verifyLoop(ctx) })
+	}
+	if files := n.reloadFiles(); len(files) > 0 {
+		n.wg.Go(func() {
+			if err := watchFiles(ctx, files, func() { _ = n.ReloadTLS() }, log); err != nil {
+				log.Warn("not watching the TLS and token files; reload them with SIGHUP", "error", err)
+			}
+		})
+	}
 	n.wg.Go(func() { n.publishRing(ctx) })
-	if setting, addr := exposed(cfg); setting != "" {
+	secure := cfg
+	secure.Insecure = false
+	if setting, addr := exposed(cfg); setting != "" && protectedMode(secure) != nil {
 		metrics.insecure.Set(1)
 		n.wg.Go(func() { warnInsecure(ctx, log, setting, addr) })
 	}
@@ -252,11 +376,18 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		store.RunSweeper(ctx, cfg.SweepInterval, func(_ int, took time.Duration) { metrics.ObserveSweep(took) })
 	})
 	if httpLis != nil {
-		h, err := NewHTTPHandler(HTTPConfig{Server: srv, Ready: n.Ready, Metrics: metrics})
+		h, err := NewHTTPHandler(HTTPConfig{Server: srv, Ready: n.Ready, Metrics: metrics, auth: auth})
 		if err != nil { // cannot happen: the gateway's registration does not fail
 			log.Error("no HTTP face", "error", err)
 		} else {
-			n.http = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+			n.http = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second,
+				ErrorLog: slog.NewLogLogger(log.With("component", "http").Handler(), slog.LevelDebug)}
+			if cs != nil {
+				// Any mode: /healthz and /readyz stay open to probes
+				// without a certificate; the handler checks the rest.
+				n.http.TLSConfig = cs.serverConfig(tls.VerifyClientCertIfGiven, []string{"h2", "http/1.1"})
+				httpLis = tls.NewListener(httpLis, n.http.TLSConfig)
+			}
 			n.httpAddr = httpLis.Addr().String()
 			n.wg.Go(func() {
 				if err := n.http.Serve(httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -313,23 +444,32 @@ func advertise(bind, host string) (string, error) {
 	return bh, nil
 }
 
-// watchMembers rebuilds the ring on every membership change.
+// watchMembers rebuilds the ring on every membership change and every
+// member admitted after its certificate verified; it is the only
+// goroutine that applies member lists once the node runs, so they apply
+// in order.
 func (n *Node) watchMembers(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-n.cluster.Changes():
-			n.lastChange.Store(time.Now().UnixNano())
-			n.setMembers()
+		case <-n.admit: // verifyLoop admitted a member
 		}
+		n.lastChange.Store(time.Now().UnixNano())
+		n.setMembers()
 	}
 }
 
-// setMembers rebuilds the ring from the gossip's members and publishes the
-// ring's fingerprint and epoch in this node's metadata.
+// setMembers rebuilds the ring from the gossip's members (with TLS, only
+// those whose certificate this node verified) and publishes the ring's
+// fingerprint and epoch in this node's metadata.
 func (n *Node) setMembers() {
-	_ = n.server.SetMembers(n.cluster.Members())
+	ms := n.cluster.Members()
+	if n.certs != nil {
+		ms = n.admitted(ms)
+	}
+	_ = n.server.SetMembers(ms)
 	select {
 	case n.publish <- struct{}{}:
 	default:
@@ -492,4 +632,160 @@ func (n *Node) stop() {
 		"owner_lost", st.OwnerLost, "replica_behind", st.ReplicaBehind, "replica_takeovers", st.ReplicaTakeovers,
 		"evicted_live", st.EvictedLive, "ring_mismatch", st.RingMismatch)
 	n.server.Close()
+}
+
+// peerCredentials returns the per-member TLS credentials of cs, or nil
+// (plaintext) without TLS.
+func peerCredentials(cs *certSource) func(string) credentials.TransportCredentials {
+	if cs == nil {
+		return nil
+	}
+	return func(name string) credentials.TransportCredentials { return credentials.NewTLS(cs.peerConfig(name)) }
+}
+
+// chainOf parses the chain of c (leaf first); certificates that do not
+// parse are left out.
+func chainOf(c *tls.Certificate) []*x509.Certificate {
+	var out []*x509.Certificate
+	for _, der := range c.Certificate {
+		if x, err := x509.ParseCertificate(der); err == nil {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// reloadFiles lists the TLS and token files to watch.
+func (n *Node) reloadFiles() []string {
+	var out []string
+	if n.certs != nil {
+		out = append(out, n.cfg.TLSCert, n.cfg.TLSKey, n.cfg.TLSCA)
+	}
+	if n.tokens != nil {
+		out = append(out, n.cfg.TokenFile)
+	}
+	return out
+}
+
+// ReloadTLS reads the TLS certificate, key and CA, and the token file,
+// again (serve does it on SIGHUP; the node also does when the files
+// change). New handshakes use what it read; connections already open keep
+// theirs. A file that is missing, half written or does not parse keeps
+// the running material, is logged, and its error is returned.
+func (n *Node) ReloadTLS() error {
+	var errs []error
+	if n.certs != nil {
+		errs = append(errs, n.certs.reload())
+	}
+	if n.tokens != nil {
+		errs = append(errs, n.tokens.reload())
+	}
+	return errors.Join(errs...)
+}
+
+// admitted returns this node and the members of ms whose current
+// incarnation (name, gRPC address, instance) has presented this node's CA's
+// peer certificate of its name; it asks verifyLoop to verify the others.
+func (n *Node) admitted(ms []cluster.Member) []cluster.Member {
+	n.verifyMu.Lock()
+	defer n.verifyMu.Unlock()
+	out := make([]cluster.Member, 0, len(ms))
+	pending := false
+	present := map[string]bool{}
+	for _, m := range ms {
+		present[m.Name] = true
+		if m.Name == n.cfg.Name || n.verified[m.Name] == (memberKey{m.Name, m.GRPCAddr, m.Instance}) {
+			out = append(out, m)
+			continue
+		}
+		pending = true
+	}
+	for name := range n.verified {
+		if !present[name] {
+			delete(n.verified, name)
+		}
+	}
+	for name := range n.unverified {
+		if !present[name] {
+			delete(n.unverified, name)
+		}
+	}
+	if pending {
+		select {
+		case n.verifyKick <- struct{}{}:
+		default:
+		}
+	}
+	return out
+}
+
+// verifyLoop verifies the certificates of members not yet admitted: it
+// dials each one's gRPC address with TLS 1.3 and checks that the
+// certificate presented is this node's CA's peer certificate of that
+// member's name. A member that fails is retried with a backoff (1 s
+// doubling to 30 s) while gossip lists it; the ring never includes it
+// meanwhile.
+func (n *Node) verifyLoop(ctx context.Context) {
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.verifyKick:
+		case <-tick.C:
+		}
+		admittedAny := false
+		for _, m := range n.cluster.Members() {
+			key := memberKey{m.Name, m.GRPCAddr, m.Instance}
+			n.verifyMu.Lock()
+			st := n.unverified[m.Name]
+			skip := m.Name == n.cfg.Name || n.verified[m.Name] == key || (st != nil && st.key == key && time.Now().Before(st.next))
+			n.verifyMu.Unlock()
+			if skip {
+				continue
+			}
+			vctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			err := n.certs.verifyMember(vctx, m.Name, m.GRPCAddr)
+			cancel()
+			n.verifyMu.Lock()
+			if err == nil {
+				n.verified[m.Name] = key
+				delete(n.unverified, m.Name)
+				admittedAny = true
+				n.log.Info("member certificate verified; admitted to the ring", "member", m.Name, "addr", m.GRPCAddr)
+			} else if ctx.Err() == nil {
+				if st == nil || st.key != key {
+					st = &verifyState{key: key}
+					n.unverified[m.Name] = st
+					n.log.Warn("member not admitted to the ring: its certificate did not verify", "member", m.Name, "addr", m.GRPCAddr, "error", err)
+				} else {
+					n.log.Debug("member certificate still does not verify", "member", m.Name, "error", err)
+				}
+				st.fails++
+				st.err = err
+				st.next = time.Now().Add(min(time.Second<<min(st.fails-1, 5), 30*time.Second))
+			}
+			n.verifyMu.Unlock()
+		}
+		if admittedAny { // watchMembers rebuilds the ring: one goroutine applies member lists, in order
+			select {
+			case n.admit <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// Unverified returns, by member name, how many times the certificate of
+// each member gossip lists but this node has not admitted to its ring has
+// failed to verify (TLS only; empty without TLS).
+func (n *Node) Unverified() map[string]int {
+	n.verifyMu.Lock()
+	defer n.verifyMu.Unlock()
+	out := make(map[string]int, len(n.unverified))
+	for name, st := range n.unverified {
+		out[name] = st.fails
+	}
+	return out
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"time"
 )
 
@@ -45,22 +46,37 @@ func exposed(cfg NodeConfig) (setting, addr string) {
 }
 
 // protectedMode refuses a node that others could reach while it cannot
-// authenticate them: this version serves gRPC and HTTP without client or
-// peer authentication (and gossips in plaintext unless GossipKeys are
-// set), so off loopback anyone who reaches a port can reset counters or
-// join the ring. Insecure (serve --insecure) accepts that risk. It returns
-// an error naming the setting and what is missing, or nil.
+// keep strangers out: off loopback a node needs its gossip encrypted
+// (GossipKeys) and its callers authenticated: TLS on the gRPC and HTTP
+// ports (which also authenticates peers by certificate) with client auth
+// mtls, either, or token. Insecure (serve --insecure) accepts the risk.
+// It returns an error naming the setting and each missing piece, or nil.
 func protectedMode(cfg NodeConfig) error {
 	setting, addr := exposed(cfg)
 	if setting == "" || cfg.Insecure {
 		return nil
 	}
-	missing := "gossip is not encrypted (serve --gossip-key-file) and clients and peers are not authenticated (not available in this version)"
-	if len(cfg.GossipKeys) > 0 {
-		missing = "clients and peers are not authenticated (not available in this version)"
+	var missing []string
+	if len(cfg.GossipKeys) == 0 {
+		missing = append(missing, "gossip is not encrypted (serve --gossip-key-file)")
+	}
+	tlsOn := cfg.TLSCert != "" && cfg.TLSKey != "" && cfg.TLSCA != ""
+	if !tlsOn {
+		missing = append(missing, "the gRPC and HTTP ports are not TLS, so peers are not authenticated (serve --tls-cert, --tls-key, --tls-ca)")
+	}
+	mode, err := cfg.clientAuth()
+	switch {
+	case err != nil:
+		missing = append(missing, "clients are not authenticated ("+err.Error()+")")
+	case mode == ClientAuthNone:
+		missing = append(missing, "clients are not authenticated (serve --client-auth mtls, token or either)")
+	}
+	if len(missing) == 0 {
+		return nil
 	}
 	return fmt.Errorf("%s: %s is reachable from other hosts, and %s: "+
-		"keep every address on loopback, or accept the risk on a private network with insecure (serve --insecure, SLUICE_INSECURE=true)", setting, addr, missing)
+		"add what is missing, keep every address on loopback, or accept the risk on a private network with insecure (serve --insecure, SLUICE_INSECURE=true)",
+		setting, addr, strings.Join(missing, "; "))
 }
 
 // warnInsecure logs, now and every InsecureWarnEvery until ctx is done,
@@ -69,7 +85,7 @@ func warnInsecure(ctx context.Context, log *slog.Logger, setting, addr string) {
 	t := time.NewTicker(InsecureWarnEvery)
 	defer t.Stop()
 	for {
-		log.Warn("INSECURE: reachable from other hosts with plaintext gossip and no authentication (--insecure)", "setting", setting, "addr", addr)
+		log.Warn("INSECURE: reachable from other hosts without gossip encryption, TLS or client authentication (--insecure)", "setting", setting, "addr", addr)
 		select {
 		case <-ctx.Done():
 			return

@@ -16,6 +16,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
@@ -62,6 +63,10 @@ type ServerConfig struct {
 	// Replication shapes the copies of this node's keys on the next
 	// members of the ring. (Optional)
 	Replication ReplicationConfig
+	// PeerCredentials, when set, gives the transport credentials of the
+	// connection to the member called name (TLS verifying that the server
+	// is that member); they replace the plaintext default. (Optional)
+	PeerCredentials func(name string) credentials.TransportCredentials
 }
 
 // Server implements sluicev1.RateLimitServiceServer and
@@ -83,9 +88,11 @@ type Server struct {
 	obs            Observer
 	handOffTimeout time.Duration
 	replication    ReplicationConfig
+	peerCreds      func(name string) credentials.TransportCredentials
 
-	view  atomic.Pointer[view]
-	setMu sync.Mutex // serializes SetMembers
+	view      atomic.Pointer[view]
+	memberSet atomic.Pointer[map[string]bool] // names SetMembers was last given, and this node
+	setMu     sync.Mutex                      // serializes SetMembers
 
 	leaving    atomic.Bool // set by Leave: the ring excludes this node
 	moving     atomic.Pointer[movingIn]
@@ -335,8 +342,10 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		fallback:       window.NewStore(window.StoreConfig{Clock: storeClock{cfg.Store}, MaxKeys: 100_000}),
 		ho: handOffState{doneFrom: map[string]string{}, outgoing: map[string]chan struct{}{},
 			tombs: map[string]tomb{}, departed: map[string]time.Time{}},
-		dialOpts: append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...),
+		dialOpts:  append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...),
+		peerCreds: cfg.PeerCredentials,
 	}
+	s.memberSet.Store(&map[string]bool{cfg.Name: true})
 	r, err := ring.New([]string{cfg.Name}, cfg.Ring)
 	if err != nil {
 		return nil, fmt.Errorf("rpc: %w", err)
@@ -362,6 +371,11 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 	defer s.setMu.Unlock()
 	old := s.view.Load()
 	s.lastInput = slices.Clone(members)
+	set := map[string]bool{s.name: true}
+	for _, m := range members {
+		set[m.Name] = true
+	}
+	s.memberSet.Store(&set)
 	// A member that said it is leaving (its hand-off done) is out of the
 	// ring at once, whether or not gossip has told of its leave yet.
 	ms := slices.DeleteFunc(slices.Clone(members), func(m cluster.Member) bool {
@@ -401,7 +415,11 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 			peers[m.Name] = p
 			continue
 		}
-		conn, err := grpc.NewClient(m.GRPCAddr, s.dialOpts...)
+		opts := s.dialOpts
+		if s.peerCreds != nil {
+			opts = append(slices.Clone(opts), grpc.WithTransportCredentials(s.peerCreds(m.Name)))
+		}
+		conn, err := grpc.NewClient(m.GRPCAddr, opts...)
 		if err != nil {
 			s.log.Error("cannot connect to peer; leaving it out of the peer set", "peer", m.Name, "addr", m.GRPCAddr, "error", err)
 			continue
@@ -450,6 +468,11 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 	}
 	return nil
 }
+
+// isMember reports whether name is this node or in the member list the
+// ring was last built from (with TLS, only members whose certificate this
+// node verified).
+func (s *Server) isMember(name string) bool { return (*s.memberSet.Load())[name] }
 
 // memberLeaving takes name out of the ring: it said it has handed off all
 // its keys and is leaving (gossip may tell of it late, or, if its leave

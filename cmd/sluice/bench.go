@@ -66,7 +66,7 @@ func benchCommand(e env) *cli.Command {
 			"  exact    10 keys, fixed window 100 per minute, 5000 checks over all nodes;\n" +
 			"           reports allowed per key (the right answer: exactly 100 each)\n" +
 			"It stops by itself; every goroutine is also capped at 5000000 RPCs.",
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "addrs", Value: "127.0.0.1:7070", Usage: "gRPC addresses of the nodes, H:P[,H:P...]", Sources: e.of("addrs")},
 			&cli.StringFlag{Name: "workload", Value: "spread", Usage: "spread, hot, batched or exact"},
 			&cli.IntFlag{Name: "concurrency", Value: 64, Usage: "closed-loop goroutines"},
@@ -76,7 +76,7 @@ func benchCommand(e env) *cli.Command {
 			&cli.IntFlag{Name: "batch", Value: 100, Usage: "checks per RPC for batched (1..1000)"},
 			&cli.DurationFlag{Name: "timeout", Value: 5 * time.Second, Usage: "deadline of each RPC", Sources: e.of("timeout")},
 			&cli.BoolFlag{Name: "json", Usage: "print the summary as one JSON object"},
-		},
+		}, clientAuthFlags(e)...),
 		Action: runBench,
 	}
 }
@@ -119,7 +119,7 @@ func runBench(ctx context.Context, cmd *cli.Command) error {
 	}
 	clients := make([]sluicev1.RateLimitServiceClient, len(addrs))
 	for i, a := range addrs {
-		conn, err := dialNode(a)
+		conn, err := dialNode(cmd, a)
 		if err != nil {
 			return err
 		}

@@ -12,7 +12,6 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -37,10 +36,10 @@ type checkLine struct {
 
 // clientFlags are the flags every client command has.
 func clientFlags(e env) []cli.Flag {
-	return []cli.Flag{
+	return append([]cli.Flag{
 		&cli.StringFlag{Name: "addr", Value: "127.0.0.1:7070", Usage: "host:port of any node's gRPC server", Sources: e.of("addr")},
 		&cli.DurationFlag{Name: "timeout", Value: 5 * time.Second, Usage: "bound on each call", Sources: e.of("timeout")},
-	}
+	}, clientAuthFlags(e)...)
 }
 
 func checkCommand(e env) *cli.Command {
@@ -110,7 +109,7 @@ func runCheck(ctx context.Context, cmd *cli.Command) error {
 		}
 		rc.Limit, rc.WindowMs, rc.Burst, rc.Algorithm = 0, 0, 0, sluicev1.Algorithm_ALGORITHM_UNSPECIFIED
 	}
-	conn, err := dialNode(cmd.String("addr"))
+	conn, err := dialNode(cmd, cmd.String("addr"))
 	if err != nil {
 		return err
 	}
@@ -182,8 +181,6 @@ func retryString(ms int64) string {
 	return (time.Duration(ms) * time.Millisecond).String()
 }
 
-// dialNode opens a plaintext gRPC connection to addr (no I/O until the
-// first call).
 // callNode checks the client flags of cmd (no arguments, --timeout > 0),
 // dials --addr and calls f with the connection and a context bounded by
 // --timeout; it closes the connection after.
@@ -194,7 +191,7 @@ func callNode(ctx context.Context, cmd *cli.Command, f func(ctx context.Context,
 	if cmd.Duration("timeout") <= 0 {
 		return usagef("timeout", "must be > 0, got %s", cmd.Duration("timeout"))
 	}
-	conn, err := dialNode(cmd.String("addr"))
+	conn, err := dialNode(cmd, cmd.String("addr"))
 	if err != nil {
 		return err
 	}
@@ -204,8 +201,14 @@ func callNode(ctx context.Context, cmd *cli.Command, f func(ctx context.Context,
 	return f(ctx, conn)
 }
 
-func dialNode(addr string) (*grpc.ClientConn, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+// dialNode opens a gRPC connection to addr (no I/O until the first call):
+// plaintext, or TLS and a token as cmd's client auth flags say.
+func dialNode(cmd *cli.Command, addr string) (*grpc.ClientConn, error) {
+	opts, err := dialOptions(cmd)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, usagef("addr", "%v", err)
 	}

@@ -55,10 +55,10 @@ func run(ctx context.Context, args []string, getenv func(string) (string, bool),
 		Version:   version,
 		Writer:    stdout,
 		ErrWriter: stderr,
-		Commands:  []*cli.Command{serveCommand(e), checkCommand(e), membersCommand(e), benchCommand(e), healthcheckCommand(e), keygenCommand(), proxyCommand(e)},
+		Commands:  []*cli.Command{serveCommand(e), checkCommand(e), membersCommand(e), benchCommand(e), healthcheckCommand(e), keygenCommand(), tlsCommand(), proxyCommand(e)},
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			if cmd.Args().Len() > 0 {
-				return usageError{fmt.Errorf("unknown command %q (want serve, check, members, bench, healthcheck, proxy or keygen; see sluice --help)", cmd.Args().First())}
+				return usageError{fmt.Errorf("unknown command %q (want serve, check, members, bench, healthcheck, proxy, keygen or tls; see sluice --help)", cmd.Args().First())}
 			}
 			return cli.ShowAppHelp(cmd)
 		},

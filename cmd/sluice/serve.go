@@ -30,7 +30,7 @@ func serveCommand(e env) *cli.Command {
 			"and joins the members listed in --join (none: a cluster of one). SIGINT or SIGTERM\n" +
 			"makes it leave gracefully: health goes NOT_SERVING, it stops taking checks, hands the\n" +
 			"state of all its keys to their next owners (bounded by --handoff-timeout), leaves the\n" +
-			"gossip and exits. SIGHUP reloads --limits and --gossip-key-file.\n\n" +
+			"gossip and exits. SIGHUP reloads --limits, --gossip-key-file, the TLS files and --token-file.\n\n" +
 			"Each setting comes from its flag, else from SLUICE_<FLAG>, else from the --config file.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "config", Usage: "YAML file of settings by flag name (e.g. grpc-addr: 10.0.0.5:7070); the command line, then SLUICE_* variables, win over it", Sources: e.of("config")},
@@ -54,7 +54,12 @@ func serveCommand(e env) *cli.Command {
 			&cli.StringFlag{Name: "limits", Usage: "YAML file of named limits (see README); reloaded on SIGHUP and when the file changes", Sources: e.of("limits")},
 			&cli.StringFlag{Name: "gossip-key-file", Usage: "file of base64 gossip keys (sluice keygen), one per line, the one that encrypts first: gossip is then encrypted and authenticated (AES-256-GCM); reloaded on SIGHUP (rotate: add the new key second, then first, then drop the old)", Sources: e.of("gossip-key-file")},
 			&cli.StringFlag{Name: "cluster-label", Usage: "label on all gossip: nodes with another label (another cluster on the network) are ignored", Sources: e.of("cluster-label")},
-			&cli.BoolFlag{Name: "insecure", Usage: "allow addresses reachable from other hosts although gossip and the gRPC/HTTP APIs are plaintext and unauthenticated in this version (the node warns every 5 minutes); without it such a node refuses to start", Sources: e.of("insecure")},
+			&cli.StringFlag{Name: "tls-cert", Usage: "PEM peer certificate of this node (sluice tls cert create --peer NAME): serve gRPC and HTTP with TLS (1.2 at least), dial peers with TLS 1.3; with --tls-key and --tls-ca; reloaded when the files change and on SIGHUP", Sources: e.of("tls-cert")},
+			&cli.StringFlag{Name: "tls-key", Usage: "PEM key of --tls-cert", Sources: e.of("tls-key")},
+			&cli.StringFlag{Name: "tls-ca", Usage: "PEM bundle of the CA(s) that sign peers and clients", Sources: e.of("tls-ca")},
+			&cli.StringFlag{Name: "client-auth", Usage: "how callers of the public API authenticate: mtls (a client certificate; the default with TLS), token (--token-file), either, or none (default without TLS and tokens)", Sources: e.of("client-auth")},
+			&cli.StringFlag{Name: "token-file", Usage: "bearer tokens and the limit-name prefixes each may check, one `TOKEN PREFIX...` a line (or YAML tokens: [{name, token, prefixes}]); reloaded with the TLS files; refused over plaintext from other hosts", Sources: e.of("token-file")},
+			&cli.BoolFlag{Name: "insecure", Usage: "allow addresses reachable from other hosts without gossip encryption, TLS or client authentication (the node warns every 5 minutes); without it such a node refuses to start and names what is missing", Sources: e.of("insecure")},
 			&cli.StringFlag{Name: "debug-addr", Usage: "host:port to serve Go's /debug/pprof on (off when empty; keep it on loopback)", Sources: e.of("debug-addr")},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", Sources: e.of("log-level")},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json", Sources: e.of("log-format")},
@@ -123,6 +128,8 @@ func serveCommand(e env) *cli.Command {
 			}
 			cfg.HTTPAddr = cmd.String("http-addr")
 			cfg.Insecure = cmd.Bool("insecure")
+			cfg.TLSCert, cfg.TLSKey, cfg.TLSCA = cmd.String("tls-cert"), cmd.String("tls-key"), cmd.String("tls-ca")
+			cfg.ClientAuth, cfg.TokenFile = rpc.ClientAuth(cmd.String("client-auth")), cmd.String("token-file")
 			if want, warn := tracingWanted(e.getenv); warn != "" {
 				logger.Warn(warn)
 			} else if want {
@@ -185,6 +192,9 @@ func serveCommand(e env) *cli.Command {
 						logger.Error("gossip key file refused; the running keys stay", "file", keyFile, "error", err)
 					}
 				})
+			}
+			if cfg.TLSCert != "" || cfg.TokenFile != "" {
+				onHUP = append(onHUP, func() { _ = node.ReloadTLS() }) // a refused file is logged; the running ones stay
 			}
 			if len(onHUP) > 0 {
 				hup := make(chan os.Signal, 1)

@@ -86,6 +86,17 @@ func NewCA(commonName string, validFor time.Duration) (certPEM, keyPEM []byte, e
 // It returns an error for an empty or malformed name or a CA that does
 // not parse.
 func Issue(caCertPEM, caKeyPEM []byte, kind Kind, name string, hosts []string, validFor time.Duration) (certPEM, keyPEM []byte, err error) {
+	if validFor <= 0 {
+		return nil, nil, fmt.Errorf("validity: must be > 0, got %s", validFor)
+	}
+	now := time.Now()
+	return IssueWindow(caCertPEM, caKeyPEM, kind, name, hosts, now.Add(-5*time.Minute), now.Add(validFor))
+}
+
+// IssueWindow is Issue with an explicit validity window [notBefore,
+// notAfter] (e.g. an expired certificate for a test). It returns an error
+// when notAfter is not after notBefore, and Issue's errors.
+func IssueWindow(caCertPEM, caKeyPEM []byte, kind Kind, name string, hosts []string, notBefore, notAfter time.Time) (certPEM, keyPEM []byte, err error) {
 	if kind != Peer && kind != Client {
 		return nil, nil, fmt.Errorf("kind: want peer or client, got %q", kind)
 	}
@@ -100,10 +111,14 @@ func Issue(caCertPEM, caKeyPEM []byte, kind Kind, name string, hosts []string, v
 	if err != nil {
 		return nil, nil, err
 	}
-	tmpl, err := template(name, validFor)
+	if !notAfter.After(notBefore) {
+		return nil, nil, fmt.Errorf("validity: not after %s must be later than not before %s", notAfter, notBefore)
+	}
+	tmpl, err := template(name, time.Hour)
 	if err != nil {
 		return nil, nil, err
 	}
+	tmpl.NotBefore, tmpl.NotAfter = notBefore, notAfter
 	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
 	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
 	if kind == Peer {
