@@ -148,7 +148,11 @@ func (s *Store) Get(key string) (State, bool) {
 
 // MergeState merges st into key's state with [Merge], as if the hits
 // behind st had come to this store too, and returns the merged state. now
-// only decides, under MaxKeys, which keys have expired.
+// only decides, under MaxKeys, which keys have expired. A merge never
+// drops consumed hits: a new key goes in even when the cap would refuse a
+// check's new key (KeyCapDeny, or its group's share), taking its shard
+// over the cap (counted in [StoreStats.MergedOverCap]); under KeyCapEvict
+// another key is evicted as for a check.
 func (s *Store) MergeState(key string, st State, now time.Time) State {
 	h := s.hash(key)
 	sh := &s.shards[h%shardCount]
@@ -165,7 +169,9 @@ func (s *Store) MergeState(key string, st State, now time.Time) State {
 	if st.IsZero() {
 		return st
 	}
-	s.makeRoomLocked(sh, now.UnixNano())
+	if !s.makeRoomLocked(sh, key, now.UnixNano()) {
+		s.overCap.Add(1)
+	}
 	sh.t.insert(h, key, false, st.st)
 	sh.t.noteExpiry(st.st.expires())
 	return st
