@@ -71,6 +71,22 @@ type NodeConfig struct {
 	// MaxKeys caps the keys this node holds state for; 0 means no cap (see
 	// window.StoreConfig.MaxKeys). (Optional)
 	MaxKeys int
+	// OnKeyCap is what a new key past MaxKeys gets: window.KeyCapDeny (the
+	// zero value: refused, answered not allowed and degraded) or
+	// window.KeyCapEvict (another key is evicted). (Optional)
+	OnKeyCap window.KeyCapPolicy
+	// NameKeyShare is the share of MaxKeys, in percent (1..100), that the
+	// keys of one limit name may hold; past it a new key of that name is
+	// refused (under either policy), so one name cannot starve the others.
+	// Every unconfigured (inline) name counts as one name. 0 means
+	// DefaultNameKeyShare; 100 means no per-name share. (Optional)
+	NameKeyShare int
+	// GRPC bounds the gRPC server: message size, streams, keepalive,
+	// connection age and checks in flight (see GRPCBounds). (Optional)
+	GRPC GRPCBounds
+	// HTTP bounds the HTTP face: timeouts and header size (see
+	// HTTPBounds). (Optional)
+	HTTP HTTPBounds
 	// Clock is the owner's clock, the only one decisions use. Default the
 	// system clock. (Optional)
 	Clock window.Clock
@@ -184,13 +200,26 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	if cfg.SettleTime <= 0 {
 		cfg.SettleTime = time.Second
 	}
-	store := window.NewStore(window.StoreConfig{Clock: cfg.Clock, MaxKeys: cfg.MaxKeys})
+	if cfg.NameKeyShare < 0 || cfg.NameKeyShare > 100 {
+		return nil, fmt.Errorf("name_key_share: must be in 1..100 (percent), got %d", cfg.NameKeyShare)
+	}
+	if cfg.NameKeyShare == 0 {
+		cfg.NameKeyShare = DefaultNameKeyShare
+	}
+	cfg.GRPC = cfg.GRPC.withDefaults()
+	storeCfg := window.StoreConfig{Clock: cfg.Clock, MaxKeys: cfg.MaxKeys, OnKeyCap: cfg.OnKeyCap}
+	if cfg.MaxKeys > 0 && cfg.NameKeyShare < 100 {
+		storeCfg.MaxKeysPerGroup = max(cfg.MaxKeys*cfg.NameKeyShare/100, 1)
+		storeCfg.Group = nameGroup(cfg.Limits)
+	}
+	store := window.NewStore(storeCfg)
 	metrics := NewMetrics()
 	srv, err := NewServer(ServerConfig{
 		Name: cfg.Name, Store: store, Ring: cfg.Ring,
 		ForwardTimeout: cfg.ForwardTimeout, Batch: cfg.Batch, Logger: log.With("component", "rpc"),
 		Limits: cfg.Limits, Observer: metrics, DialOptions: cfg.DialOptions,
 		HandOffTimeout: cfg.HandOffTimeout, Replication: cfg.Replication,
+		MaxInflight: max(cfg.GRPC.MaxInflight, 0),
 	})
 	if err != nil {
 		lis.Close()
@@ -221,7 +250,8 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	srv.instance.Store(&inst)
 	// Stream workers serve RPCs on long-lived goroutines instead of a new
 	// goroutine (and a new, growing stack) per RPC.
-	gs := grpc.NewServer(append([]grpc.ServerOption{grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0)))}, cfg.ServerOptions...)...)
+	opts := append([]grpc.ServerOption{grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0)))}, cfg.GRPC.serverOptions()...)
+	gs := grpc.NewServer(append(opts, cfg.ServerOptions...)...)
 	hs := health.NewServer()
 	sluicev1.RegisterRateLimitServiceServer(gs, srv)
 	sluicev1.RegisterPeerServiceServer(gs, srv)
@@ -256,7 +286,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		if err != nil { // cannot happen: the gateway's registration does not fail
 			log.Error("no HTTP face", "error", err)
 		} else {
-			n.http = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+			n.http = cfg.HTTP.Apply(&http.Server{Handler: h, ErrorLog: httpErrorLog(log)})
 			n.httpAddr = httpLis.Addr().String()
 			n.wg.Go(func() {
 				if err := n.http.Serve(httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -62,6 +62,10 @@ type ServerConfig struct {
 	// Replication shapes the copies of this node's keys on the next
 	// members of the ring. (Optional)
 	Replication ReplicationConfig
+	// MaxInflight bounds the checks Check works on at once; a call that
+	// would go over it is refused with RESOURCE_EXHAUSTED and counted in
+	// Stats.InflightRefused. 0: no bound. (Optional)
+	MaxInflight int
 }
 
 // Server implements sluicev1.RateLimitServiceServer and
@@ -105,6 +109,7 @@ type Server struct {
 
 	stats     counters
 	peerStats sync.Map // member name -> *peerStats
+	inflight  inflight
 
 	draining  chan struct{} // closed by Drain
 	drainOnce sync.Once
@@ -161,7 +166,7 @@ type counters struct {
 	reforwarded, notOwnerApplied, viewMismatch, ringMismatch               atomic.Int64
 	degraded, movedWithoutState, ownerLost, replicaBehind, handOffTimeouts atomic.Int64
 	handedOff, receivedHandOff, handOffErrors, pulls, replicaTakeovers     atomic.Int64
-	replicated                                                             atomic.Int64
+	replicated, handOffRefused                                             atomic.Int64
 }
 
 // PeerStats counts the Forward calls made to one peer.
@@ -241,6 +246,19 @@ type Stats struct {
 	// Replicated: key copies sent to successors; Replicas: copies held now.
 	Replicated int64
 	Replicas   int
+
+	// KeysRefused: new keys not admitted because the store was full under
+	// the deny key-cap policy or their name held its share (from
+	// window.StoreStats.Refused); each such check was answered not
+	// allowed and degraded.
+	KeysRefused int64
+	// InflightRefused: Check calls refused with RESOURCE_EXHAUSTED because
+	// the node had MaxInflight checks in flight.
+	InflightRefused int64
+	// HandOffRefused: key states refused in peers' hand-offs (a sender
+	// that is not the key's previous owner, an old ring, or absurd or
+	// undecodable values); nothing of them was merged.
+	HandOffRefused int64
 }
 
 // Stats returns the routing counters.
@@ -263,6 +281,9 @@ func (s *Server) Stats() Stats {
 		OwnerLost:         s.stats.ownerLost.Load(),
 		ReplicaBehind:     s.stats.replicaBehind.Load(),
 		EvictedLive:       s.store.Stats().EvictedLive,
+		KeysRefused:       s.store.Stats().Refused,
+		InflightRefused:   s.inflight.refused.Load(),
+		HandOffRefused:    s.stats.handOffRefused.Load(),
 		HandOffTimeouts:   s.stats.handOffTimeouts.Load(),
 		HandedOff:         s.stats.handedOff.Load(),
 		ReceivedHandOff:   s.stats.receivedHandOff.Load(),
@@ -317,6 +338,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		cfg.HandOffTimeout = DefaultHandOffTimeout
 	}
 	s := &Server{
+		inflight:       inflight{max: int64(max(cfg.MaxInflight, 0))},
 		name:           cfg.Name,
 		store:          cfg.Store,
 		ringCfg:        cfg.Ring,
@@ -332,7 +354,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		pushSignal:     make(chan struct{}, 1),
 		replicas:       newReplicaStore(),
 		dirty:          newDirtySet(),
-		fallback:       window.NewStore(window.StoreConfig{Clock: storeClock{cfg.Store}, MaxKeys: 100_000}),
+		// Degraded answers while an owner is unreachable: a fresh budget
+		// for an evicted key there is no worse than the degraded answer.
+		fallback: window.NewStore(window.StoreConfig{Clock: storeClock{cfg.Store}, MaxKeys: 100_000, OnKeyCap: window.KeyCapEvict}),
 		ho: handOffState{doneFrom: map[string]string{}, outgoing: map[string]chan struct{}{},
 			tombs: map[string]tomb{}, departed: map[string]time.Time{}},
 		dialOpts: append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...),
@@ -531,6 +555,10 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (*sluice
 	if s.leaving.Load() {
 		return nil, status.Error(codes.Unavailable, "sluice: "+errLeaving.Error()+"; ask another node")
 	}
+	if err := s.inflight.acquire(len(reqs)); err != nil {
+		return nil, err
+	}
+	defer s.inflight.release(len(reqs))
 	out := make([]*sluicev1.Decision, len(reqs))
 	pending := make([]int, len(reqs))
 	for i := range pending {
@@ -722,7 +750,11 @@ func (s *Server) decide(storeKey []byte, c window.Check) *sluicev1.Decision {
 	if d.Allowed && c.Hits > 0 && s.replication.Factor > 0 {
 		s.dirty.add(storeKey)
 	}
-	return toProto(d, s.name)
+	pd := toProto(d, s.name)
+	// A new key the store had no room for (key cap, or its name's share)
+	// was refused: not an answer of the key's window.
+	pd.Degraded = d.NoRoom
+	return pd
 }
 
 // unavailable answers a check whose owner could not be reached, per its
