@@ -24,9 +24,9 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice/client"
-	"github.com/sluicehq/sluice/rpc"
 	"github.com/sluicehq/sluice/limits"
 	"github.com/sluicehq/sluice/middleware"
+	"github.com/sluicehq/sluice/rpc"
 )
 
 // overLimitHeader is set on requests a rule with over_limit: forward lets

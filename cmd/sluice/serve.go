@@ -110,8 +110,8 @@ func serveCommand(e env) *cli.Command {
 				HTTP: rpc.HTTPBounds{ReadHeaderTimeout: cmd.Duration("http-read-header-timeout"), ReadTimeout: cmd.Duration("http-read-timeout"),
 					WriteTimeout: cmd.Duration("http-write-timeout"), IdleTimeout: cmd.Duration("http-idle-timeout"),
 					MaxHeaderBytes: cmd.Int("http-max-header-bytes")},
-				Version:       version,
-				Logger:        logger,
+				Version: version,
+				Logger:  logger,
 			}
 			for _, d := range []struct {
 				flag string
