@@ -123,6 +123,9 @@ type NodeConfig struct {
 	// SettleTime is how long membership must have been unchanged before
 	// the node reports ready on /readyz. Default 1 s. (Optional)
 	SettleTime time.Duration
+	// PeerIdentity returns the member name a peer call's caller proved
+	// (see ServerConfig.PeerIdentity); nil: none. (Optional)
+	PeerIdentity func(ctx context.Context) (string, bool)
 	// RLS, when set, serves Envoy's rate limit service (RLS v3) from these
 	// rules on the gRPC port (see package rls and docs/envoy.md). (Optional)
 	RLS *rls.Config
@@ -219,7 +222,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		ForwardTimeout: cfg.ForwardTimeout, Batch: cfg.Batch, Logger: log.With("component", "rpc"),
 		Limits: cfg.Limits, Observer: metrics, DialOptions: cfg.DialOptions,
 		HandOffTimeout: cfg.HandOffTimeout, Replication: cfg.Replication,
-		MaxInflight: max(cfg.GRPC.MaxInflight, 0),
+		MaxInflight: max(cfg.GRPC.MaxInflight, 0), PeerIdentity: cfg.PeerIdentity,
 	})
 	if err != nil {
 		lis.Close()

@@ -66,6 +66,12 @@ type ServerConfig struct {
 	// would go over it is refused with RESOURCE_EXHAUSTED and counted in
 	// Stats.InflightRefused. 0: no bound. (Optional)
 	MaxInflight int
+	// PeerIdentity returns the member name a peer call's caller proved
+	// (e.g. by its verified certificate), or false when the transport
+	// proves none. When it returns a name, a hand-off whose sender field
+	// names another member is refused. nil: no transport identity; the
+	// sender field is checked against the ring alone. (Optional)
+	PeerIdentity func(ctx context.Context) (string, bool)
 }
 
 // Server implements sluicev1.RateLimitServiceServer and
@@ -116,6 +122,9 @@ type Server struct {
 
 	retiredMu sync.Mutex
 	retired   map[*peer]*time.Timer // peers left the ring, connection closing after a grace; nil once closed
+
+	peerIdentity func(context.Context) (string, bool)
+	ringHist     []pastRing // rings before the current one, oldest first; guarded by hmu
 }
 
 // view is what routing needs, swapped whole on each membership change.
@@ -339,6 +348,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	}
 	s := &Server{
 		inflight:       inflight{max: int64(max(cfg.MaxInflight, 0))},
+		peerIdentity:   cfg.PeerIdentity,
 		name:           cfg.Name,
 		store:          cfg.Store,
 		ringCfg:        cfg.Ring,
@@ -451,6 +461,9 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 		}
 		s.moving.Store(s.newMovingIn(prev, r, s.moving.Load()))
 		s.noteRingLocked(old.ring, r)
+		if !old.bootstrap {
+			s.rememberRingLocked(old.ring)
+		}
 		for k, t := range s.ho.tombs {
 			if r.Owner([]byte(k)) != s.name || time.Now().After(t.until) {
 				delete(s.ho.tombs, k)
