@@ -133,7 +133,7 @@ type Cluster struct {
 	changes chan struct{}
 	closed  atomic.Bool
 	refused atomic.Int64 // members refused for bad names or metadata
-	mu      sync.Mutex // serializes Leave and Shutdown
+	mu      sync.Mutex   // serializes Leave and Shutdown
 	// joined is set once a join succeeded; until then a name conflict
 	// means this node is the newcomer (conflict holds the other's address).
 	joined   atomic.Bool
