@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
@@ -129,6 +132,12 @@ func TestForgedHandOffsRefused(t *testing.T) {
 		States: []*sluicev1.KeyState{{Key: vk, State: encodeState(window.FixedWindow, hour, now, 1, 0, 0)}}})
 	if resp.Merged != 1 || resp.Error != "" || peek() != 0 {
 		t.Fatalf("an honest hand-off: %+v, remaining %d, want merged and 0 left", resp, peek())
+	}
+	// A pull from a non-member would take the victim's state away: it
+	// is refused, and the count stays.
+	_, err := peer.Pull(context.Background(), &sluicev1.PullRequest{Sender: "mallory", RingFingerprint: fp, Keys: [][]byte{vk}})
+	if status.Code(err) != codes.PermissionDenied || peek() != 0 {
+		t.Fatalf("a pull from a non-member: %v, remaining %d, want PERMISSION_DENIED and 0", err, peek())
 	}
 	_ = n2
 }

@@ -669,6 +669,11 @@ func (s *Server) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluicev1
 	case len(req.Keys) == 0 || len(req.Keys) > handOffBatch:
 		return nil, invalidArgument(&fieldError{"keys", fmt.Sprintf("must hold 1..%d keys, got %d", handOffBatch, len(req.Keys))})
 	}
+	if reason := s.vetPuller(ctx, req.Sender); reason != "" {
+		s.stats.handOffRefused.Add(int64(len(req.Keys)))
+		s.log.Warn("pull refused", "sender", req.Sender, "keys", len(req.Keys), "reason", reason)
+		return nil, status.Error(codes.PermissionDenied, "sluice: pull refused: "+reason)
+	}
 	v := s.view.Load()
 	resp := &sluicev1.PullResponse{}
 	for i, kb := range req.Keys {
@@ -873,6 +878,29 @@ func (s *Server) vetSender(ctx context.Context, sender string) string {
 		}
 	}
 	return fmt.Sprintf("sender: %q is not a member of the receiver's ring", sender)
+}
+
+// pullerWait bounds how long a Pull from a member this node has not heard
+// of yet waits for gossip to bring it (a new member may pull before the
+// news of its join has reached every node).
+const pullerWait = 500 * time.Millisecond
+
+// vetPuller returns why a Pull from sender is refused, or "": a pull
+// takes keys' state away, so it must come from a member (see vetSender),
+// waiting up to pullerWait for one that is not in this node's ring yet.
+func (s *Server) vetPuller(ctx context.Context, sender string) string {
+	deadline := time.Now().Add(pullerWait)
+	for {
+		reason := s.vetSender(ctx, sender)
+		if reason == "" || !strings.Contains(reason, "not a member") || time.Now().After(deadline) {
+			return reason
+		}
+		select {
+		case <-ctx.Done():
+			return reason
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // vetKeyState returns why the handed-off state st of key from req's

@@ -265,8 +265,9 @@ type Stats struct {
 	// the node had MaxInflight checks in flight.
 	InflightRefused int64
 	// HandOffRefused: key states refused in peers' hand-offs (a sender
-	// that is not the key's previous owner, an old ring, or absurd or
-	// undecodable values); nothing of them was merged.
+	// that is not a member or could not hand the key off, an old ring, or
+	// absurd or undecodable values; nothing of them was merged), and keys
+	// of pulls refused because their sender is not a member.
 	HandOffRefused int64
 }
 
