@@ -153,3 +153,44 @@ func TestParseKeyCapPolicy(t *testing.T) {
 		t.Fatalf("lru: %v", err)
 	}
 }
+
+// Group counts survive keys whose bytes are reused: ApplyBytes with one
+// buffer, and removals that overwrite the entries (the counts never keep
+// an alias of either).
+func TestGroupCountsWithReusedBuffers(t *testing.T) {
+	group := func(k string) string { name, _, _ := strings.Cut(k, "\x00"); return name }
+	s := NewStore(StoreConfig{MaxKeys: 64 * shardCount, MaxKeysPerGroup: 2 * shardCount, Group: group})
+	c := Check{Algorithm: FixedWindow, Limit: 5, Window: time.Second, Hits: 1}
+	buf := make([]byte, 0, 64)
+	for round := range 3 {
+		for i := range 3000 {
+			buf = fmt.Appendf(buf[:0], "g%d\x00k%d", i%3, i)
+			if _, err := s.ApplyBytes(buf, c, t0.Add(time.Duration(round)*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			copy(buf, "XXXXXXXXXXXX") // scribble over the caller's buffer
+		}
+		// Each group holds at most its share, and the counts add up to
+		// what the shards hold.
+		total := 0
+		for i := range s.shards {
+			sh := &s.shards[i]
+			sh.mu.Lock()
+			sum := 0
+			for g, n := range sh.t.groups {
+				if !strings.HasPrefix(g, "g") || *n > 2 {
+					t.Fatalf("round %d shard %d: group %q holds %d", round, i, g, *n)
+				}
+				sum += int(*n)
+			}
+			if sum != sh.t.n {
+				t.Fatalf("round %d shard %d: groups count %d keys, the shard holds %d", round, i, sum, sh.t.n)
+			}
+			total += sum
+			sh.mu.Unlock()
+		}
+		if total == 0 {
+			t.Fatal("nothing stored")
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math"
 	"strings"
+	"unsafe"
 )
 
 // inlineKey is the longest key an entry holds in its own bytes; a longer
@@ -80,7 +81,7 @@ type table struct {
 	// live entries of each group (Store.MaxKeysPerGroup); only inserts
 	// and removals touch them.
 	group  func(string) string
-	groups map[string]int32
+	groups map[string]*int32
 }
 
 // groupLen returns how many live entries share key's group (0 when groups
@@ -89,25 +90,31 @@ func (t *table) groupLen(key string) int {
 	if t.group == nil {
 		return 0
 	}
-	return int(t.groups[t.group(key)])
+	if c, ok := t.groups[t.group(key)]; ok {
+		return int(*c)
+	}
+	return 0
 }
 
-// countGroup adds d to the count of key's group.
+// countGroup adds d to the count of key's group. key (and so its group)
+// may alias a caller's buffer or an entry's bytes: a map assignment to an
+// existing string key would store the new key in the map, so counts are
+// changed through pointers, and only a new group's name is stored, cloned.
 func (t *table) countGroup(key string, d int32) {
 	g := t.group(key)
-	n := t.groups[g] + d
-	switch {
-	case n <= 0:
-		delete(t.groups, g)
-	case t.groups == nil:
-		t.groups = map[string]int32{strings.Clone(g): n}
-	default:
-		if _, ok := t.groups[g]; ok {
-			t.groups[g] = n
-		} else {
-			t.groups[strings.Clone(g)] = n
+	if c, ok := t.groups[g]; ok {
+		if *c += d; *c <= 0 {
+			delete(t.groups, g)
 		}
+		return
 	}
+	if d <= 0 {
+		return
+	}
+	if t.groups == nil {
+		t.groups = map[string]*int32{}
+	}
+	t.groups[strings.Clone(g)] = &d
 }
 
 // home returns the home slot of tag in a table of size n.
@@ -244,7 +251,15 @@ func (t *table) resize(n int) {
 func (t *table) remove(slot int) {
 	e := &t.slots[slot]
 	if t.group != nil {
-		t.countGroup(t.keyOf(e), -1)
+		// The key aliases the entry's bytes only for the count's lookup
+		// (a decrement never stores it): no copy per removal.
+		var k string
+		if e.long() {
+			k = t.long[e.longIndex()]
+		} else {
+			k = unsafe.String(&e.key[0], int(e.tagMeta&metaLenMask))
+		}
+		t.countGroup(k, -1)
 	}
 	if e.long() {
 		li := e.longIndex()
