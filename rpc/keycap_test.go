@@ -20,7 +20,9 @@ import (
 func TestKeyCapFloodOverRPC(t *testing.T) {
 	// checkEach: the victim is checked after every batch (its checks keep
 	// it recently used, so even evict keeps it) or only after the flood.
-	run := func(cfg NodeConfig, flood int, checkEach bool) (extra, refused int, n *testNode) {
+	// untilEvicted: flood (up to 50 times flood) until the victim's state
+	// is gone.
+	run := func(cfg NodeConfig, flood int, checkEach, untilEvicted bool) (extra, refused int, n *testNode) {
 		n = startNodeCfg(t, cfg)
 		victim := inline("api", "victim")
 		for range 3 {
@@ -29,7 +31,11 @@ func TestKeyCapFloodOverRPC(t *testing.T) {
 		if check(t, n.client, victim).Allowed {
 			t.Fatal("the victim is not exhausted after 3 hits of 3")
 		}
-		for b := 0; b < flood/MaxBatch; b++ {
+		vk := string(ring.Key(nil, "api", "victim"))
+		for b := 0; b < flood/MaxBatch || untilEvicted && b < 50*flood/MaxBatch; b++ {
+			if _, held := n.Store().Get(vk); untilEvicted && !held {
+				break
+			}
 			req := &sluicev1.CheckRequest{}
 			for i := range MaxBatch {
 				req.Checks = append(req.Checks, inline("api", fmt.Sprintf("attacker-%d-%d", b, i)))
@@ -55,7 +61,7 @@ func TestKeyCapFloodOverRPC(t *testing.T) {
 		}
 		return extra, refused, n
 	}
-	extra, refused, n := run(NodeConfig{Name: "deny", Clock: windowClock(), MaxKeys: 10_000, HTTPAddr: "127.0.0.1:0"}, 20_000, true)
+	extra, refused, n := run(NodeConfig{Name: "deny", Clock: windowClock(), MaxKeys: 10_000, HTTPAddr: "127.0.0.1:0"}, 20_000, true, false)
 	if extra != 0 {
 		t.Fatalf("deny: the exhausted victim got %d extra admits", extra)
 	}
@@ -68,7 +74,7 @@ func TestKeyCapFloodOverRPC(t *testing.T) {
 	if code, out := httpDo(t, "GET", "http://"+n.HTTPAddr()+"/metrics", ""); code != 200 || !strings.Contains(out, fmt.Sprintf("sluice_keys_refused_total %d\n", refused)) {
 		t.Fatalf("metrics: no sluice_keys_refused_total %d", refused)
 	}
-	extra, refused, n = run(NodeConfig{Name: "evict", Clock: windowClock(), MaxKeys: 10_000, OnKeyCap: window.KeyCapEvict, NameKeyShare: 100}, 60_000, false)
+	extra, refused, n = run(NodeConfig{Name: "evict", Clock: windowClock(), MaxKeys: 10_000, OnKeyCap: window.KeyCapEvict, NameKeyShare: 100}, 20_000, false, true)
 	if extra == 0 || refused != 0 || n.Server().Stats().EvictedLive == 0 {
 		t.Fatalf("evict: %d extra admits, %d refused, stats %+v: the flood should evict the victim", extra, refused, n.Server().Stats())
 	}
