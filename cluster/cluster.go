@@ -142,7 +142,8 @@ type Cluster struct {
 	log     *slog.Logger
 	changes chan struct{}
 	closed  atomic.Bool
-	mu      sync.Mutex // serializes Leave and Shutdown
+	refused atomic.Int64 // members refused for bad names or metadata
+	mu      sync.Mutex   // serializes Leave and Shutdown
 	// joined is set once a join succeeded; until then a name conflict
 	// means this node is the newcomer (conflict holds the other's address).
 	joined   atomic.Bool
@@ -178,6 +179,9 @@ func New(cfg Config) (*Cluster, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if err := CheckName(cfg.Name); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:])
@@ -242,6 +246,8 @@ func New(cfg Config) (*Cluster, error) {
 		md: metadata{GRPCAddr: cfg.GRPCAddr, Region: cfg.Region, Version: cfg.Version, Instance: instance}}
 	c.delegate.meta.Store(&meta)
 	mc.Delegate = &c.delegate
+	mc.Alive = (*admission)(c)
+	mc.Merge = (*admission)(c)
 	mc.Events = &events{c: c}
 	mc.Conflict = &conflicts{c: c}
 	mc.Logger = newStdLogger(c.log.With("component", "memberlist"))
@@ -506,7 +512,52 @@ func (d *conflicts) NotifyConflict(existing, other *memberlist.Node) {
 	d.c.log.Error("another node claims this node's name; it is refused", "other_addr", addr)
 }
 
+// admission keeps members with a bad name or bad metadata out: memberlist
+// asks it before it takes in an alive message (a member joining, or one
+// updating its metadata: the update is then ignored) and before it merges
+// another node's member list (a join through it then fails). Such a
+// member never enters Members, hence never the ring.
+type admission Cluster
+
+func (a *admission) admit(n *memberlist.Node) error {
+	if n.Name == a.name {
+		return nil // this node: its own metadata is encoded by encodeMeta
+	}
+	err := CheckName(n.Name)
+	if err == nil {
+		_, err = decodeMeta(n.Meta)
+	}
+	if err != nil {
+		a.refused.Add(1)
+		name := n.Name
+		if len(name) > 64 {
+			name = name[:64] + "..."
+		}
+		a.log.Warn("refusing a member with bad metadata", "member", fmt.Sprintf("%q", name), "error", err)
+	}
+	return err
+}
+
+// NotifyAlive implements memberlist.AliveDelegate.
+func (a *admission) NotifyAlive(n *memberlist.Node) error { return a.admit(n) }
+
+// NotifyMerge implements memberlist.MergeDelegate.
+func (a *admission) NotifyMerge(peers []*memberlist.Node) error {
+	for _, n := range peers {
+		if err := a.admit(n); err != nil {
+			return fmt.Errorf("member %q: %w", n.Name, err)
+		}
+	}
+	return nil
+}
+
+// Refused returns how many times a member's alive message or a member list
+// to merge was refused for a bad name or bad metadata.
+func (c *Cluster) Refused() int64 { return c.refused.Load() }
+
 var (
+	_ memberlist.AliveDelegate    = (*admission)(nil)
+	_ memberlist.MergeDelegate    = (*admission)(nil)
 	_ memberlist.Delegate         = (*delegate)(nil)
 	_ memberlist.EventDelegate    = (*events)(nil)
 	_ memberlist.ConflictDelegate = (*conflicts)(nil)

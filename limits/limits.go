@@ -90,10 +90,10 @@ type Set struct {
 }
 
 // Bounds on names and prefixes: longer ones could never match a check
-// (the API takes names up to 256 bytes and keys up to 1 KiB).
+// (the API takes names up to 256 bytes and keys up to 512 bytes).
 const (
 	maxNameBytes   = 256
-	maxPrefixBytes = 1024
+	maxPrefixBytes = 512
 )
 
 // Resolve returns the numbers of the limit called name for key: the first

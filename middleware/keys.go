@@ -57,7 +57,7 @@ var ErrHeaderTooLarge = errors.New("middleware: header too large for a key")
 
 // MaxKeyBytes is the longest key the nodes accept, in bytes. Longer keys
 // are never sent: the request is answered 400 (431 for a header).
-const MaxKeyBytes = 1024
+const MaxKeyBytes = 512
 
 // checkKey returns nil if key can be sent to the nodes, else an error
 // wrapping ErrNoKey (empty) or ErrBadRequest. The error never quotes the

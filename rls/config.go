@@ -23,7 +23,7 @@ import (
 // names and keys are replaced by a hash.
 const (
 	maxNameBytes = 256
-	maxKeyBytes  = 1024
+	maxKeyBytes  = 512
 	// maxWindow is the longest window sluice accepts: 366 days.
 	maxWindow = 366 * 24 * time.Hour
 )

@@ -21,7 +21,7 @@ type Match struct {
 	// rule's path) and key (the descriptor's values; the wildcard pattern
 	// instead of the value for an entry matched by a share_threshold
 	// wildcard). Both are hashed when longer than sluice accepts (256 and
-	// 1024 bytes).
+	// 512 bytes).
 	Name, Key string
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -587,26 +588,51 @@ func (s *Server) HandOff(stream sluicev1.PeerService_HandOffServer) error {
 		case len(req.States) > 0 && !req.SenderLeaving && req.RingFingerprint != s.view.Load().ring.Fingerprint():
 			// One of the two rings is behind: the keys may not be this
 			// node's. The sender keeps them and tries again.
+			s.stats.handOffRefused.Add(int64(len(req.States)))
 			resp.Error = fmt.Sprintf("ring_fingerprint: %s differs from the receiver's %s; retry when the rings agree",
 				req.RingFingerprint, s.view.Load().ring.Fingerprint())
 		default:
-			states := make([]window.State, len(req.States))
-			for i, ks := range req.States {
-				if len(ks.GetKey()) == 0 {
-					resp.Error = fmt.Sprintf("states[%d].key: must not be empty", i)
-					break
-				}
-				if err := states[i].UnmarshalBinary(ks.GetState()); err != nil {
-					resp.Error = fmt.Sprintf("states[%d].state: %v", i, err)
-					break
-				}
-			}
-			if resp.Error != "" {
+			if reason := s.vetSender(stream.Context(), req.Sender); reason != "" {
+				s.stats.handOffRefused.Add(int64(len(req.States)))
+				s.log.Warn("hand-off refused", "sender", req.Sender, "keys", len(req.States), "reason", reason)
+				resp.Error = reason
 				break
 			}
+			states := make([]window.State, 0, len(req.States))
+			keys := make([]string, 0, len(req.States))
 			now := s.store.Now()
+			v := s.view.Load()
+			hist := s.recentRings(v)
 			for i, ks := range req.States {
-				s.store.MergeState(string(ks.Key), states[i], now)
+				var st window.State
+				reason := ""
+				switch {
+				case len(ks.GetKey()) == 0:
+					reason = fmt.Sprintf("states[%d].key: must not be empty", i)
+				case len(ks.GetKey()) > maxStoreKeyBytes:
+					reason = fmt.Sprintf("states[%d].key: at most %d bytes, got %d", i, maxStoreKeyBytes, len(ks.GetKey()))
+				}
+				if reason == "" {
+					if err := st.UnmarshalBinary(ks.GetState()); err != nil {
+						reason = fmt.Sprintf("states[%d].state: %v", i, err)
+					}
+				}
+				if reason == "" {
+					reason = s.vetKeyState(v, hist, req, ks.Key, st, now)
+				}
+				if reason != "" {
+					// Nothing of a refused state is merged; the sender
+					// is told of none (an honest one keeps going), and
+					// the log names the key by a fingerprint only.
+					s.stats.handOffRefused.Add(1)
+					s.log.Warn("hand-off state refused", "sender", req.Sender, "key", KeyFingerprint(ks.Key), "reason", reason)
+					continue
+				}
+				keys = append(keys, string(ks.Key))
+				states = append(states, st)
+			}
+			for i, k := range keys {
+				s.store.MergeState(k, states[i], now)
 			}
 			resp.Merged = int64(len(states))
 			s.stats.receivedHandOff.Add(int64(len(states)))
@@ -642,6 +668,11 @@ func (s *Server) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluicev1
 		return nil, invalidArgument(&fieldError{"sender", "must not be empty"})
 	case len(req.Keys) == 0 || len(req.Keys) > handOffBatch:
 		return nil, invalidArgument(&fieldError{"keys", fmt.Sprintf("must hold 1..%d keys, got %d", handOffBatch, len(req.Keys))})
+	}
+	if reason := s.vetPuller(ctx, req.Sender); reason != "" {
+		s.stats.handOffRefused.Add(int64(len(req.Keys)))
+		s.log.Warn("pull refused", "sender", req.Sender, "keys", len(req.Keys), "reason", reason)
+		return nil, status.Error(codes.PermissionDenied, "sluice: pull refused: "+reason)
 	}
 	v := s.view.Load()
 	resp := &sluicev1.PullResponse{}
@@ -778,4 +809,144 @@ func keysOf(m map[string]bool) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// Bounds on what a hand-off may carry (see vetKeyState).
+const (
+	// handOffClockSlack is how far ahead of this node's clock a handed-off
+	// state's time may be (the owners' clocks differ a little).
+	handOffClockSlack = time.Minute
+	// ringHistoryAge and ringHistoryLen bound the past rings a hand-off's
+	// sender may have owned a key under.
+	ringHistoryAge = 10 * time.Minute
+	ringHistoryLen = 16
+	// maxStoreKeyBytes is the longest store key: a name and a key at
+	// their bounds, with the name's length prefix.
+	maxStoreKeyBytes = MaxNameBytes + MaxKeyBytes + 2
+)
+
+// pastRing is a ring this node used before, and when it stopped.
+type pastRing struct {
+	ring    *ring.Ring
+	retired time.Time
+}
+
+// rememberRingLocked keeps r, just replaced, among the recent rings.
+// Requires hmu held.
+func (s *Server) rememberRingLocked(r *ring.Ring) {
+	now := time.Now()
+	h := append(s.ringHist, pastRing{ring: r, retired: now})
+	for len(h) > 0 && (len(h) > ringHistoryLen || now.Sub(h[0].retired) > ringHistoryAge) {
+		h = h[1:]
+	}
+	s.ringHist = slices.Clone(h)
+}
+
+// recentRings returns v's ring and the rings this node used in the last
+// ringHistoryAge, newest first.
+func (s *Server) recentRings(v *view) []*ring.Ring {
+	s.hmu.Lock()
+	defer s.hmu.Unlock()
+	out := []*ring.Ring{v.ring}
+	now := time.Now()
+	for i := len(s.ringHist) - 1; i >= 0; i-- {
+		if now.Sub(s.ringHist[i].retired) <= ringHistoryAge {
+			out = append(out, s.ringHist[i].ring)
+		}
+	}
+	return out
+}
+
+// vetSender returns why a hand-off from the member named sender is
+// refused whole, or "" to go on: the name must be another member of this
+// node's ring, now or within ringHistoryAge, and, when the transport
+// proves the caller's identity (ServerConfig.PeerIdentity; with TLS, the
+// verified certificate's member name), it must be that name. This is the
+// one place a hand-off's claimed sender is bound to its caller.
+func (s *Server) vetSender(ctx context.Context, sender string) string {
+	if s.peerIdentity != nil {
+		if proved, ok := s.peerIdentity(ctx); ok && proved != sender {
+			return fmt.Sprintf("sender: %q is not the caller's identity", sender)
+		}
+	}
+	if sender == s.name {
+		return "sender: names the receiver itself"
+	}
+	for _, r := range s.recentRings(s.view.Load()) {
+		if r.Has(sender) {
+			return ""
+		}
+	}
+	return fmt.Sprintf("sender: %q is not a member of the receiver's ring", sender)
+}
+
+// pullerWait bounds how long a Pull from a member this node has not heard
+// of yet waits for gossip to bring it (a new member may pull before the
+// news of its join has reached every node).
+const pullerWait = 500 * time.Millisecond
+
+// vetPuller returns why a Pull from sender is refused, or "": a pull
+// takes keys' state away, so it must come from a member (see vetSender),
+// waiting up to pullerWait for one that is not in this node's ring yet.
+func (s *Server) vetPuller(ctx context.Context, sender string) string {
+	deadline := time.Now().Add(pullerWait)
+	for {
+		reason := s.vetSender(ctx, sender)
+		if reason == "" || !strings.Contains(reason, "not a member") || time.Now().After(deadline) {
+			return reason
+		}
+		select {
+		case <-ctx.Done():
+			return reason
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// vetKeyState returns why the handed-off state st of key from req's
+// sender is refused, or "" to merge it.
+//
+// Who may hand key off: when the sender stays, its ring is this node's
+// (the fingerprints match, checked before), and under it this node must
+// own key: a member cannot push keys into another's windows. When the
+// sender is leaving, it must have owned key (or, for replicas, held its
+// copy as one of the next members) under this node's ring or one it used
+// in the last ringHistoryAge: a leaving member hands off only what it had.
+// (A staying sender's previous ownership cannot be checked in general: a
+// member that just joined never built the rings under which its new keys
+// were owned.)
+//
+// What: the state must be plausible (see window.State.Plausible: no time
+// after now plus a minute's clock slack, no more hits than the largest
+// limit from every member), and it must not replace this node's state of
+// the key: a merge adds to what was consumed, but a state of another
+// algorithm or window that is newer would win over it (see window.Merge),
+// lowering what the key has consumed.
+func (s *Server) vetKeyState(v *view, hist []*ring.Ring, req *sluicev1.HandOffRequest, key []byte, st window.State, now time.Time) string {
+	if !req.SenderLeaving {
+		if o := v.ring.Owner(key); o != s.name {
+			return "key: owned by another member under the ring both nodes hold"
+		}
+	} else {
+		owned := false
+		for _, r := range hist {
+			if r.Owner(key) == req.Sender ||
+				(req.FromReplica && slices.Contains(r.Successors(key, max(s.replication.Factor, 3)), req.Sender)) {
+				owned = true
+				break
+			}
+		}
+		if !owned {
+			return "sender: was not the key's owner under any recent ring of the receiver"
+		}
+	}
+	members := int64(len(v.ring.Members()) + 1)
+	if err := st.Plausible(now, handOffClockSlack, window.MaxLimit*min(members, 1<<9)); err != nil {
+		return "state: " + err.Error()
+	}
+	if cur, ok := s.store.Get(string(key)); ok && !cur.IsZero() && !st.IsZero() &&
+		(cur.Algorithm() != st.Algorithm() || cur.Window() != st.Window()) && window.Merge(cur, st) != cur {
+		return "state: of another algorithm or window than the receiver's, it would replace the key's count"
+	}
+	return ""
 }

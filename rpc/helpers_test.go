@@ -64,7 +64,10 @@ func startNode(t *testing.T, name string, clock window.Clock, join ...string) *t
 func startNodeWith(t *testing.T, name string, clock window.Clock, cfg NodeConfig, join ...string) *testNode {
 	t.Helper()
 	cfg.Name, cfg.GRPCAddr, cfg.GossipAddr, cfg.Join = name, "127.0.0.1:0", "127.0.0.1:0", join
-	cfg.Profile, cfg.Clock, cfg.Logger, cfg.LeaveTimeout = cluster.Local, clock, testLogger(), time.Second
+	cfg.Profile, cfg.Clock, cfg.LeaveTimeout = cluster.Local, clock, time.Second
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger()
+	}
 	n, err := StartNode(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -126,6 +126,7 @@ var (
 	descKeys         = prometheus.NewDesc("sluice_keys", "Keys holding state on this node.", nil, nil)
 	descSwept        = prometheus.NewDesc("sluice_keys_swept_total", "Keys removed because they were back at full capacity (changes no decision).", nil, nil)
 	descEvictedLive  = prometheus.NewDesc("sluice_keys_evicted_live_total", "Keys removed under --max-keys while still inside their window: each handed its client a fresh budget.", nil, nil)
+	descKeysRefused  = prometheus.NewDesc("sluice_keys_refused_total", "New keys not admitted because the store was full under --on-key-cap=deny or their limit name held its --name-key-share: each such check was answered not allowed and degraded.", nil, nil)
 	descReloads      = prometheus.NewDesc("sluice_limits_reloads_total", "Reloads of the named limits file, by result (ok, refused).", []string{"result"}, nil)
 	descLimits       = prometheus.NewDesc("sluice_limits_configured", "Named limits in force.", nil, nil)
 	descHandOff      = []struct {
@@ -146,6 +147,8 @@ var (
 		{prometheus.NewDesc("sluice_reforwarded_checks_total", "Checks received as owner that this node's ring gives to another member, sent on once.", nil, nil), func(st Stats) int64 { return st.Reforwarded }},
 		{prometheus.NewDesc("sluice_not_owner_applied_total", "Re-forwarded checks decided here although this node's ring names another owner.", nil, nil), func(st Stats) int64 { return st.NotOwnerApplied }},
 		{prometheus.NewDesc("sluice_view_mismatch_total", "Forwarded requests whose sender's ring fingerprint differed from this node's.", nil, nil), func(st Stats) int64 { return st.ViewMismatch }},
+		{prometheus.NewDesc("sluice_inflight_refused_total", "Check calls refused with RESOURCE_EXHAUSTED because the node had --max-inflight checks in flight.", nil, nil), func(st Stats) int64 { return st.InflightRefused }},
+		{prometheus.NewDesc("sluice_handoff_refused_total", "Key states refused in peers' hand-offs: a sender that is not the key's previous owner, an old ring, or absurd or undecodable values. Nothing of them was merged.", nil, nil), func(st Stats) int64 { return st.HandOffRefused }},
 		{prometheus.NewDesc("sluice_ring_mismatch_total", "Members seen with the same member set but another ring fingerprint (they disagree about owners).", nil, nil), func(st Stats) int64 { return st.RingMismatch }},
 	}
 	descReplicas   = prometheus.NewDesc("sluice_replicas", "Copies of other owners' keys held on this node.", nil, nil)
@@ -156,7 +159,7 @@ var (
 // Describe implements prometheus.Collector.
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLocal, descForwarded, descFwdCalls, descFwdErrors, descNoConn,
-		descReceived, descReceivedRPCs, descMembers, descRingEpoch, descKeys, descSwept, descEvictedLive, descReloads, descLimits,
+		descReceived, descReceivedRPCs, descMembers, descRingEpoch, descKeys, descSwept, descEvictedLive, descKeysRefused, descReloads, descLimits,
 		descRLS, descRLSPartial, descReplicas} {
 		ch <- d
 	}
@@ -200,6 +203,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descKeys, int64(st.Keys))
 		counter(descSwept, st.Swept)
 		counter(descEvictedLive, st.EvictedLive)
+		counter(descKeysRefused, st.Refused)
 	}
 	if src != nil {
 		st := src.Stats()

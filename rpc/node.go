@@ -74,6 +74,22 @@ type NodeConfig struct {
 	// MaxKeys caps the keys this node holds state for; 0 means no cap (see
 	// window.StoreConfig.MaxKeys). (Optional)
 	MaxKeys int
+	// OnKeyCap is what a new key past MaxKeys gets: window.KeyCapDeny (the
+	// zero value: refused, answered not allowed and degraded) or
+	// window.KeyCapEvict (another key is evicted). (Optional)
+	OnKeyCap window.KeyCapPolicy
+	// NameKeyShare is the share of MaxKeys, in percent (1..100), that the
+	// keys of one limit name may hold; past it a new key of that name is
+	// refused (under either policy), so one name cannot starve the others.
+	// Every unconfigured (inline) name counts as one name. 0 means
+	// DefaultNameKeyShare; 100 means no per-name share. (Optional)
+	NameKeyShare int
+	// GRPC bounds the gRPC server: message size, streams, keepalive,
+	// connection age and checks in flight (see GRPCBounds). (Optional)
+	GRPC GRPCBounds
+	// HTTP bounds the HTTP face: timeouts and header size (see
+	// HTTPBounds). (Optional)
+	HTTP HTTPBounds
 	// Clock is the owner's clock, the only one decisions use. Default the
 	// system clock. (Optional)
 	Clock window.Clock
@@ -110,6 +126,9 @@ type NodeConfig struct {
 	// SettleTime is how long membership must have been unchanged before
 	// the node reports ready on /readyz. Default 1 s. (Optional)
 	SettleTime time.Duration
+	// PeerIdentity returns the member name a peer call's caller proved
+	// (see ServerConfig.PeerIdentity); nil: none. (Optional)
+	PeerIdentity func(ctx context.Context) (string, bool)
 	// RLS, when set, serves Envoy's rate limit service (RLS v3) from these
 	// rules on the gRPC port (see package rls and docs/envoy.md). (Optional)
 	RLS *rls.Config
@@ -282,14 +301,33 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	if cfg.SettleTime <= 0 {
 		cfg.SettleTime = time.Second
 	}
-	store := window.NewStore(window.StoreConfig{Clock: cfg.Clock, MaxKeys: cfg.MaxKeys})
+	if cfg.NameKeyShare < 0 || cfg.NameKeyShare > 100 {
+		return nil, fmt.Errorf("name_key_share: must be in 1..100 (percent), got %d", cfg.NameKeyShare)
+	}
+	if cfg.NameKeyShare == 0 {
+		cfg.NameKeyShare = DefaultNameKeyShare
+	}
+	cfg.GRPC = cfg.GRPC.withDefaults()
+	storeCfg := window.StoreConfig{Clock: cfg.Clock, MaxKeys: cfg.MaxKeys, OnKeyCap: cfg.OnKeyCap}
+	if cfg.MaxKeys > 0 && cfg.NameKeyShare < 100 {
+		storeCfg.MaxKeysPerGroup = max(cfg.MaxKeys*cfg.NameKeyShare/100, 1)
+		storeCfg.Group = nameGroup(cfg.Limits)
+	}
+	store := window.NewStore(storeCfg)
 	metrics := NewMetrics()
+	// With TLS a peer proves its member name by its certificate; the
+	// hand-off checks that the sender it names is the caller.
+	peerIdentity := cfg.PeerIdentity
+	if peerIdentity == nil && cs != nil {
+		peerIdentity = peerName
+	}
 	srv, err := NewServer(ServerConfig{
 		Name: cfg.Name, Store: store, Ring: cfg.Ring,
 		ForwardTimeout: cfg.ForwardTimeout, Batch: cfg.Batch, Logger: log.With("component", "rpc"),
 		Limits: cfg.Limits, Observer: metrics, DialOptions: cfg.DialOptions,
 		HandOffTimeout: cfg.HandOffTimeout, Replication: cfg.Replication,
 		PeerCredentials: peerCredentials(cs),
+		MaxInflight:     max(cfg.GRPC.MaxInflight, 0), PeerIdentity: peerIdentity,
 	})
 	if err != nil {
 		lis.Close()
@@ -321,7 +359,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	// Stream workers serve RPCs on long-lived goroutines instead of a new
 	// goroutine (and a new, growing stack) per RPC.
 	auth := &authenticator{mode: mode, tls: cs != nil, tokens: ts, isMember: srv.isMember}
-	sopts := []grpc.ServerOption{grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0)))}
+	sopts := append([]grpc.ServerOption{grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0)))}, cfg.GRPC.serverOptions()...)
 	if cs != nil {
 		ca := tls.VerifyClientCertIfGiven // token or either: a call may come without one
 		if mode == ClientAuthMTLS {
@@ -380,8 +418,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		if err != nil { // cannot happen: the gateway's registration does not fail
 			log.Error("no HTTP face", "error", err)
 		} else {
-			n.http = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second,
-				ErrorLog: slog.NewLogLogger(log.With("component", "http").Handler(), slog.LevelDebug)}
+			n.http = cfg.HTTP.Apply(&http.Server{Handler: h, ErrorLog: httpErrorLog(log)})
 			if cs != nil {
 				// Any mode: /healthz and /readyz stay open to probes
 				// without a certificate; the handler checks the rest.

@@ -67,6 +67,16 @@ type ServerConfig struct {
 	// connection to the member called name (TLS verifying that the server
 	// is that member); they replace the plaintext default. (Optional)
 	PeerCredentials func(name string) credentials.TransportCredentials
+	// MaxInflight bounds the checks Check works on at once; a call that
+	// would go over it is refused with RESOURCE_EXHAUSTED and counted in
+	// Stats.InflightRefused. 0: no bound. (Optional)
+	MaxInflight int
+	// PeerIdentity returns the member name a peer call's caller proved
+	// (e.g. by its verified certificate), or false when the transport
+	// proves none. When it returns a name, a hand-off whose sender field
+	// names another member is refused. nil: no transport identity; the
+	// sender field is checked against the ring alone. (Optional)
+	PeerIdentity func(ctx context.Context) (string, bool)
 }
 
 // Server implements sluicev1.RateLimitServiceServer and
@@ -112,12 +122,16 @@ type Server struct {
 
 	stats     counters
 	peerStats sync.Map // member name -> *peerStats
+	inflight  inflight
 
 	draining  chan struct{} // closed by Drain
 	drainOnce sync.Once
 
 	retiredMu sync.Mutex
 	retired   map[*peer]*time.Timer // peers left the ring, connection closing after a grace; nil once closed
+
+	peerIdentity func(context.Context) (string, bool)
+	ringHist     []pastRing // rings before the current one, oldest first; guarded by hmu
 }
 
 // view is what routing needs, swapped whole on each membership change.
@@ -168,7 +182,7 @@ type counters struct {
 	reforwarded, notOwnerApplied, viewMismatch, ringMismatch               atomic.Int64
 	degraded, movedWithoutState, ownerLost, replicaBehind, handOffTimeouts atomic.Int64
 	handedOff, receivedHandOff, handOffErrors, pulls, replicaTakeovers     atomic.Int64
-	replicated                                                             atomic.Int64
+	replicated, handOffRefused                                             atomic.Int64
 }
 
 // PeerStats counts the Forward calls made to one peer.
@@ -248,6 +262,20 @@ type Stats struct {
 	// Replicated: key copies sent to successors; Replicas: copies held now.
 	Replicated int64
 	Replicas   int
+
+	// KeysRefused: new keys not admitted because the store was full under
+	// the deny key-cap policy or their name held its share (from
+	// window.StoreStats.Refused); each such check was answered not
+	// allowed and degraded.
+	KeysRefused int64
+	// InflightRefused: Check calls refused with RESOURCE_EXHAUSTED because
+	// the node had MaxInflight checks in flight.
+	InflightRefused int64
+	// HandOffRefused: key states refused in peers' hand-offs (a sender
+	// that is not a member or could not hand the key off, an old ring, or
+	// absurd or undecodable values; nothing of them was merged), and keys
+	// of pulls refused because their sender is not a member.
+	HandOffRefused int64
 }
 
 // Stats returns the routing counters.
@@ -270,6 +298,9 @@ func (s *Server) Stats() Stats {
 		OwnerLost:         s.stats.ownerLost.Load(),
 		ReplicaBehind:     s.stats.replicaBehind.Load(),
 		EvictedLive:       s.store.Stats().EvictedLive,
+		KeysRefused:       s.store.Stats().Refused,
+		InflightRefused:   s.inflight.refused.Load(),
+		HandOffRefused:    s.stats.handOffRefused.Load(),
 		HandOffTimeouts:   s.stats.handOffTimeouts.Load(),
 		HandedOff:         s.stats.handedOff.Load(),
 		ReceivedHandOff:   s.stats.receivedHandOff.Load(),
@@ -324,6 +355,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		cfg.HandOffTimeout = DefaultHandOffTimeout
 	}
 	s := &Server{
+		inflight:       inflight{max: int64(max(cfg.MaxInflight, 0))},
+		peerIdentity:   cfg.PeerIdentity,
 		name:           cfg.Name,
 		store:          cfg.Store,
 		ringCfg:        cfg.Ring,
@@ -339,7 +372,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		pushSignal:     make(chan struct{}, 1),
 		replicas:       newReplicaStore(),
 		dirty:          newDirtySet(),
-		fallback:       window.NewStore(window.StoreConfig{Clock: storeClock{cfg.Store}, MaxKeys: 100_000}),
+		// Degraded answers while an owner is unreachable: a fresh budget
+		// for an evicted key there is no worse than the degraded answer.
+		fallback: window.NewStore(window.StoreConfig{Clock: storeClock{cfg.Store}, MaxKeys: 100_000, OnKeyCap: window.KeyCapEvict}),
 		ho: handOffState{doneFrom: map[string]string{}, outgoing: map[string]chan struct{}{},
 			tombs: map[string]tomb{}, departed: map[string]time.Time{}},
 		dialOpts:  append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...),
@@ -445,6 +480,9 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 		}
 		s.moving.Store(s.newMovingIn(prev, r, s.moving.Load()))
 		s.noteRingLocked(old.ring, r)
+		if !old.bootstrap {
+			s.rememberRingLocked(old.ring)
+		}
 		for k, t := range s.ho.tombs {
 			if r.Owner([]byte(k)) != s.name || time.Now().After(t.until) {
 				delete(s.ho.tombs, k)
@@ -554,6 +592,10 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (*sluice
 	if s.leaving.Load() {
 		return nil, status.Error(codes.Unavailable, "sluice: "+errLeaving.Error()+"; ask another node")
 	}
+	if err := s.inflight.acquire(len(reqs)); err != nil {
+		return nil, err
+	}
+	defer s.inflight.release(len(reqs))
 	out := make([]*sluicev1.Decision, len(reqs))
 	pending := make([]int, len(reqs))
 	for i := range pending {
@@ -745,7 +787,11 @@ func (s *Server) decide(storeKey []byte, c window.Check) *sluicev1.Decision {
 	if d.Allowed && c.Hits > 0 && s.replication.Factor > 0 {
 		s.dirty.add(storeKey)
 	}
-	return toProto(d, s.name)
+	pd := toProto(d, s.name)
+	// A new key the store had no room for (key cap, or its name's share)
+	// was refused: not an answer of the key's window.
+	pd.Degraded = d.NoRoom
+	return pd
 }
 
 // unavailable answers a check whose owner could not be reached, per its

@@ -52,7 +52,7 @@ func TestBadInputIsRefusedByField(t *testing.T) {
 		{"negative algorithm", with(func(c *sluicev1.RateLimitCheck) { c.Algorithm = -1 }), "checks[0].algorithm"},
 		{"empty key", with(func(c *sluicev1.RateLimitCheck) { c.Key = "" }), "checks[0].key"},
 		{"empty name", with(func(c *sluicev1.RateLimitCheck) { c.Name = "" }), "checks[0].name"},
-		{"key over 1 KiB", with(func(c *sluicev1.RateLimitCheck) { c.Key = strings.Repeat("k", MaxKeyBytes+1) }), "checks[0].key"},
+		{"key over 512 bytes", with(func(c *sluicev1.RateLimitCheck) { c.Key = strings.Repeat("k", MaxKeyBytes+1) }), "checks[0].key"},
 		{"name over 256 B", with(func(c *sluicev1.RateLimitCheck) { c.Name = strings.Repeat("n", MaxNameBytes+1) }), "checks[0].name"},
 		{"nil check", []*sluicev1.RateLimitCheck{good(), nil}, "checks[1].name"},
 		{"empty batch", nil, "checks"},

@@ -21,8 +21,10 @@ const (
 	MaxBatch = 1000
 	// MaxNameBytes is the longest limit name, in bytes.
 	MaxNameBytes = 256
-	// MaxKeyBytes is the longest key, in bytes (1 KiB).
-	MaxKeyBytes = 1024
+	// MaxKeyBytes is the longest key, in bytes. Keys that long are
+	// rare (an id, an HMAC of an IP); the bound keeps a flood of long keys
+	// from multiplying a node's memory per key.
+	MaxKeyBytes = 512
 )
 
 // maxWindowMs is window.MaxWindow in milliseconds.

@@ -152,4 +152,9 @@ type Decision struct {
 	// Delay is, for an allowed LeakyBucket check, how long until the queue
 	// ahead of it has drained (0 into an empty bucket); 0 otherwise.
 	Delay time.Duration
+	// NoRoom is true when the key held no state and the store had no room
+	// for it (MaxKeys under [KeyCapDeny], or its group's share): the check
+	// was not admitted (Allowed false) and consumed nothing; Remaining,
+	// ResetTime and RetryAfter are those of the absent key.
+	NoRoom bool
 }

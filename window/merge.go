@@ -148,7 +148,11 @@ func (s *Store) Get(key string) (State, bool) {
 
 // MergeState merges st into key's state with [Merge], as if the hits
 // behind st had come to this store too, and returns the merged state. now
-// only decides, under MaxKeys, which keys have expired.
+// only decides, under MaxKeys, which keys have expired. A merge never
+// drops consumed hits: a new key goes in even when the cap would refuse a
+// check's new key (KeyCapDeny, or its group's share), taking its shard
+// over the cap (counted in [StoreStats.MergedOverCap]); under KeyCapEvict
+// another key is evicted as for a check.
 func (s *Store) MergeState(key string, st State, now time.Time) State {
 	h := s.hash(key)
 	sh := &s.shards[h%shardCount]
@@ -165,8 +169,49 @@ func (s *Store) MergeState(key string, st State, now time.Time) State {
 	if st.IsZero() {
 		return st
 	}
-	s.makeRoomLocked(sh, now.UnixNano())
+	if !s.makeRoomLocked(sh, key, now.UnixNano()) {
+		s.overCap.Add(1)
+	}
 	sh.t.insert(h, key, false, st.st)
 	sh.t.noteExpiry(st.st.expires())
 	return st
+}
+
+// Window returns the window s was built for (0 if zero).
+func (s State) Window() time.Duration { return time.Duration(s.st.window()) }
+
+// Plausible returns an error wrapping [ErrBadState] when s could not have
+// come from an honest owner whose clock reads at most slack ahead of now
+// and whose checks admitted at most maxHits hits per window (e.g. the
+// largest limit times the members that could have counted the key): a
+// time after now+slack, or a count (for buckets, hits consumed and not yet
+// refilled) over maxHits. A zero State is plausible. maxHits <= 0 means
+// MaxLimit. Decoded states are already checked for algorithm, window
+// (0 < window <= MaxWindow) and rate by [State.UnmarshalBinary].
+func (s State) Plausible(now time.Time, slack time.Duration, maxHits int64) error {
+	if s.IsZero() {
+		return nil
+	}
+	if maxHits <= 0 {
+		maxHits = MaxLimit
+	}
+	st := s.st
+	if limit := satAdd(now.UnixNano(), int64(slack)); st.at > limit {
+		return fmt.Errorf("%w: time %d ns is %s after now", ErrBadState, st.at, time.Duration(st.at-now.UnixNano()))
+	}
+	m := uint64(maxHits)
+	switch st.algorithm() {
+	case FixedWindow, SlidingWindow:
+		if st.a > m || st.b > m {
+			return fmt.Errorf("%w: counts %d and %d, over %d", ErrBadState, st.a, st.b, m)
+		}
+	default:
+		// debt = consumed * window: at most maxHits * window.
+		max := mul64(m, uint64(st.window()))
+		debt := u128{st.a, st.b}
+		if debt.hi > max.hi || (debt.hi == max.hi && debt.lo > max.lo) {
+			return fmt.Errorf("%w: more than %d hits consumed", ErrBadState, m)
+		}
+	}
+	return nil
 }

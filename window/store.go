@@ -2,6 +2,7 @@ package window
 
 import (
 	"context"
+	"fmt"
 	"hash/maphash"
 	"math"
 	"sync"
@@ -27,8 +28,70 @@ type StoreConfig struct {
 	// the cap, keys back at full capacity are removed first, then the least
 	// recently used key (approximately: the CLOCK algorithm); removing a key still inside its window hands its
 	// client a fresh budget and is counted in [StoreStats.EvictedLive].
-	// 0 means no cap. (Optional)
+	// 0 means no cap. What happens when a new key would go over the cap
+	// is OnKeyCap's choice. (Optional)
 	MaxKeys int
+	// OnKeyCap is what a new key past MaxKeys gets: [KeyCapDeny] (the zero
+	// value) refuses it, [KeyCapEvict] evicts as described on MaxKeys.
+	// (Optional)
+	OnKeyCap KeyCapPolicy
+	// MaxKeysPerGroup caps the keys of one group (see Group), so that one
+	// group cannot take the whole table and starve the others: a new key
+	// of a group that holds its share is refused under either policy
+	// (counted in [StoreStats.Refused]), never admitted by evicting
+	// another key. Like MaxKeys it is spread over the shards (each holds
+	// at most ceil(MaxKeysPerGroup/256) keys of one group). 0, or a nil
+	// Group, means no per-group cap. (Optional)
+	MaxKeysPerGroup int
+	// Group returns the group of a store key, e.g. the limit name encoded
+	// at its start. It is called only when a key is inserted or removed,
+	// never on a check of a key that holds state; it must be fast, pure
+	// and safe for concurrent use, and it may return a substring of key.
+	// (Optional)
+	Group func(key string) string
+}
+
+// KeyCapPolicy says what a new key that would take a Store over its
+// MaxKeys gets.
+type KeyCapPolicy uint8
+
+const (
+	// KeyCapDeny refuses the new key: its check is not admitted
+	// ([Decision.NoRoom] is set, Allowed false, nothing consumed) and is
+	// counted in [StoreStats.Refused]. No live key ever loses its state to
+	// make room, so a flood of new keys cannot hand a key a fresh budget;
+	// the price is that new clients are refused while the table is full of
+	// keys still inside their windows. Keys back at full capacity are
+	// removed first to make room.
+	KeyCapDeny KeyCapPolicy = iota
+	// KeyCapEvict admits the new key and removes another one: keys back at
+	// full capacity first, then the least recently used (CLOCK). An
+	// evicted key still inside its window starts afresh (counted in
+	// [StoreStats.EvictedLive]).
+	KeyCapEvict
+)
+
+// String returns "deny" or "evict".
+func (p KeyCapPolicy) String() string {
+	switch p {
+	case KeyCapDeny:
+		return "deny"
+	case KeyCapEvict:
+		return "evict"
+	}
+	return fmt.Sprintf("KeyCapPolicy(%d)", uint8(p))
+}
+
+// ParseKeyCapPolicy parses "deny" or "evict"; it returns an error for
+// anything else.
+func ParseKeyCapPolicy(s string) (KeyCapPolicy, error) {
+	switch s {
+	case "deny":
+		return KeyCapDeny, nil
+	case "evict":
+		return KeyCapEvict, nil
+	}
+	return 0, fmt.Errorf("want deny or evict, got %q", s)
 }
 
 // Store keeps the rate-limit state of every key this node owns, in memory.
@@ -40,16 +103,19 @@ type Store struct {
 	seed        maphash.Seed
 	clock       Clock
 	maxPerShard int // 0: no cap
+	onCap       KeyCapPolicy
+	maxPerGroup int // per shard; 0: no per-group cap
+	group       func(string) string
 	shards      [shardCount]shard
 
-	evictedLive, swept atomic.Int64
+	evictedLive, swept, refused, overCap atomic.Int64
 }
 
 // shard is one lock stripe; t is guarded by mu.
 type shard struct {
 	mu sync.Mutex
 	t  table
-	_  [24]byte // keep shards on separate cache lines
+	_  [8]byte // keep shards on separate cache lines (128 bytes each)
 }
 
 // StoreStats counts what a Store holds and has removed.
@@ -63,6 +129,15 @@ type StoreStats struct {
 	// EvictedLive is the number of keys removed under MaxKeys while still
 	// inside their window: each handed its client a fresh budget.
 	EvictedLive int64
+	// Refused is the number of new keys not admitted because the store
+	// was full under [KeyCapDeny], or their group held its share
+	// (MaxKeysPerGroup).
+	Refused int64
+	// MergedOverCap is the number of keys [Store.MergeState] inserted
+	// although their shard was full under KeyCapDeny (a merge never drops
+	// consumed hits); the cap refuses new keys until sweeps bring the
+	// shard back under it.
+	MergedOverCap int64
 }
 
 // NewStore returns an empty Store.
@@ -70,12 +145,17 @@ func NewStore(cfg StoreConfig) *Store {
 	if cfg.Clock == nil {
 		cfg.Clock = SystemClock{}
 	}
-	s := &Store{seed: maphash.MakeSeed(), clock: cfg.Clock}
+	s := &Store{seed: maphash.MakeSeed(), clock: cfg.Clock, onCap: cfg.OnKeyCap}
 	if cfg.MaxKeys > 0 {
 		s.maxPerShard = (cfg.MaxKeys + shardCount - 1) / shardCount
 	}
+	if cfg.MaxKeysPerGroup > 0 && cfg.Group != nil {
+		s.maxPerGroup = (cfg.MaxKeysPerGroup + shardCount - 1) / shardCount
+		s.group = cfg.Group
+	}
 	for i := range s.shards {
 		s.shards[i].t.minExpires = math.MaxInt64
+		s.shards[i].t.group = s.group
 	}
 	return s
 }
@@ -134,11 +214,25 @@ func (s *Store) apply(key string, clone bool, c Check, now time.Time) (Decision,
 	if r.allowed && c.Hits > 0 {
 		if found {
 			sh.t.slots[slot].st = st
-		} else {
-			s.makeRoomLocked(sh, t)
+			sh.t.noteExpiry(r.reset)
+		} else if s.makeRoomLocked(sh, key, t) {
 			sh.t.insert(h, key, clone, st)
+			sh.t.noteExpiry(r.reset)
+		} else {
+			// No room: the check is refused and consumes nothing; the
+			// answer is that of a peek of the absent key, not admitted.
+			sh.mu.Unlock()
+			s.refused.Add(1)
+			var zero state
+			r = zero.apply(Check{Algorithm: c.Algorithm, Limit: c.Limit, Window: c.Window, Burst: c.Burst}, t)
+			return Decision{
+				Limit:      c.Limit,
+				Remaining:  r.remaining,
+				ResetTime:  time.Unix(0, r.reset),
+				RetryAfter: time.Duration(r.retry),
+				NoRoom:     true,
+			}, nil
 		}
-		sh.t.noteExpiry(r.reset)
 	}
 	sh.mu.Unlock()
 	return Decision{
@@ -151,16 +245,30 @@ func (s *Store) apply(key string, clone bool, c Check, now time.Time) (Decision,
 	}, nil
 }
 
-// makeRoomLocked keeps sh under the per-shard cap before an insert:
-// expired keys go first, then the least recently used (as the CLOCK
-// approximation finds it). Requires sh.mu held.
-func (s *Store) makeRoomLocked(sh *shard, now int64) {
-	if s.maxPerShard == 0 || sh.t.n < s.maxPerShard {
-		return
+// makeRoomLocked makes room in sh for the new key before an insert and
+// reports whether it may go in. Under the per-shard cap, expired keys go
+// first; then, under KeyCapEvict, the least recently used (as the CLOCK
+// approximation finds it), while under KeyCapDeny the key is refused. A
+// key whose group holds its share is refused under either policy (after
+// expired keys are swept). Requires sh.mu held.
+func (s *Store) makeRoomLocked(sh *shard, key string, now int64) bool {
+	full := s.maxPerShard > 0 && sh.t.n >= s.maxPerShard
+	groupFull := s.maxPerGroup > 0 && sh.t.groupLen(key) >= s.maxPerGroup
+	if !full && !groupFull {
+		return true
 	}
 	if n := sh.t.sweep(now); n > 0 {
 		s.swept.Add(int64(n))
-		return
+		full = s.maxPerShard > 0 && sh.t.n >= s.maxPerShard
+		groupFull = s.maxPerGroup > 0 && sh.t.groupLen(key) >= s.maxPerGroup
+	}
+	switch {
+	case groupFull:
+		return false
+	case !full:
+		return true
+	case s.onCap == KeyCapDeny:
+		return false
 	}
 	slot := sh.t.evict()
 	if sh.t.slots[slot].st.expires() > now {
@@ -169,6 +277,7 @@ func (s *Store) makeRoomLocked(sh *shard, now int64) {
 		s.swept.Add(1)
 	}
 	sh.t.remove(slot)
+	return true
 }
 
 // Len returns the number of keys that hold state.
@@ -185,7 +294,8 @@ func (s *Store) Len() int {
 
 // Stats returns the store's counters.
 func (s *Store) Stats() StoreStats {
-	return StoreStats{Keys: s.Len(), Swept: s.swept.Load(), EvictedLive: s.evictedLive.Load()}
+	return StoreStats{Keys: s.Len(), Swept: s.swept.Load(), EvictedLive: s.evictedLive.Load(),
+		Refused: s.refused.Load(), MergedOverCap: s.overCap.Load()}
 }
 
 // Sweep removes every key that is back at full capacity at now (its reset

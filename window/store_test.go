@@ -282,7 +282,7 @@ func TestSweep(t *testing.T) {
 // eviction of a key inside its window is counted.
 func TestMaxKeys(t *testing.T) {
 	const capKeys = 2560 // 10 per shard
-	s := NewStore(StoreConfig{MaxKeys: capKeys})
+	s := NewStore(StoreConfig{MaxKeys: capKeys, OnKeyCap: KeyCapEvict})
 	c := Check{Algorithm: FixedWindow, Limit: 5, Window: time.Second, Hits: 1}
 	perShard := map[uint64]int{}
 	for i := 0; i < 2000; i++ {
@@ -320,7 +320,7 @@ func TestMaxKeys(t *testing.T) {
 	}
 	// The least recently used goes (CLOCK): a key used before every insert
 	// into its shard survives a stream of keys that are never used again.
-	s = NewStore(StoreConfig{MaxKeys: 4 * shardCount}) // 4 per shard
+	s = NewStore(StoreConfig{MaxKeys: 4 * shardCount, OnKeyCap: KeyCapEvict}) // 4 per shard
 	c.Window, c.Limit = time.Hour, 1000
 	hot := "hot"
 	shardOf := func(k string) uint64 { return s.hash(k) % shardCount }
@@ -473,7 +473,7 @@ func TestMemoryCap(t *testing.T) {
 	if testing.Short() {
 		n, capKeys = 100_000, 10_000
 	}
-	s := NewStore(StoreConfig{MaxKeys: capKeys})
+	s := NewStore(StoreConfig{MaxKeys: capKeys, OnKeyCap: KeyCapEvict})
 	c := Check{Algorithm: FixedWindow, Limit: 10, Window: time.Second, Hits: 1}
 	step := 10 * time.Second / time.Duration(n)
 	for i := 0; i < n; i++ {
@@ -634,7 +634,7 @@ func TestRunSweeper(t *testing.T) {
 // earn a fresh budget by hammering a key over its limit while new keys
 // arrive).
 func TestRefusedKeyIsNotEvictedFirst(t *testing.T) {
-	s := NewStore(StoreConfig{MaxKeys: 1024}) // 4 per shard
+	s := NewStore(StoreConfig{MaxKeys: 1024, OnKeyCap: KeyCapEvict}) // 4 per shard
 	c := Check{Algorithm: FixedWindow, Limit: 5, Window: time.Hour, Hits: 1}
 	allowed := 0
 	for round := 0; round < 50; round++ {

@@ -3,6 +3,8 @@ package window
 import (
 	"encoding/binary"
 	"math"
+	"strings"
+	"unsafe"
 )
 
 // inlineKey is the longest key an entry holds in its own bytes; a longer
@@ -75,6 +77,44 @@ type table struct {
 	// minExpires is a lower bound of every live entry's expiry (Unix ns):
 	// a sweep before it would find nothing.
 	minExpires int64
+	// group, when set, maps a key to its group, and groups counts the
+	// live entries of each group (Store.MaxKeysPerGroup); only inserts
+	// and removals touch them.
+	group  func(string) string
+	groups map[string]*int32
+}
+
+// groupLen returns how many live entries share key's group (0 when groups
+// are not counted).
+func (t *table) groupLen(key string) int {
+	if t.group == nil {
+		return 0
+	}
+	if c, ok := t.groups[t.group(key)]; ok {
+		return int(*c)
+	}
+	return 0
+}
+
+// countGroup adds d to the count of key's group. key (and so its group)
+// may alias a caller's buffer or an entry's bytes: a map assignment to an
+// existing string key would store the new key in the map, so counts are
+// changed through pointers, and only a new group's name is stored, cloned.
+func (t *table) countGroup(key string, d int32) {
+	g := t.group(key)
+	if c, ok := t.groups[g]; ok {
+		if *c += d; *c <= 0 {
+			delete(t.groups, g)
+		}
+		return
+	}
+	if d <= 0 {
+		return
+	}
+	if t.groups == nil {
+		t.groups = map[string]*int32{}
+	}
+	t.groups[strings.Clone(g)] = &d
 }
 
 // home returns the home slot of tag in a table of size n.
@@ -156,6 +196,9 @@ func (t *table) insert(h uint64, key string, clone bool, st state) int {
 		binary.LittleEndian.PutUint32(e.key[:4], li)
 	}
 	t.n++
+	if t.group != nil {
+		t.countGroup(key, 1)
+	}
 	return t.place(e)
 }
 
@@ -207,6 +250,17 @@ func (t *table) resize(n int) {
 // of its probe run back one slot (no tombstones).
 func (t *table) remove(slot int) {
 	e := &t.slots[slot]
+	if t.group != nil {
+		// The key aliases the entry's bytes only for the count's lookup
+		// (a decrement never stores it): no copy per removal.
+		var k string
+		if e.long() {
+			k = t.long[e.longIndex()]
+		} else {
+			k = unsafe.String(&e.key[0], int(e.tagMeta&metaLenMask))
+		}
+		t.countGroup(k, -1)
+	}
 	if e.long() {
 		li := e.longIndex()
 		t.long[li] = ""
@@ -296,7 +350,7 @@ func (t *table) sweep(now int64) int {
 func (t *table) shrink() {
 	switch {
 	case t.n == 0:
-		*t = table{minExpires: t.minExpires}
+		*t = table{minExpires: t.minExpires, group: t.group}
 	case t.n*4 < len(t.slots) && len(t.slots) > 64:
 		t.resize(max(2*t.n, minSlots))
 		if len(t.longFree) > 0 && len(t.longFree)*2 > len(t.long) {

@@ -331,6 +331,13 @@ func TestServeRefusesBadFlags(t *testing.T) {
 		{[]string{"serve", "--log-level", "loud"}, "--log-level"},
 		{[]string{"serve", "--forward-timeout", "0s"}, "--forward-timeout"},
 		{[]string{"serve", "--name", ""}, "--name"},
+		{[]string{"serve", "--on-key-cap", "lru"}, "--on-key-cap"},
+		{[]string{"serve", "--name-key-share", "0"}, "--name-key-share"},
+		{[]string{"serve", "--max-inflight", "0"}, "--max-inflight"},
+		{[]string{"serve", "--max-recv-bytes", "0"}, "--max-recv-bytes"},
+		{[]string{"serve", "--http-read-header-timeout", "0s"}, "--http-read-header-timeout"},
+		{[]string{"serve", "--max-connection-age", "-1s"}, "--max-connection-age"},
+		{[]string{"serve", "--name", "two words"}, "name"},
 		{[]string{"serve", "--grpc-addr", "0.0.0.0:0", "--advertise-addr", "127.0.0.1", "--gossip-addr", "127.0.0.1:0", "--http-addr", ""}, "--insecure"},
 	}
 	for _, c := range cases {

@@ -26,6 +26,7 @@ import (
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/limits"
 	"github.com/sluicehq/sluice/middleware"
+	"github.com/sluicehq/sluice/rpc"
 )
 
 // overLimitHeader is set on requests a rule with over_limit: forward lets
@@ -48,6 +49,12 @@ func proxyCommand(e env) *cli.Command {
 			&cli.StringFlag{Name: "rules", Usage: "the rules file (required)", Sources: e.of("rules")},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", Sources: e.of("log-level")},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json", Sources: e.of("log-format")},
+			&cli.DurationFlag{Name: "read-header-timeout", Value: rpc.DefaultReadHeaderTimeout, Usage: "bound on reading a request's headers", Sources: e.of("read-header-timeout")},
+			&cli.DurationFlag{Name: "read-timeout", Value: 60 * time.Second, Usage: "bound on reading a whole request, body included", Sources: e.of("read-timeout")},
+			&cli.DurationFlag{Name: "write-timeout", Value: 60 * time.Second, Usage: "bound on writing a response, the upstream's time included (0: none, for upstreams that stream)", Sources: e.of("write-timeout")},
+			&cli.DurationFlag{Name: "idle-timeout", Value: rpc.DefaultHTTPIdleTimeout, Usage: "bound on an idle kept-alive connection", Sources: e.of("idle-timeout")},
+			&cli.IntFlag{Name: "max-header-bytes", Value: rpc.DefaultMaxHeaderBytes, Usage: "largest request headers, in bytes (more: 431)", Sources: e.of("max-header-bytes")},
+			&cli.Int64Flag{Name: "max-body-bytes", Value: 10 << 20, Usage: "largest request body, in bytes (more: 413, and nothing reaches the upstream when the length is declared)", Sources: e.of("max-body-bytes")},
 		},
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			if err := noArgs(cmd); err != nil {
@@ -92,7 +99,27 @@ func proxyCommand(e env) *cli.Command {
 			if err != nil {
 				return fmt.Errorf("proxy: %w", err)
 			}
-			srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+			for _, f := range []string{"read-header-timeout", "read-timeout", "idle-timeout"} {
+				if d := cmd.Duration(f); d <= 0 {
+					return usagef(f, "must be > 0, got %s", d)
+				}
+			}
+			if d := cmd.Duration("write-timeout"); d < 0 {
+				return usagef("write-timeout", "must be >= 0, got %s", d)
+			}
+			if n := cmd.Int("max-header-bytes"); n <= 0 {
+				return usagef("max-header-bytes", "must be > 0, got %d", n)
+			}
+			if n := cmd.Int64("max-body-bytes"); n <= 0 {
+				return usagef("max-body-bytes", "must be > 0, got %d", n)
+			}
+			wt := cmd.Duration("write-timeout")
+			if wt == 0 {
+				wt = -1 // HTTPBounds: no bound
+			}
+			srv := rpc.HTTPBounds{ReadHeaderTimeout: cmd.Duration("read-header-timeout"), ReadTimeout: cmd.Duration("read-timeout"),
+				WriteTimeout: wt, IdleTimeout: cmd.Duration("idle-timeout"), MaxHeaderBytes: cmd.Int("max-header-bytes"),
+			}.Apply(&http.Server{Handler: maxBody(h, cmd.Int64("max-body-bytes"))})
 			logger.Info("proxy listening", "listen", lis.Addr().String(), "upstream", up.String(), "cluster", strings.Join(addrs, ","), "rules", len(rules.rules))
 			fmt.Fprintf(cmd.Root().Writer, "proxy listening on %s\n", lis.Addr())
 			errc := make(chan error, 1)
@@ -661,4 +688,19 @@ func (p *proxyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		break
 	}
 	h.ServeHTTP(w, r)
+}
+
+// maxBody answers 413 to a request whose declared body is over limit bytes,
+// and cuts a body that turns out longer while it is read (the upstream
+// then sees a failed read).
+func maxBody(h http.Handler, limit int64) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > limit {
+			w.Header().Set("Connection", "close")
+			http.Error(w, fmt.Sprintf("request body over %d bytes", limit), http.StatusRequestEntityTooLarge)
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, limit)
+		h.ServeHTTP(w, r)
+	})
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/limits"
 	"github.com/sluicehq/sluice/rls"
 	"github.com/sluicehq/sluice/rpc"
+	"github.com/sluicehq/sluice/window"
 )
 
 func serveCommand(e env) *cli.Command {
@@ -49,7 +50,20 @@ func serveCommand(e env) *cli.Command {
 			&cli.IntFlag{Name: "replicas", Value: rpc.DefaultReplicationFactor, Usage: "extra copies of each key's state, on the next members of the ring (0: none; a crashed owner's keys then start afresh)", Sources: e.of("replicas")},
 			&cli.DurationFlag{Name: "replication-interval", Value: rpc.DefaultReplicationInterval, Usage: "how often an owner sends changed keys to their replicas; a crash loses at most the hits of the last interval plus one send", Sources: e.of("replication-interval")},
 			&cli.DurationFlag{Name: "sweep-interval", Value: 5 * time.Second, Usage: "how often idle keys are removed", Sources: e.of("sweep-interval")},
-			&cli.IntFlag{Name: "max-keys", Value: 1_000_000, Usage: "cap on the keys this node holds state for (0: no cap); over it, keys back at full capacity go first, then the least recently used", Sources: e.of("max-keys")},
+			&cli.IntFlag{Name: "max-keys", Value: 1_000_000, Usage: "cap on the keys this node holds state for (0: no cap); over it, keys back at full capacity go first, then --on-key-cap decides", Sources: e.of("max-keys")},
+			&cli.StringFlag{Name: "on-key-cap", Value: "deny", Usage: "what a new key past --max-keys gets: deny (refused: answered not allowed and degraded, counted in sluice_keys_refused_total; no live key loses its count) or evict (the least recently used key is evicted: its client gets a fresh budget)", Sources: e.of("on-key-cap")},
+			&cli.IntFlag{Name: "name-key-share", Value: rpc.DefaultNameKeyShare, Usage: "percent of --max-keys the keys of one limit name may hold (all unconfigured names count as one); past it that name's new keys are refused, so one name cannot starve the others (100: no share)", Sources: e.of("name-key-share")},
+			&cli.IntFlag{Name: "max-inflight", Value: rpc.DefaultMaxInflight, Usage: "checks this node works on at once for clients (gRPC, HTTP, Envoy); over it a call is refused with RESOURCE_EXHAUSTED (HTTP 429), counted in sluice_inflight_refused_total (-1: no bound)", Sources: e.of("max-inflight")},
+			&cli.IntFlag{Name: "max-recv-bytes", Value: rpc.DefaultMaxRecvBytes, Usage: "largest gRPC message this node accepts, in bytes", Sources: e.of("max-recv-bytes")},
+			&cli.IntFlag{Name: "max-concurrent-streams", Value: rpc.DefaultMaxConcurrentStreams, Usage: "gRPC calls in flight per connection", Sources: e.of("max-concurrent-streams")},
+			&cli.DurationFlag{Name: "keepalive-min-time", Value: rpc.DefaultKeepaliveMinTime, Usage: "gRPC clients that send keepalive pings more often are disconnected", Sources: e.of("keepalive-min-time")},
+			&cli.DurationFlag{Name: "max-connection-age", Usage: "ask gRPC clients to reconnect once their connection is this old, and close it --max-connection-age-grace later (0: off; peers' forward streams are cut too, and their checks in flight answered degraded)", Sources: e.of("max-connection-age")},
+			&cli.DurationFlag{Name: "max-connection-age-grace", Value: 30 * time.Second, Usage: "how long calls may go on after --max-connection-age", Sources: e.of("max-connection-age-grace")},
+			&cli.DurationFlag{Name: "http-read-header-timeout", Value: rpc.DefaultReadHeaderTimeout, Usage: "bound on reading an HTTP request's headers", Sources: e.of("http-read-header-timeout")},
+			&cli.DurationFlag{Name: "http-read-timeout", Value: rpc.DefaultHTTPReadTimeout, Usage: "bound on reading a whole HTTP request", Sources: e.of("http-read-timeout")},
+			&cli.DurationFlag{Name: "http-write-timeout", Value: rpc.DefaultHTTPWriteTimeout, Usage: "bound on writing an HTTP response", Sources: e.of("http-write-timeout")},
+			&cli.DurationFlag{Name: "http-idle-timeout", Value: rpc.DefaultHTTPIdleTimeout, Usage: "bound on an idle kept-alive HTTP connection", Sources: e.of("http-idle-timeout")},
+			&cli.IntFlag{Name: "http-max-header-bytes", Value: rpc.DefaultMaxHeaderBytes, Usage: "largest HTTP request headers, in bytes (more: 431)", Sources: e.of("http-max-header-bytes")},
 			&cli.StringFlag{Name: "http-addr", Value: "127.0.0.1:7080", Usage: "host:port of the HTTP face: POST /v1/check, GET /v1/members, /healthz, /readyz, /metrics (empty: off; port 0 lets the OS pick)", Sources: e.of("http-addr")},
 			&cli.StringFlag{Name: "limits", Usage: "YAML file of named limits (see README); reloaded on SIGHUP and when the file changes", Sources: e.of("limits")},
 			&cli.StringFlag{Name: "gossip-key-file", Usage: "file of base64 gossip keys (sluice keygen), one per line, the one that encrypts first: gossip is then encrypted and authenticated (AES-256-GCM); reloaded on SIGHUP (rotate: add the new key second, then first, then drop the old)", Sources: e.of("gossip-key-file")},
@@ -94,8 +108,15 @@ func serveCommand(e env) *cli.Command {
 					Interval: cmd.Duration("replication-interval")},
 				SweepInterval: cmd.Duration("sweep-interval"),
 				MaxKeys:       cmd.Int("max-keys"),
-				Version:       version,
-				Logger:        logger,
+				NameKeyShare:  cmd.Int("name-key-share"),
+				GRPC: rpc.GRPCBounds{MaxRecvBytes: cmd.Int("max-recv-bytes"), MaxConcurrentStreams: uint32(max(cmd.Int("max-concurrent-streams"), 0)),
+					KeepaliveMinTime: cmd.Duration("keepalive-min-time"), MaxConnectionAge: cmd.Duration("max-connection-age"),
+					MaxConnectionAgeGrace: cmd.Duration("max-connection-age-grace"), MaxInflight: cmd.Int("max-inflight")},
+				HTTP: rpc.HTTPBounds{ReadHeaderTimeout: cmd.Duration("http-read-header-timeout"), ReadTimeout: cmd.Duration("http-read-timeout"),
+					WriteTimeout: cmd.Duration("http-write-timeout"), IdleTimeout: cmd.Duration("http-idle-timeout"),
+					MaxHeaderBytes: cmd.Int("http-max-header-bytes")},
+				Version: version,
+				Logger:  logger,
 			}
 			for _, d := range []struct {
 				flag string
@@ -117,6 +138,28 @@ func serveCommand(e env) *cli.Command {
 			}
 			if cfg.MaxKeys < 0 {
 				return usagef("max-keys", "must be >= 0, got %d", cfg.MaxKeys)
+			}
+			if cfg.OnKeyCap, err = window.ParseKeyCapPolicy(cmd.String("on-key-cap")); err != nil {
+				return usagef("on-key-cap", "%v", err)
+			}
+			if n := cfg.NameKeyShare; n < 1 || n > 100 {
+				return usagef("name-key-share", "must be in 1..100 (percent), got %d", n)
+			}
+			if n := cfg.GRPC.MaxInflight; n == 0 || n < -1 {
+				return usagef("max-inflight", "must be > 0, or -1 for no bound, got %d", n)
+			}
+			for _, f := range []string{"max-recv-bytes", "max-concurrent-streams", "http-max-header-bytes"} {
+				if n := cmd.Int(f); n <= 0 {
+					return usagef(f, "must be > 0, got %d", n)
+				}
+			}
+			for _, f := range []string{"keepalive-min-time", "max-connection-age-grace", "http-read-header-timeout", "http-read-timeout", "http-write-timeout", "http-idle-timeout"} {
+				if d := cmd.Duration(f); d <= 0 {
+					return usagef(f, "must be > 0, got %s", d)
+				}
+			}
+			if d := cmd.Duration("max-connection-age"); d < 0 {
+				return usagef("max-connection-age", "must be >= 0, got %s", d)
 			}
 			if cfg.Name == "" {
 				return usagef("name", "required (the host name is unknown)")

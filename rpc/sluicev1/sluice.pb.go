@@ -152,7 +152,7 @@ type RateLimitCheck struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The limit's scope, e.g. "api" or "auth.signin". 1..256 bytes of UTF-8.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	// Who is limited within name, e.g. a user id. 1..1024 bytes of UTF-8.
+	// Who is limited within name, e.g. a user id. 1..512 bytes of UTF-8.
 	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
 	// Hits to consume, >= 0; unset means 1. 0 peeks: it consumes nothing,
 	// and allowed says whether one more hit would be allowed.
