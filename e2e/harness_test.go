@@ -341,18 +341,33 @@ func (c *cluster) ringAgrees(names []string) bool {
 // returns how long that took; it fails the test after ringTimeout.
 func (c *cluster) waitRing(names ...string) time.Duration {
 	c.t.Helper()
+	took, ok := c.tryWaitRing(names...)
+	if !ok {
+		c.t.Fatalf("%v did not agree on a ring of themselves within %s", names, ringTimeout)
+	}
+	return took
+}
+
+// tryWaitRing is waitRing that reports, and logs what each node sees,
+// when the nodes did not agree within ringTimeout.
+func (c *cluster) tryWaitRing(names ...string) (time.Duration, bool) {
+	c.t.Helper()
 	start := time.Now()
 	for !c.ringAgrees(names) {
 		if time.Since(start) > ringTimeout {
 			for _, name := range names {
 				resp, err := c.members(name)
-				c.t.Logf("%s sees %v (%v)", name, resp, err)
+				var seen []string
+				for _, m := range resp.GetMembers() {
+					seen = append(seen, m.Name+"/"+m.State)
+				}
+				c.t.Logf("%s sees %v, ring %s (%v)", name, seen, resp.GetRingFingerprint(), err)
 			}
-			c.t.Fatalf("%v did not agree on a ring of themselves within %s", names, ringTimeout)
+			return time.Since(start), false
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
-	return time.Since(start)
+	return time.Since(start), true
 }
 
 // cli runs the sluice CLI on this host with the cluster's client flags.
