@@ -48,6 +48,13 @@ cluster-up: build docker ## start three nodes in containers (docker-compose.yml)
 cluster-down: ## stop the containers of make cluster-up
 	docker-compose down
 
+.PHONY: e2e
+E2E_IMAGE ?= sluice:e2e
+e2e: ## build bin/sluice and the image E2E_IMAGE (default sluice:e2e), then run the fault suite in containers (e2e/, about 4 min)
+	$(MAKE) build
+	$(MAKE) docker IMAGE=$(E2E_IMAGE)
+	cd e2e && SLUICE_E2E_IMAGE=$(E2E_IMAGE) $(GO) test -tags e2e -count=1 -v -timeout 30m .
+
 .PHONY: fuzz
 # FUZZTIME is a duration (10s) or a count of executions (5000x). CI gives a
 # count: a duration races Go's fuzz coordinator at its deadline on a busy

@@ -1,0 +1,418 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sluicehq/sluice/rpc/sluicev1"
+)
+
+// The nodes' settings that the accounting depends on: passed to the
+// containers through e2e/docker-compose.yml, so this is their one place.
+const (
+	// forwardTimeout is the nodes' --forward-timeout (their default). A
+	// check is answered within twice that (one retry when the ring
+	// changed); answerMargin covers the client's side (docker's port
+	// proxy on a busy machine).
+	forwardTimeout = 2 * time.Second
+	answerMargin   = time.Second
+	// replicationInterval is the nodes' --replication-interval (their
+	// default): a crash loses at most the hits an owner admitted in its
+	// last interval plus one send (bounded by the forward timeout).
+	replicationInterval = 100 * time.Millisecond
+	// ringTimeout bounds every wait for the nodes' rings to agree: after a
+	// start, a graceful leave, a crash (gossip declares the node dead) or
+	// a partition's heal. Generous: the machine is small and busy.
+	ringTimeout = 90 * time.Second
+)
+
+// clientDialOption is how the suite's gRPC clients reach the nodes, and
+// cliSecurityArgs what it gives the sluice CLI (check, members, bench) for
+// the same. The compose cluster is plaintext today; when it switches to TLS
+// these two return the development CA and client certificate, and nothing
+// else in the suite changes.
+func clientDialOption() grpc.DialOption {
+	return grpc.WithTransportCredentials(insecure.NewCredentials())
+}
+
+func cliSecurityArgs() []string { return nil }
+
+// envOr returns the environment variable key, or def when it is empty.
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+var (
+	// image is the sluice image under test (make e2e builds it).
+	image = envOr("SLUICE_E2E_IMAGE", "sluice:e2e")
+	// netPrefix is the first three octets of the suite's /24 subnet; it
+	// must not overlap docker-compose.yml's 172.28.7.0/24.
+	netPrefix = envOr("SLUICE_E2E_NET", "172.28.97")
+	// sluiceBin is the CLI the suite runs on this host (make e2e builds it).
+	sluiceBin = envOr("SLUICE_E2E_BIN", "../bin/sluice")
+)
+
+// allNodes are the compose services: sluice1..3 start with every cluster,
+// sluice4..5 (profile "scale") only when a test starts them.
+var allNodes = []string{"sluice1", "sluice2", "sluice3", "sluice4", "sluice5"}
+
+// node is one compose service as the suite reaches it.
+type node struct {
+	name      string
+	ip        string // on the compose network, advertised by the node
+	grpcPort  int    // published on 127.0.0.1
+	httpPort  int    // published on 127.0.0.1
+	conn      *grpc.ClientConn
+	rateLimit sluicev1.RateLimitServiceClient
+}
+
+// grpcAddr is where the test process reaches the node's gRPC.
+func (n *node) grpcAddr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(n.grpcPort)) }
+
+// cluster is one compose project of the suite: its own project name, so
+// it never meets a developer's make cluster-up, and its own ports.
+type cluster struct {
+	t       *testing.T
+	project string
+	env     []string
+	nodes   map[string]*node
+	ids     map[string]string // container ids by service
+}
+
+// run runs a command with a bound of its own, returning its combined output.
+func run(timeout time.Duration, env []string, name string, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	if env != nil {
+		cmd.Env = env
+	}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	if err != nil {
+		err = fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(out.Bytes()))
+	}
+	return out.Bytes(), err
+}
+
+// requireDocker skips the test when no Docker engine answers, and fails
+// it when the image under test is missing.
+func requireDocker(t *testing.T) {
+	t.Helper()
+	if _, err := run(30*time.Second, nil, "docker", "info"); err != nil {
+		t.Skipf("e2e skipped: no Docker engine answers (%v)", err)
+	}
+	if _, err := exec.LookPath("docker-compose"); err != nil {
+		t.Skipf("e2e skipped: no docker-compose (%v)", err)
+	}
+	if _, err := run(30*time.Second, nil, "docker", "image", "inspect", image); err != nil {
+		t.Fatalf("image %s not found: build it with make e2e (or make docker IMAGE=%s): %v", image, image, err)
+	}
+	if _, err := os.Stat(sluiceBin); err != nil {
+		t.Fatalf("%s not found: build it with make build: %v", sluiceBin, err)
+	}
+}
+
+// freePorts returns n distinct ports that were free on 127.0.0.1.
+func freePorts(t *testing.T, n int) []int {
+	t.Helper()
+	var ports []int
+	var ls []net.Listener
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	return ports
+}
+
+// newCluster starts sluice1..3 under the compose project sluicee2e<scenario>,
+// with a fresh gossip key, and waits until they are healthy and agree on
+// the ring. Cleanup logs the containers' last lines when the test failed,
+// then removes the containers and the network (down -v), whatever happened.
+func newCluster(t *testing.T, scenario string) *cluster {
+	t.Helper()
+	requireDocker(t)
+	secrets := t.TempDir()
+	// The containers' user (65532) reads the key through a bind mount.
+	if err := os.Chmod(secrets, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	key, err := run(30*time.Second, nil, sluiceBin, "keygen")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(secrets, "gossip.keys"), key, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := &cluster{t: t, project: "sluicee2e" + scenario, nodes: map[string]*node{}, ids: map[string]string{}}
+	ports := freePorts(t, 2*len(allNodes))
+	c.env = append(os.Environ(),
+		"SLUICE_E2E_IMAGE="+image,
+		"SLUICE_E2E_NET="+netPrefix,
+		"SLUICE_E2E_SECRETS="+secrets,
+		"SLUICE_E2E_FORWARD_TIMEOUT="+forwardTimeout.String(),
+		"SLUICE_E2E_REPLICATION_INTERVAL="+replicationInterval.String())
+	for i, name := range allNodes {
+		n := &node{name: name, ip: fmt.Sprintf("%s.%d", netPrefix, 11+i), grpcPort: ports[2*i], httpPort: ports[2*i+1]}
+		c.env = append(c.env, fmt.Sprintf("SLUICE_E2E_GRPC_%s=%d", name, n.grpcPort), fmt.Sprintf("SLUICE_E2E_HTTP_%s=%d", name, n.httpPort))
+		conn, err := grpc.NewClient(n.grpcAddr(), clientDialOption())
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.conn, n.rateLimit = conn, sluicev1.NewRateLimitServiceClient(conn)
+		c.nodes[name] = n
+	}
+	// A run that crashed before its cleanup may have left this project.
+	c.compose(2*time.Minute, "down", "-v", "--remove-orphans", "--timeout", "5")
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := c.compose(time.Minute, "logs", "--no-color", "--tail", "40")
+			t.Logf("containers' last log lines:\n%s", out)
+		}
+		for _, n := range c.nodes {
+			n.conn.Close()
+		}
+		if out, err := c.compose(3*time.Minute, "down", "-v", "--remove-orphans", "--timeout", "5"); err != nil {
+			t.Errorf("compose down: %v\n%s", err, out)
+		}
+	})
+	c.start("sluice1", "sluice2", "sluice3")
+	return c
+}
+
+// compose runs docker-compose on the suite's file under the cluster's
+// project (profile scale on, so that down also removes sluice4..5).
+func (c *cluster) compose(timeout time.Duration, args ...string) ([]byte, error) {
+	return run(timeout, c.env, "docker-compose", append([]string{"-p", c.project, "-f", "docker-compose.yml", "--profile", "scale"}, args...)...)
+}
+
+// docker runs a docker command and fails the test if it fails.
+func (c *cluster) docker(args ...string) {
+	c.t.Helper()
+	if _, err := run(2*time.Minute, nil, "docker", args...); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// id returns the container id of a service.
+func (c *cluster) id(name string) string {
+	c.t.Helper()
+	if id, ok := c.ids[name]; ok {
+		return id
+	}
+	out, err := c.compose(time.Minute, "ps", "-q", name)
+	id := strings.TrimSpace(string(out))
+	if err != nil || id == "" {
+		c.t.Fatalf("no container for %s: %v", name, err)
+	}
+	c.ids[name] = id
+	return id
+}
+
+// start creates and starts services (compose up, never recreating the
+// running ones), then waits until they are healthy.
+func (c *cluster) start(names ...string) {
+	c.t.Helper()
+	if out, err := c.compose(5*time.Minute, append([]string{"up", "-d", "--no-deps", "--no-recreate"}, names...)...); err != nil {
+		c.t.Fatalf("compose up: %v\n%s", err, out)
+	}
+	c.waitHealthy(names...)
+}
+
+// restart starts a stopped container again and waits until it is healthy.
+func (c *cluster) restart(name string) {
+	c.t.Helper()
+	c.docker("start", c.id(name))
+	c.waitHealthy(name)
+}
+
+// stop sends SIGTERM to a node and waits until it has exited (its
+// hand-off and leave done), at most 30 s before docker kills it.
+func (c *cluster) stop(name string) {
+	c.t.Helper()
+	c.docker("stop", "--time", "30", c.id(name))
+}
+
+// kill sends SIGKILL to a node: no hand-off, no leave message.
+func (c *cluster) kill(name string) {
+	c.t.Helper()
+	c.docker("kill", c.id(name))
+}
+
+// network is the compose network's name.
+func (c *cluster) network() string { return c.project + "_sluice" }
+
+// disconnect cuts a node off the network (and so from the others and from
+// the test's clients: its published ports go with the network).
+func (c *cluster) disconnect(name string) {
+	c.t.Helper()
+	c.docker("network", "disconnect", c.network(), c.id(name))
+}
+
+// reconnect puts a node back on the network at its address.
+func (c *cluster) reconnect(name string) {
+	c.t.Helper()
+	c.docker("network", "connect", "--ip", c.nodes[name].ip, c.network(), c.id(name))
+}
+
+// waitHealthy waits until Docker reports the containers healthy (the
+// image's HEALTHCHECK: sluice healthcheck, every 5 s).
+func (c *cluster) waitHealthy(names ...string) {
+	c.t.Helper()
+	deadline := time.Now().Add(ringTimeout)
+	for _, name := range names {
+		for {
+			out, err := run(30*time.Second, nil, "docker", "inspect", "--format", "{{.State.Health.Status}}", c.id(name))
+			if err == nil && strings.TrimSpace(string(out)) == "healthy" {
+				break
+			}
+			if time.Now().After(deadline) {
+				c.t.Fatalf("%s not healthy within %s: %s %v", name, ringTimeout, bytes.TrimSpace(out), err)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	}
+}
+
+// members asks one node for the cluster as it sees it.
+func (c *cluster) members(name string) (*sluicev1.MembersResponse, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	return c.nodes[name].rateLimit.Members(ctx, &sluicev1.MembersRequest{})
+}
+
+// ringAgrees reports whether every node of names sees exactly names, all
+// alive, and all have one ring fingerprint.
+func (c *cluster) ringAgrees(names []string) bool {
+	want := slices.Sorted(slices.Values(names))
+	fp := ""
+	for _, name := range names {
+		resp, err := c.members(name)
+		if err != nil {
+			return false
+		}
+		var got []string
+		for _, m := range resp.Members {
+			if m.State != "alive" {
+				return false
+			}
+			got = append(got, m.Name)
+		}
+		if !slices.Equal(got, want) {
+			return false
+		}
+		if fp == "" {
+			fp = resp.RingFingerprint
+		} else if resp.RingFingerprint != fp {
+			return false
+		}
+	}
+	return true
+}
+
+// waitRing waits until names agree on a ring of exactly themselves and
+// returns how long that took; it fails the test after ringTimeout.
+func (c *cluster) waitRing(names ...string) time.Duration {
+	c.t.Helper()
+	took, ok := c.tryWaitRing(names...)
+	if !ok {
+		c.t.Fatalf("%v did not agree on a ring of themselves within %s", names, ringTimeout)
+	}
+	return took
+}
+
+// tryWaitRing is waitRing that reports, and logs what each node sees,
+// when the nodes did not agree within ringTimeout.
+func (c *cluster) tryWaitRing(names ...string) (time.Duration, bool) {
+	c.t.Helper()
+	start := time.Now()
+	for !c.ringAgrees(names) {
+		if time.Since(start) > ringTimeout {
+			for _, name := range names {
+				resp, err := c.members(name)
+				var seen []string
+				for _, m := range resp.GetMembers() {
+					seen = append(seen, m.Name+"/"+m.State)
+				}
+				c.t.Logf("%s sees %v, ring %s (%v)", name, seen, resp.GetRingFingerprint(), err)
+			}
+			return time.Since(start), false
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	return time.Since(start), true
+}
+
+// cli runs the sluice CLI on this host with the cluster's client flags.
+func cli(args ...string) ([]byte, error) {
+	return run(time.Minute, nil, sluiceBin, append(args, cliSecurityArgs()...)...)
+}
+
+// cliDecision is one line of sluice check --json.
+type cliDecision struct {
+	Allowed   bool   `json:"allowed"`
+	Remaining int64  `json:"remaining"`
+	ResetTime int64  `json:"reset_time"`
+	Owner     string `json:"owner"`
+	Degraded  bool   `json:"degraded"`
+}
+
+// benchResult is what the suite reads of sluice bench --json.
+type benchResult struct {
+	RPCs    int64 `json:"rpcs"`
+	Allowed int64 `json:"allowed"`
+	Denied  int64 `json:"denied"`
+	Errors  int64 `json:"errors"`
+	err     error
+}
+
+// bench runs sluice bench (workload spread, light: the machine is small)
+// against nodes for d in the background; wait returns its summary.
+func (c *cluster) bench(d time.Duration, names ...string) (wait func() benchResult) {
+	var addrs []string
+	for _, name := range names {
+		addrs = append(addrs, c.nodes[name].grpcAddr())
+	}
+	done := make(chan benchResult, 1)
+	go func() {
+		out, err := run(d+2*time.Minute, nil, sluiceBin, append([]string{"bench", "--addrs", strings.Join(addrs, ","),
+			"--workload", "spread", "--keys", "10000", "--concurrency", "4", "--warmup", "0s",
+			"--duration", d.String(), "--timeout", "10s", "--json"}, cliSecurityArgs()...)...)
+		var r benchResult
+		if err == nil {
+			// The summary is the last line; progress goes to a terminal only.
+			lines := bytes.Split(bytes.TrimSpace(out), []byte("\n"))
+			err = json.Unmarshal(lines[len(lines)-1], &r)
+		}
+		r.err = err
+		done <- r
+	}()
+	return func() benchResult { return <-done }
+}

@@ -1,0 +1,331 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sluicehq/sluice/rpc/sluicev1"
+)
+
+// The accounting of rpc/handoff_test.go and rpc/replica_test.go: 50 keys
+// of a fixed window of 100 (here per 366 days, the longest window, so no
+// window boundary falls in a run; every answer's reset_time is checked to
+// be one), policy deny (a degraded answer admits nothing, so what clients
+// were admitted is what owners counted).
+const (
+	numKeys = 50
+	limit   = 100
+	window  = 8784 * time.Hour
+	// pace is the stream's round period: 50 checks every 200 ms.
+	pace = 200 * time.Millisecond
+	// maxStreamRounds and maxStreamTime bound every stream whatever the
+	// scenario does (about 10 minutes at the pace).
+	maxStreamRounds = 3000
+	maxStreamTime   = 10 * time.Minute
+)
+
+// answer is one check's outcome as the client saw it.
+type answer struct {
+	key, via, owner   string
+	allowed, degraded bool
+	resetTime         int64
+	sent, at          time.Time
+}
+
+// ledger sends the scenario's checks and keeps every answer.
+type ledger struct {
+	t    *testing.T
+	c    *cluster
+	name string
+	keys []string
+
+	mu      sync.Mutex
+	sent    int
+	answers []answer
+	bad     []string
+}
+
+func newLedger(t *testing.T, c *cluster, name string) *ledger {
+	l := &ledger{t: t, c: c, name: name}
+	for i := range numKeys {
+		l.keys = append(l.keys, fmt.Sprintf("user:%d", i))
+	}
+	return l
+}
+
+// request is the check for key: hits 1 (0 to peek).
+func (l *ledger) request(key string, hits int64) *sluicev1.CheckRequest {
+	return &sluicev1.CheckRequest{Checks: []*sluicev1.RateLimitCheck{{
+		Name: l.name, Key: key, Hits: proto.Int64(hits), Limit: limit, WindowMs: window.Milliseconds(),
+		OnOwnerUnavailable: sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_DENY}}}
+}
+
+// round sends one hit on every key, entering by vias round-robin (offset
+// by r), 10 at a time. An error, an answer with an error, or one later
+// than twice the forward timeout (one retry when the ring changed) plus
+// the client's margin is bad; so is a degraded answer that allowed.
+func (l *ledger) round(vias []string, r int) {
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 10)
+	for i, k := range l.keys {
+		via := vias[(i+r)%len(vias)]
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			sent := time.Now()
+			ctx, cancel := context.WithTimeout(context.Background(), 3*forwardTimeout+2*answerMargin)
+			resp, err := l.c.nodes[via].rateLimit.Check(ctx, l.request(k, 1))
+			cancel()
+			at := time.Now()
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			l.sent++
+			switch {
+			case err != nil:
+				l.bad = append(l.bad, fmt.Sprintf("%s via %s: %v", k, via, err))
+			case resp.Decisions[0].Error != "":
+				l.bad = append(l.bad, fmt.Sprintf("%s via %s: %s", k, via, resp.Decisions[0].Error))
+			case at.Sub(sent) > 2*forwardTimeout+answerMargin:
+				l.bad = append(l.bad, fmt.Sprintf("%s via %s: answered after %s", k, via, at.Sub(sent)))
+			case resp.Decisions[0].Degraded && resp.Decisions[0].Allowed:
+				l.bad = append(l.bad, fmt.Sprintf("%s via %s: degraded answer under policy deny allowed: %+v", k, via, resp.Decisions[0]))
+			default:
+				d := resp.Decisions[0]
+				l.answers = append(l.answers, answer{key: k, via: via, owner: d.Owner, allowed: d.Allowed,
+					degraded: d.Degraded, resetTime: d.ResetTime, sent: sent, at: at})
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// rounds sends n rounds back to back through vias.
+func (l *ledger) rounds(n int, vias ...string) {
+	for r := range n {
+		l.round(vias, r)
+	}
+}
+
+// stream is a steady stream of rounds, one per pace, through the nodes
+// currently set as its vias; it ends on stop, after maxStreamRounds or
+// after maxStreamTime, whichever comes first.
+type stream struct {
+	l       *ledger
+	vias    atomic.Pointer[[]string]
+	rounds  atomic.Int64
+	stopped chan struct{}
+	done    chan struct{}
+	bounded atomic.Bool // ended by its bound, not by stop
+}
+
+func (l *ledger) stream(vias ...string) *stream {
+	s := &stream{l: l, stopped: make(chan struct{}), done: make(chan struct{})}
+	s.setVias(vias...)
+	go func() {
+		defer close(s.done)
+		end := time.Now().Add(maxStreamTime)
+		for r := 0; r < maxStreamRounds; r++ {
+			start := time.Now()
+			if start.After(end) {
+				break
+			}
+			l.round(*s.vias.Load(), r)
+			s.rounds.Add(1)
+			select {
+			case <-s.stopped:
+				return
+			case <-time.After(pace - time.Since(start)): // the stream's pace, not a wait for a state
+			}
+		}
+		s.bounded.Store(true)
+	}()
+	return s
+}
+
+// setVias sets the nodes the next rounds enter by.
+func (s *stream) setVias(vias ...string) { s.vias.Store(&vias) }
+
+// waitRounds waits until the stream has sent n more rounds.
+func (s *stream) waitRounds(t *testing.T, n int64) {
+	t.Helper()
+	want := s.rounds.Load() + n
+	for s.rounds.Load() < want {
+		select {
+		case <-s.done:
+			t.Fatalf("the stream ended (bound reached) before %d more rounds", n)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// stop ends the stream after its current round and fails the test if it
+// had already ended by its bound.
+func (s *stream) stop(t *testing.T) {
+	t.Helper()
+	close(s.stopped)
+	<-s.done
+	if s.bounded.Load() {
+		t.Fatalf("the stream ended by its bound (%d rounds or %s) before the scenario stopped it", maxStreamRounds, maxStreamTime)
+	}
+}
+
+// saturatedSince reports whether every key has had a check sent after
+// since that its owner denied (not degraded): every key is used up.
+func (l *ledger) saturatedSince(since time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	denied := map[string]bool{}
+	for _, a := range l.answers {
+		if !a.allowed && !a.degraded && a.sent.After(since) {
+			denied[a.key] = true
+		}
+	}
+	return len(denied) == len(l.keys)
+}
+
+// waitSaturated waits (the stream going on) until every key has been
+// denied by its owner after since.
+func (l *ledger) waitSaturated(s *stream, since time.Time) {
+	l.t.Helper()
+	for !l.saturatedSince(since) {
+		s.waitRounds(l.t, 1)
+	}
+}
+
+// tally is the ledger's numbers.
+type tally struct {
+	sent, answered, degraded, admitted int
+	allowed, degradedFor               map[string]int
+}
+
+// tally fails the test on bad answers or on answers from two windows, and
+// counts the rest.
+func (l *ledger) tally() tally {
+	l.t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.bad) > 0 {
+		l.t.Errorf("%d of %d checks not answered right, e.g. %s", len(l.bad), l.sent, l.bad[0])
+	}
+	tl := tally{sent: l.sent, answered: len(l.answers), allowed: map[string]int{}, degradedFor: map[string]int{}}
+	resets := map[int64]bool{}
+	for _, a := range l.answers {
+		if !a.degraded {
+			resets[a.resetTime] = true
+		}
+		switch {
+		case a.degraded:
+			tl.degraded++
+			tl.degradedFor[a.key]++
+		case a.allowed:
+			tl.allowed[a.key]++
+			tl.admitted++
+		}
+	}
+	if len(resets) != 1 {
+		l.t.Errorf("owners' answers name %d window ends, want one (a window boundary fell in the run?)", len(resets))
+	}
+	return tl
+}
+
+// log logs the scenario's numbers for the note.
+func (tl tally) log(t *testing.T, scenario string, took time.Duration) {
+	t.Helper()
+	lo, hi, exact := limit*10, 0, 0
+	for _, n := range tl.allowed {
+		lo, hi = min(lo, n), max(hi, n)
+		if n == limit {
+			exact++
+		}
+	}
+	t.Logf("%s: %d checks sent, %d answered (%d degraded), %d admitted on %d keys against a limit of %d each (%d): per key min %d max %d, %d keys exactly %d; wall time %s",
+		scenario, tl.sent, tl.answered, tl.degraded, tl.admitted, len(tl.allowed), limit, limit*numKeys, lo, hi, exact, limit, took.Round(time.Second))
+}
+
+// wantExact fails unless every key was admitted exactly the limit: the
+// graceful changes' rule. A degraded answer (deny) may stand for a check
+// the owner counted all the same (its answer timed out): a key may fall
+// short of the limit by at most its degraded answers, never exceed it.
+func (tl tally) wantExact(t *testing.T, when string) {
+	t.Helper()
+	if len(tl.allowed) != numKeys {
+		t.Errorf("%s: %d keys admitted anything, want %d", when, len(tl.allowed), numKeys)
+	}
+	for k, n := range tl.allowed {
+		if n > limit || n < limit-tl.degradedFor[k] {
+			t.Errorf("%s: key %s admitted %d with %d degraded answers, want exactly %d", when, k, n, tl.degradedFor[k], limit)
+		}
+	}
+}
+
+// peekAll asks every node of names about every key without consuming
+// (hits 0): each must answer from an owner, not degraded, and all nodes
+// must name the same owner and the same remaining for a key (one owner
+// counts it, whichever node is asked). It returns the owners by key.
+func (l *ledger) peekAll(names ...string) map[string]string {
+	l.t.Helper()
+	owners := map[string]string{}
+	for _, k := range l.keys {
+		first := ""
+		var want *sluicev1.Decision
+		for _, name := range names {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*forwardTimeout)
+			resp, err := l.c.nodes[name].rateLimit.Check(ctx, l.request(k, 0))
+			cancel()
+			if err != nil || resp.Decisions[0].Error != "" || resp.Decisions[0].Degraded {
+				l.t.Errorf("peek %s via %s: %v %v", k, name, err, resp)
+				continue
+			}
+			d := resp.Decisions[0]
+			if want == nil {
+				first, want = name, d
+				owners[k] = d.Owner
+			} else if d.Owner != want.Owner || d.Remaining != want.Remaining {
+				l.t.Errorf("peek %s: via %s owner %s remaining %d, via %s owner %s remaining %d",
+					k, name, d.Owner, d.Remaining, first, want.Owner, want.Remaining)
+			}
+		}
+	}
+	return owners
+}
+
+// cliPeek peeks key through node with sluice check --json (the CLI a user
+// has) and returns its answer.
+func (l *ledger) cliPeek(name, key string) cliDecision {
+	l.t.Helper()
+	out, err := cli("check", "--addr", l.c.nodes[name].grpcAddr(), "--name", l.name, "--key", key,
+		"--limit", fmt.Sprint(limit), "--window", window.String(), "--hits", "0", "--json")
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	var d cliDecision
+	if err := json.Unmarshal(out, &d); err != nil {
+		l.t.Fatalf("sluice check --json: %v: %s", err, out)
+	}
+	return d
+}
+
+// ownerOf returns the node that owns key, asking through via.
+func (l *ledger) ownerOf(via, key string) string {
+	l.t.Helper()
+	d := l.cliPeek(via, key)
+	if d.Owner == "" || d.Degraded {
+		l.t.Fatalf("peek %s via %s: %+v", key, via, d)
+	}
+	return d.Owner
+}
+
+// others returns names without the ones in drop.
+func others(names []string, drop ...string) []string {
+	return slices.DeleteFunc(slices.Clone(names), func(n string) bool { return slices.Contains(drop, n) })
+}
