@@ -33,16 +33,26 @@ docker: ## build bin/sluice-static (CGO_ENABLED=0) and the FROM scratch image (I
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$$(git describe --always --dirty 2>/dev/null || echo dev)" -o bin/sluice-static ./cmd/sluice
 	docker build -t $(IMAGE) .
 
+# The client flags for the cluster of make cluster-up.
+CLUSTER_TLS = --tls-ca .cluster/ca/ca.pem --tls-cert .cluster/client/dev.pem --tls-key .cluster/client/dev-key.pem
+
 .PHONY: cluster-up
 cluster-up: build docker ## start three nodes in containers (docker-compose.yml); gRPC and HTTP of sluice1 on 127.0.0.1:7070 and :7080
-	@# A gossip key made with sluice's own command, kept out of git; readable
-	@# by the containers' user (development only).
+	@# A gossip key, a development CA, a peer certificate per node and a
+	@# client certificate, made with sluice's own commands and kept out of
+	@# git; readable by the containers' user (development only).
 	mkdir -p .cluster
 	[ -s .cluster/gossip.keys ] || bin/sluice keygen > .cluster/gossip.keys
-	chmod 644 .cluster/gossip.keys
+	[ -s .cluster/ca/ca.pem ] || bin/sluice tls ca create --out .cluster/ca
+	for i in 1 2 3; do \
+	  [ -s .cluster/sluice$$i/sluice$$i.pem ] || bin/sluice tls cert create --ca .cluster/ca --peer sluice$$i \
+	    --host sluice$$i --host 172.28.7.1$$i --host 127.0.0.1 --out .cluster/sluice$$i || exit 1; \
+	done
+	[ -s .cluster/client/dev.pem ] || bin/sluice tls cert create --ca .cluster/ca --client dev --out .cluster/client
+	chmod -R a+rX .cluster
 	SLUICE_IMAGE=$(IMAGE) docker-compose up -d
-	@for i in $$(seq 1 60); do bin/sluice members --addr 127.0.0.1:7070 --json 2>/dev/null | grep -o '"state":"alive"' | wc -l | grep -qx 3 && break; sleep 1; done
-	bin/sluice members --addr 127.0.0.1:7070
+	@for i in $$(seq 1 60); do bin/sluice members --addr 127.0.0.1:7070 $(CLUSTER_TLS) --json 2>/dev/null | grep -o '"state":"alive"' | wc -l | grep -qx 3 && break; sleep 1; done
+	bin/sluice members --addr 127.0.0.1:7070 $(CLUSTER_TLS)
 
 .PHONY: cluster-down
 cluster-down: ## stop the containers of make cluster-up

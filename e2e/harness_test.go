@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -18,8 +19,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 )
 
@@ -40,18 +41,72 @@ const (
 	// start, a graceful leave, a crash (gossip declares the node dead) or
 	// a partition's heal. Generous: the machine is small and busy.
 	ringTimeout = 90 * time.Second
+	// partitionFor is how long the partition scenario keeps its victim
+	// cut off: longer than memberlist's GossipToTheDeadTime (30 s on a
+	// LAN), after which only sluice's reconnect loop (every 5 s) heals it.
+	partitionFor = 35 * time.Second
 )
 
-// clientDialOption is how the suite's gRPC clients reach the nodes, and
-// cliSecurityArgs what it gives the sluice CLI (check, members, bench) for
-// the same. The compose cluster is plaintext today; when it switches to TLS
-// these two return the development CA and client certificate, and nothing
-// else in the suite changes.
-func clientDialOption() grpc.DialOption {
-	return grpc.WithTransportCredentials(insecure.NewCredentials())
+// pki is the folder of the running test's development PKI (made by
+// newCluster with sluice tls): ca/ca.pem, NAME/NAME.pem and NAME-key.pem
+// for every node, and client/e2e.pem with its key. Tests run one at a
+// time, so one folder at a time is in use.
+var pki string
+
+// clientDialOption is how the suite's gRPC clients reach the nodes: TLS
+// against the test's CA, presenting its client certificate (the nodes run
+// --client-auth mtls).
+func clientDialOption(t *testing.T) grpc.DialOption {
+	t.Helper()
+	o, err := client.TLS(filepath.Join(pki, "ca", "ca.pem"), filepath.Join(pki, "client", "e2e.pem"), filepath.Join(pki, "client", "e2e-key.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
 }
 
-func cliSecurityArgs() []string { return nil }
+// cliSecurityArgs is what the suite gives the sluice CLI (check, members,
+// bench) for the same.
+func cliSecurityArgs() []string {
+	return []string{"--tls-ca", filepath.Join(pki, "ca", "ca.pem"),
+		"--tls-cert", filepath.Join(pki, "client", "e2e.pem"), "--tls-key", filepath.Join(pki, "client", "e2e-key.pem")}
+}
+
+// makePKI writes a development CA into dir, a peer certificate for every
+// node (naming its service name, its address on the network and
+// 127.0.0.1, where its ports are published and its health check dials)
+// and a client certificate, all with sluice's own commands. The keys are
+// made readable by the containers' user (65532) through the bind mount:
+// development only.
+func makePKI(t *testing.T, dir string) {
+	t.Helper()
+	if out, err := run(30*time.Second, nil, sluiceBin, "tls", "ca", "create", "--out", filepath.Join(dir, "ca")); err != nil {
+		t.Fatalf("sluice tls ca create: %v\n%s", err, out)
+	}
+	for i, name := range allNodes {
+		ip := fmt.Sprintf("%s.%d", netPrefix, 11+i)
+		if out, err := run(30*time.Second, nil, sluiceBin, "tls", "cert", "create", "--ca", filepath.Join(dir, "ca"),
+			"--peer", name, "--host", name, "--host", ip, "--host", "127.0.0.1", "--out", filepath.Join(dir, name)); err != nil {
+			t.Fatalf("sluice tls cert create --peer %s: %v\n%s", name, err, out)
+		}
+	}
+	if out, err := run(30*time.Second, nil, sluiceBin, "tls", "cert", "create", "--ca", filepath.Join(dir, "ca"),
+		"--client", "e2e", "--out", filepath.Join(dir, "client")); err != nil {
+		t.Fatalf("sluice tls cert create --client: %v\n%s", err, out)
+	}
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			return os.Chmod(path, 0o755)
+		}
+		return os.Chmod(path, 0o644)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
 
 // envOr returns the environment variable key, or def when it is empty.
 func envOr(key, def string) string {
@@ -171,6 +226,8 @@ func newCluster(t *testing.T, scenario string) *cluster {
 	if err := os.WriteFile(filepath.Join(secrets, "gossip.keys"), key, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	makePKI(t, secrets)
+	pki = secrets
 	c := &cluster{t: t, project: "sluicee2e" + scenario, nodes: map[string]*node{}, ids: map[string]string{}}
 	ports := freePorts(t, 2*len(allNodes))
 	c.env = append(os.Environ(),
@@ -182,7 +239,7 @@ func newCluster(t *testing.T, scenario string) *cluster {
 	for i, name := range allNodes {
 		n := &node{name: name, ip: fmt.Sprintf("%s.%d", netPrefix, 11+i), grpcPort: ports[2*i], httpPort: ports[2*i+1]}
 		c.env = append(c.env, fmt.Sprintf("SLUICE_E2E_GRPC_%s=%d", name, n.grpcPort), fmt.Sprintf("SLUICE_E2E_HTTP_%s=%d", name, n.httpPort))
-		conn, err := grpc.NewClient(n.grpcAddr(), clientDialOption())
+		conn, err := grpc.NewClient(n.grpcAddr(), clientDialOption(t))
 		if err != nil {
 			t.Fatal(err)
 		}

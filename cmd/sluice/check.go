@@ -219,6 +219,10 @@ func dialNode(cmd *cli.Command, addr string) (*grpc.ClientConn, error) {
 // flag for INVALID_ARGUMENT, a plain error otherwise.
 func callError(addr string, err error) error {
 	st, _ := status.FromError(err)
+	if st.Code() == codes.Unavailable && strings.Contains(st.Message(), "error reading server preface") {
+		// A plaintext call to a TLS port: the server hangs up on it.
+		return fmt.Errorf("node %s: %s: %s (does the node serve TLS? give --tls-ca, and --tls-cert and --tls-key for mutual TLS)", addr, st.Code(), st.Message())
+	}
 	if st.Code() != codes.InvalidArgument {
 		return fmt.Errorf("node %s: %s: %s", addr, st.Code(), st.Message())
 	}

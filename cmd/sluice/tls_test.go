@@ -135,8 +135,8 @@ func TestClientCommandsOverMutualTLS(t *testing.T) {
 	if code, _, errOut := sluice(t, noCert...); code != exitFailure {
 		t.Fatalf("check without a client certificate: %d %s, want %d", code, errOut, exitFailure)
 	}
-	if code, _, errOut := sluice(t, "check", "--name", "api", "--key", "k", "--addr", n.GRPCAddr()); code != exitFailure {
-		t.Fatalf("plaintext check on a TLS node: %d %s, want %d", code, errOut, exitFailure)
+	if code, _, errOut := sluice(t, "check", "--name", "api", "--key", "k", "--addr", n.GRPCAddr()); code != exitFailure || !strings.Contains(errOut, "does the node serve TLS? give --tls-ca") {
+		t.Fatalf("plaintext check on a TLS node: %d %s, want %d and a hint to give --tls-ca", code, errOut, exitFailure)
 	}
 }
 
