@@ -26,9 +26,17 @@ func (d *rogueDelegate) MergeRemoteState(buf []byte, _ bool) {}
 // to merge it in when it joins and ignores its alive messages after, and a
 // good node that joins later sees the good members only.
 func TestBadMetadataNeverJoins(t *testing.T) {
+	// Every transport is made before any node runs: MockNetwork's maps
+	// are not safe for adding a transport while others look peers up
+	// (the race detector caught it once).
 	network := &memberlist.MockNetwork{}
+	goodT, good2T := network.NewTransport("good1"), network.NewTransport("good2")
+	var rogueT []*memberlist.MockTransport
+	for i := range 11 {
+		rogueT = append(rogueT, network.NewTransport(fmt.Sprint("rogue", i)))
+	}
 	good, err := New(Config{Name: "good1", GRPCAddr: "127.0.0.1:7070", Region: "r1", Version: "v1.0.0", Profile: Local,
-		Transport: network.NewTransport("good1"), Logger: slog.New(slog.DiscardHandler)})
+		Transport: goodT, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,10 +55,13 @@ func TestBadMetadataNeverJoins(t *testing.T) {
 		{"bad name", `{"v":1,"grpc":"10.0.0.9:7070","region":"r1"}`},
 		{strings.Repeat("n", 129), `{"v":1,"grpc":"10.0.0.9:7070","region":"r1"}`},
 	}
+	if len(rogues) != len(rogueT) {
+		t.Fatalf("%d rogues, %d transports", len(rogues), len(rogueT))
+	}
 	for i, r := range rogues {
 		mc := memberlist.DefaultLocalConfig()
 		mc.Name = r.name
-		mc.Transport = network.NewTransport(fmt.Sprint("rogue", i))
+		mc.Transport = rogueT[i]
 		mc.Delegate = &rogueDelegate{meta: []byte(r.meta)}
 		mc.Logger = log.New(io.Discard, "", 0)
 		ml, err := memberlist.Create(mc)
@@ -65,7 +76,7 @@ func TestBadMetadataNeverJoins(t *testing.T) {
 	// A good node joins after the rogues: once it is a member, gossip has
 	// had every chance to spread them; none is a member anywhere.
 	good2, err := New(Config{Name: "good2", GRPCAddr: "127.0.0.1:7071", Region: "r1", Version: "v1.0.0", Profile: Local,
-		Transport: network.NewTransport("good2"), Logger: slog.New(slog.DiscardHandler)})
+		Transport: good2T, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -93,9 +93,12 @@ func TestPartitionHealsAfterGossipToTheDead(t *testing.T) {
 			mn := &memberlist.MockNetwork{}
 			p := &partition{}
 			var cs []*Cluster
+			// All transports first: MockNetwork's maps are not safe for
+			// adding one while running nodes look peers up.
+			mts := []*memberlist.MockTransport{mn.NewTransport("n1"), mn.NewTransport("n2"), mn.NewTransport("n3")}
 			for i := 1; i <= 3; i++ {
 				name := fmt.Sprintf("n%d", i)
-				mt := mn.NewTransport(name)
+				mt := mts[i-1]
 				ip, port, err := mt.FinalAdvertiseAddr("", 0)
 				if err != nil {
 					t.Fatal(err)
