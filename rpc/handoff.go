@@ -674,14 +674,23 @@ func (s *Server) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluicev1
 		s.log.Warn("pull refused", "sender", req.Sender, "keys", len(req.Keys), "reason", reason)
 		return nil, status.Error(codes.PermissionDenied, "sluice: pull refused: "+reason)
 	}
-	v := s.view.Load()
-	resp := &sluicev1.PullResponse{}
 	for i, kb := range req.Keys {
 		if len(kb) == 0 {
 			return nil, invalidArgument(&fieldError{fmt.Sprintf("keys[%d]", i), "must not be empty"})
 		}
 	}
-	for _, kb := range req.Keys {
+	// A pull takes a key's state away, so only the key's owner may pull
+	// it: a member that pulled a key it does not own would erase its
+	// count (a fresh budget at the owner). The puller owns its keys under
+	// the ring it names (its fingerprint); see waitPullerOwns for when
+	// this node has not built that ring.
+	v, owned := s.waitPullerOwns(ctx, req.Sender, req.RingFingerprint, req.Keys)
+	if refused := len(req.Keys) - len(owned); refused > 0 {
+		s.stats.handOffRefused.Add(int64(refused))
+		s.log.Warn("pull refused for keys the sender does not own", "sender", req.Sender, "keys", refused)
+	}
+	resp := &sluicev1.PullResponse{}
+	for _, kb := range owned {
 		k := string(kb)
 		for {
 			s.hmu.Lock()
@@ -884,6 +893,60 @@ func (s *Server) vetSender(ctx context.Context, sender string) string {
 // of yet waits for gossip to bring it (a new member may pull before the
 // news of its join has reached every node).
 const pullerWait = 500 * time.Millisecond
+
+// pullOwnerWait bounds how long a Pull waits for this node to build the
+// ring the puller pulled under (the puller saw the ring change first). The
+// puller gives a pull half the forward timeout (its ctx here), vetPuller's
+// wait included.
+const pullOwnerWait = 900 * time.Millisecond
+
+// waitPullerOwns decides which of keys sender may pull. Under the ring the
+// puller names (fingerprint fp), when this node has built it too (now or
+// in the last ringHistoryAge): the keys sender owns there. When this node
+// has not, the puller may be ahead (a join this node has not applied) or
+// on a ring this node skipped: if this node's ring changed in the last
+// pullOwnerWait, or changes within it, the cluster is changing and all
+// keys go (a new owner must not lose a count to a lagging ring); if it
+// stays as it was, none (a stable cluster gives no reason to pull a key
+// one does not own). It returns the current view too.
+func (s *Server) waitPullerOwns(ctx context.Context, sender, fp string, keys [][]byte) (*view, [][]byte) {
+	arrived := time.Now()
+	deadline := arrived.Add(pullOwnerWait)
+	for {
+		v := s.view.Load()
+		for _, r := range s.recentRings(v) {
+			if r.Fingerprint() != fp {
+				continue
+			}
+			owned := make([][]byte, 0, len(keys))
+			for _, kb := range keys {
+				if r.Owner(kb) == sender {
+					owned = append(owned, kb)
+				}
+			}
+			return v, owned
+		}
+		if changed := s.lastRingChange(); !changed.IsZero() && changed.After(arrived.Add(-pullOwnerWait)) {
+			return v, keys
+		}
+		if time.Now().After(deadline) {
+			return v, nil
+		}
+		select {
+		case <-ctx.Done():
+			return v, nil
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// lastRingChange returns when this node last replaced its ring (zero if
+// never).
+func (s *Server) lastRingChange() time.Time {
+	s.hmu.Lock()
+	defer s.hmu.Unlock()
+	return s.ringChanged
+}
 
 // vetPuller returns why a Pull from sender is refused, or "": a pull
 // takes keys' state away, so it must come from a member (see vetSender),

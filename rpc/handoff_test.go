@@ -270,44 +270,50 @@ func TestReplacingAnOwnerKeepsCounts(t *testing.T) {
 	noLostState(t, nodes)
 }
 
-// A new owner that is touched before the old owner's hand-off arrives
-// pulls the key: here node2 takes key k from node1 and node1's hand-off is
-// never sent (node1's push finds nothing, its windows having been pulled):
-// the count carries over exactly.
-func TestPullOnFirstTouch(t *testing.T) {
+// A pull takes a key's state away from the node that holds it, so on a
+// ring that has not changed for a while a member may pull only the keys it
+// owns: node2 pulling a key of node1's (through its own pull path, and by a
+// Pull call of its own) gets nothing, and node1's exhausted key stays
+// exhausted. (A pull that a new owner makes while rings change is taken:
+// the join tests above and below exercise it.)
+func TestPullOfAKeyNotOwnedIsRefused(t *testing.T) {
 	clock := windowClock()
 	nodes := startCluster(t, 2, clock)
+	s1, s2 := nodes[0].Server(), nodes[1].Server()
+	eventually(t, "node1's ring to be stable for longer than a pull waits", func() bool {
+		return time.Since(s1.lastRingChange()) > 2*pullOwnerWait
+	})
 	k := keyOwnedBy(t, nodes[0], "pull", "node1")
 	rc := &sluicev1.RateLimitCheck{Name: "pull", Key: k, Hits: proto.Int64(1), Limit: 10, WindowMs: 60000}
-	for range 7 {
+	for range 10 {
 		if !check(t, nodes[0].client, rc).Allowed {
 			t.Fatal("denied under the limit")
 		}
 	}
-	// node2 learns of a ring in which it owns k (node1 not yet): it pulls.
-	s1, s2 := nodes[0].Server(), nodes[1].Server()
 	key := ring.Key(nil, "pull", k)
 	v := s2.view.Load()
 	mi := &movingIn{ring: v.ring, prev: v.ring, parts: make([]bool, v.ring.Config().PartitionCount),
 		deadline: time.Now().Add(time.Minute), waiting: map[string]bool{"node1": true},
 		settled: map[string]bool{}, pulling: map[string]chan struct{}{}}
 	s2.settle(context.Background(), v, mi, key)
-	if _, ok := s1.store.Get(string(key)); ok {
-		t.Fatal("node1 still holds the key after the pull")
+	resp, err := dialPeer(t, nodes[0].GRPCAddr()).Pull(context.Background(),
+		&sluicev1.PullRequest{Sender: "node2", RingFingerprint: v.ring.Fingerprint(), Keys: [][]byte{key}})
+	if err != nil {
+		t.Fatal(err)
 	}
-	st, ok := s2.store.Get(string(key))
-	if !ok {
-		t.Fatal("node2 holds no state after the pull")
+	if len(resp.States) != 0 || len(resp.Replicas) != 0 {
+		t.Fatalf("node1 gave node2 a key node2 does not own: %v", resp)
 	}
-	d, _ := s2.store.Apply(string(key), window.Check{Algorithm: window.FixedWindow, Limit: 10, Window: time.Minute, Hits: 0}, clock.Now())
-	if d.Remaining != 3 || st.IsZero() {
-		t.Fatalf("after the pull node2 has remaining %d, want 3", d.Remaining)
+	if _, ok := s1.store.Get(string(key)); !ok {
+		t.Fatal("node1 lost the key's state to a pull")
 	}
-	// node1 still owns k under its ring, but gave it away: its checks go
-	// to node2 and count there.
-	d1 := check(t, nodes[0].client, rc)
-	if d1.Owner != "node2" || !d1.Allowed || d1.Remaining != 2 {
-		t.Fatalf("check via node1 after the pull: %+v, want node2 deciding with remaining 2", d1)
+	for _, n := range nodes {
+		if d := check(t, n.client, rc); d.Allowed || d.Owner != "node1" || d.Remaining != 0 {
+			t.Fatalf("check via %s after the pulls: %+v, want node1 deciding, used up", n.Name(), d)
+		}
+	}
+	if got := s1.Stats().HandOffRefused; got < 2 {
+		t.Errorf("node1 counted %d refused pulls, want at least 2", got)
 	}
 }
 

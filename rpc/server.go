@@ -132,6 +132,7 @@ type Server struct {
 
 	peerIdentity func(context.Context) (string, bool)
 	ringHist     []pastRing // rings before the current one, oldest first; guarded by hmu
+	ringChanged  time.Time  // when the ring last changed (zero: never); guarded by hmu
 }
 
 // view is what routing needs, swapped whole on each membership change.
@@ -480,6 +481,7 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 		}
 		s.moving.Store(s.newMovingIn(prev, r, s.moving.Load()))
 		s.noteRingLocked(old.ring, r)
+		s.ringChanged = time.Now()
 		if !old.bootstrap {
 			s.rememberRingLocked(old.ring)
 		}
