@@ -531,7 +531,7 @@ func tokenClient(t *testing.T, addr, token string, tc *tls.Config) sluicev1.Rate
 func checkNames(c sluicev1.RateLimitServiceClient, names ...string) error {
 	req := &sluicev1.CheckRequest{}
 	for _, n := range names {
-		req.Checks = append(req.Checks, &sluicev1.RateLimitCheck{Name: n, Key: "k", Hits: proto.Int64(1), Limit: 100, WindowMs: 60000})
+		req.Checks = append(req.Checks, &sluicev1.RateLimitCheck{Name: n, Key: "k", Hits: proto.Int64(1)})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -543,8 +543,19 @@ func checkNames(c sluicev1.RateLimitServiceClient, names ...string) error {
 // prefixes cover; no token, a wrong one or a malformed header is
 // Unauthenticated; a name outside its prefixes is PermissionDenied and
 // nothing of the batch is counted.
+// tokenLimits configures the names the token tests check: a token checks
+// configured limits only.
+const tokenLimits = `
+limits:
+  api: {limit: 100, window: 1m}
+  api-admin: {limit: 1, window: 1h}
+  auth.signin: {limit: 100, window: 1m}
+  anything: {limit: 100, window: 1m}
+  billing: {limit: 100, window: 1m}
+`
+
 func TestTokenAuth(t *testing.T) {
-	n := startNodeWith(t, "tok", window.NewManualClock(windowStart), NodeConfig{HTTPAddr: "127.0.0.1:0", TokenFile: writeTokens(t)})
+	n := startNodeWith(t, "tok", window.NewManualClock(windowStart), NodeConfig{HTTPAddr: "127.0.0.1:0", TokenFile: writeTokens(t), Limits: mustParseLimits(t, tokenLimits)})
 	addr := n.GRPCAddr()
 	for _, tc := range []struct {
 		what  string
@@ -565,12 +576,35 @@ func TestTokenAuth(t *testing.T) {
 	// The refused batch counted nothing: its "api" check is at 1 (the
 	// right token's) and the next is the second.
 	resp, err := tokenClient(t, addr, tokenAPI, nil).Check(context.Background(), &sluicev1.CheckRequest{Checks: []*sluicev1.RateLimitCheck{
-		{Name: "api", Key: "k", Hits: proto.Int64(1), Limit: 100, WindowMs: 60000}}})
+		{Name: "api", Key: "k", Hits: proto.Int64(1)}}})
 	if err != nil || resp.Decisions[0].Remaining != 98 {
 		t.Fatalf("after a refused batch: %v, remaining %v, want 98", err, resp.GetDecisions())
 	}
 
-	body := `{"checks":[{"name":"%s","key":"h","limit":5,"window_ms":60000}]}`
+	// A token sends no numbers of its own: with them it could reset every
+	// key of its names (another window starts a key afresh). The
+	// attacker's case: api-admin (1 an hour) used up, then a check with a
+	// window of its own, then the configured check again: still refused.
+	admin := tokenClient(t, addr, tokenAPI, nil)
+	if d := check(t, admin, &sluicev1.RateLimitCheck{Name: "api-admin", Key: "victim"}); !d.Allowed {
+		t.Fatalf("first api-admin check: %+v", d)
+	}
+	for _, own := range []*sluicev1.RateLimitCheck{
+		{Name: "api-admin", Key: "victim", Limit: 1000, WindowMs: 1000, Algorithm: sluicev1.Algorithm_ALGORITHM_TOKEN_BUCKET},
+		{Name: "api-admin", Key: "victim", WindowMs: 1000},
+		{Name: "api-admin", Key: "victim", Burst: 5},
+		{Name: "api-admin", Key: "victim", Algorithm: sluicev1.Algorithm_ALGORITHM_FIXED_WINDOW},
+	} {
+		_, err := admin.Check(context.Background(), &sluicev1.CheckRequest{Checks: []*sluicev1.RateLimitCheck{own}})
+		if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "configured limits only") {
+			t.Errorf("token check with numbers of its own %v: %v, want PermissionDenied", own, err)
+		}
+	}
+	if d := check(t, admin, &sluicev1.RateLimitCheck{Name: "api-admin", Key: "victim"}); d.Allowed || d.Remaining != 0 {
+		t.Fatalf("api-admin after the token's own numbers were refused: %+v, want still used up", d)
+	}
+
+	body := `{"checks":[{"name":"%s","key":"h"}]}`
 	for _, tc := range []struct {
 		what, auth, name string
 		want             int
@@ -639,7 +673,8 @@ func TestTokenOverPlaintextOffLoopbackRefused(t *testing.T) {
 	p := newPKI(t)
 	c, k := p.issue(t, certs.Peer, "wide2")
 	n2, err := StartNode(NodeConfig{Name: "wide2", GRPCAddr: net.JoinHostPort(ip, "0"), GossipAddr: "127.0.0.1:0", AdvertiseHost: ip,
-		Profile: "local", Logger: testLogger(), TokenFile: tokens, ClientAuth: ClientAuthEither, TLSCert: c, TLSKey: k, TLSCA: p.caFile, Insecure: true})
+		Profile: "local", Logger: testLogger(), TokenFile: tokens, ClientAuth: ClientAuthEither, TLSCert: c, TLSKey: k, TLSCA: p.caFile, Insecure: true,
+		Limits: mustParseLimits(t, tokenLimits)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/internal/certs"
+	"github.com/sluicehq/sluice/limits"
 	"github.com/sluicehq/sluice/rpc"
 )
 
@@ -152,15 +153,21 @@ func TestCheckWithToken(t *testing.T) {
 	if err := os.WriteFile(mine, []byte(tok+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// A token checks configured limits only (no numbers of its own).
+	set, err := limits.Parse("limits.yaml", []byte("limits:\n  api: {limit: 10, window: 1m}\n  billing: {limit: 10, window: 1m}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	n, err := rpc.StartNode(rpc.NodeConfig{Name: "tok", GRPCAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
-		Profile: cluster.Local, Logger: slog.New(slog.DiscardHandler), LeaveTimeout: time.Second, TokenFile: tokens})
+		Profile: cluster.Local, Logger: slog.New(slog.DiscardHandler), LeaveTimeout: time.Second, TokenFile: tokens,
+		Limits: limits.Static(set)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = n.Close(context.Background()) })
 	runEnv := func(env map[string]string, args ...string) (int, string) {
 		var out, errOut strings.Builder
-		code := run(context.Background(), append([]string{"sluice", "check", "--addr", n.GRPCAddr(), "--key", "k"}, args...),
+		code := run(context.Background(), append([]string{"sluice", "check", "--addr", n.GRPCAddr(), "--key", "k", "--named"}, args...),
 			func(k string) (string, bool) { v, ok := env[k]; return v, ok }, &out, &errOut)
 		return code, errOut.String()
 	}
@@ -175,5 +182,11 @@ func TestCheckWithToken(t *testing.T) {
 	}
 	if code, errOut := runEnv(map[string]string{"SLUICE_TOKEN": tok}, "--name", "billing"); code != exitFailure || !strings.Contains(errOut, "PermissionDenied") {
 		t.Fatalf("a name outside the token's prefixes: %d %s, want %d PermissionDenied", code, errOut, exitFailure)
+	}
+	var out, errOut strings.Builder
+	code := run(context.Background(), []string{"sluice", "check", "--addr", n.GRPCAddr(), "--key", "k", "--name", "api", "--limit", "1000", "--window", "1s"},
+		func(k string) (string, bool) { return map[string]string{"SLUICE_TOKEN": tok}[k], k == "SLUICE_TOKEN" }, &out, &errOut)
+	if code != exitFailure || !strings.Contains(errOut.String(), "configured limits only") {
+		t.Fatalf("a token check with numbers of its own: %d %s, want %d PermissionDenied", code, errOut.String(), exitFailure)
 	}
 }
