@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -341,6 +342,18 @@ func TestServeRefusesBadFlags(t *testing.T) {
 		{[]string{"serve", "--grpc-addr", "0.0.0.0:0", "--advertise-addr", "127.0.0.1", "--gossip-addr", "127.0.0.1:0", "--http-addr", ""}, "--insecure"},
 	}
 	for _, c := range cases {
+		// Ports the OS picks unless the case sets them: a refusal that
+		// comes after binding must not meet a node running on the
+		// defaults (make run).
+		for _, f := range []string{"--grpc-addr", "--gossip-addr", "--http-addr"} {
+			if !slices.Contains(c.args, f) {
+				v := "127.0.0.1:0"
+				if f == "--http-addr" {
+					v = ""
+				}
+				c.args = append(c.args, f, v)
+			}
+		}
 		code, _, errOut := sluice(t, c.args...)
 		if code == 0 || !strings.Contains(errOut, c.msg) {
 			t.Errorf("sluice %s: exit %d, stderr %q; want a failure naming %q", strings.Join(c.args, " "), code, errOut, c.msg)

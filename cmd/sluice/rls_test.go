@@ -23,13 +23,13 @@ func TestServeRLSConfig(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: minutes\n      requests_per_unit: 1\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	code, _, errOut := sluice(t, "serve", "--name", "r", "--grpc-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0", "--rls-config", bad)
+	code, _, errOut := sluice(t, "serve", "--name", "r", "--grpc-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0", "--http-addr", "", "--rls-config", bad)
 	if want := "invalid --rls-config: " + bad + `:5:13: descriptors[0].rate_limit.unit: invalid rate limit unit "minutes"`; code != exitUsage || !strings.Contains(errOut, want) {
 		t.Fatalf("bad rules: exit %d, stderr %q; want exit 2 and %q", code, errOut, want)
 	}
 
 	env := map[string]string{
-		"SLUICE_NAME": "rls-node", "SLUICE_GRPC_ADDR": "127.0.0.1:0", "SLUICE_GOSSIP_ADDR": "127.0.0.1:0",
+		"SLUICE_NAME": "rls-node", "SLUICE_GRPC_ADDR": "127.0.0.1:0", "SLUICE_GOSSIP_ADDR": "127.0.0.1:0", "SLUICE_HTTP_ADDR": "127.0.0.1:0",
 		"SLUICE_PROFILE": "local", "SLUICE_RLS_CONFIG": "../../examples/rls",
 	}
 	getenv := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
