@@ -284,6 +284,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		if err := verifyPeerChain(chainOf(cs.cur.Load().cert), cs.cur.Load().pool, cfg.Name, x509.ExtKeyUsageServerAuth); err != nil {
 			return nil, fmt.Errorf("tls_cert: %w (want a peer certificate of this node signed by tls_ca)", err)
 		}
+		cs.member = cfg.Name // reloads are held to the same
 	}
 	var ts *tokenSet
 	if cfg.TokenFile != "" {

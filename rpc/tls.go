@@ -38,9 +38,14 @@ type tlsMaterial struct {
 // current material, so a reload takes effect on the next handshake.
 type certSource struct {
 	certFile, keyFile, caFile string
-	log                       *slog.Logger
-	cur                       atomic.Pointer[tlsMaterial]
-	reloads, failures         atomic.Int64
+	// member, when set, is the node's name: a reloaded certificate must
+	// be this member's peer certificate, signed by the reloaded CA, as at
+	// start (else the node would serve another's identity, or one its
+	// peers refuse).
+	member            string
+	log               *slog.Logger
+	cur               atomic.Pointer[tlsMaterial]
+	reloads, failures atomic.Int64
 }
 
 // newCertSource loads the files; it returns an error naming the setting
@@ -107,6 +112,11 @@ func loadPool(caFile string) (*x509.CertPool, error) {
 // written or not matching) it keeps the running material and logs why.
 func (s *certSource) reload() error {
 	m, err := loadTLS(s.certFile, s.keyFile, s.caFile)
+	if err == nil && s.member != "" {
+		if verr := verifyPeerChain(chainOf(m.cert), m.pool, s.member, x509.ExtKeyUsageServerAuth); verr != nil {
+			err = fmt.Errorf("tls_cert: %w (want a peer certificate of %s signed by tls_ca)", verr, s.member)
+		}
+	}
 	if err != nil {
 		s.failures.Add(1)
 		s.log.Error("TLS files refused; the running certificate and CA stay", "error", err)

@@ -450,6 +450,22 @@ func TestCertificateReloadUnderLoad(t *testing.T) {
 	if err := pingCheck(t, n.GRPCAddr(), old); err != nil {
 		t.Fatalf("after a corrupt file, a client of the running CA: %v", err)
 	}
+	// Another member's certificate, and a client's, in the node's files
+	// (valid pairs, signed by the CA): refused as at start, nothing
+	// changes (the attacker's finding: a reload served node4's identity).
+	for _, kind := range []certs.Kind{certs.Peer, certs.Client} {
+		oc, ok := p.issue(t, kind, "other")
+		writeFile(t, keyFile, readFile(t, ok))
+		writeFile(t, certFile, readFile(t, oc))
+		if err := n.ReloadTLS(); err == nil || !strings.Contains(err.Error(), "want a peer certificate of solo") {
+			t.Fatalf("ReloadTLS of a %s certificate of another name: %v, want a refusal", kind, err)
+		}
+		if got := servedSerial(t, n.GRPCAddr(), old); got != serial1 {
+			t.Fatalf("after a %s certificate of another name: served serial %s, want the old %s", kind, got, serial1)
+		}
+	}
+	writeFile(t, keyFile, readFile(t, k1))
+	writeFile(t, certFile, readFile(t, c1))
 
 	// Rotate to CA2: key, certificate and CA replaced by renames.
 	c2, k2 := p2.issue(t, certs.Peer, "solo")
