@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"strings"
 	"testing"
@@ -129,6 +130,28 @@ func TestMetaRoundTripAndRefusal(t *testing.T) {
 		if _, err := decodeMeta([]byte(bad)); !errors.Is(err, errMeta) {
 			t.Errorf("decodeMeta(%q) = %v, want errMeta", bad, err)
 		}
+	}
+}
+
+// A flood of memberlist warnings and errors (one per bad packet, which
+// anyone who reaches the gossip port can send) writes at most logBurst
+// lines a window; the next window says how many were left out.
+func TestStdLoggerLimitsFloods(t *testing.T) {
+	var buf bytes.Buffer
+	w := &slogWriter{l: slog.New(slog.NewTextHandler(&buf, nil)), window: 50 * time.Millisecond, burst: 3}
+	l := log.New(w, "", 0)
+	for range 1000 {
+		l.Printf("[ERR] memberlist: discarding packet with unacceptable label: from=192.0.2.1:7946")
+	}
+	l.Printf("[DEBUG] memberlist: not limited") // below the handler's level anyway
+	if got := strings.Count(buf.String(), "unacceptable label"); got != 3 {
+		t.Fatalf("%d of 1000 flooded lines written, want 3:\n%s", got, buf.String())
+	}
+	time.Sleep(60 * time.Millisecond) // the next window
+	l.Printf("[WARN] memberlist: after the flood")
+	out := buf.String()
+	if !strings.Contains(out, "left_out=997") || !strings.Contains(out, `msg="after the flood"`) {
+		t.Fatalf("after the window: want left_out=997 and the new line:\n%s", out)
 	}
 }
 
