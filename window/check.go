@@ -154,7 +154,12 @@ type Decision struct {
 	Delay time.Duration
 	// NoRoom is true when the key held no state and the store had no room
 	// for it (MaxKeys under [KeyCapDeny], or its group's share): the check
-	// was not admitted (Allowed false) and consumed nothing; Remaining,
-	// ResetTime and RetryAfter are those of the absent key.
+	// was not admitted (Allowed false) and consumed nothing; Remaining is
+	// 0, and RetryAfter is [NoRoomRetry] (ResetTime now plus that).
 	NoRoom bool
 }
+
+// NoRoomRetry is the RetryAfter of a check refused for want of room
+// ([Decision.NoRoom]): 1 s, after which sweeps (or keys freed by their
+// owners) may have made room.
+const NoRoomRetry = time.Second

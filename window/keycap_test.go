@@ -27,8 +27,8 @@ func TestKeyCapDenyKeepsExhaustedVictim(t *testing.T) {
 		d := mustApply(t, s, fmt.Sprintf("api\x00attacker-%d", i), c, now)
 		switch {
 		case d.NoRoom:
-			if d.Allowed {
-				t.Fatalf("key %d: NoRoom but allowed", i)
+			if d.Allowed || d.Remaining != 0 || d.RetryAfter != NoRoomRetry {
+				t.Fatalf("key %d: NoRoom answered %+v, want not allowed, 0 remaining, retry after %s", i, d, NoRoomRetry)
 			}
 			refused++
 		case d.Allowed:

@@ -219,17 +219,16 @@ func (s *Store) apply(key string, clone bool, c Check, now time.Time) (Decision,
 			sh.t.insert(h, key, clone, st)
 			sh.t.noteExpiry(r.reset)
 		} else {
-			// No room: the check is refused and consumes nothing; the
-			// answer is that of a peek of the absent key, not admitted.
+			// No room: the check is refused and consumes nothing. It
+			// says nothing remains (a client must not read "denied, 5
+			// remaining") and to try again after NoRoomRetry, when
+			// sweeps may have made room.
 			sh.mu.Unlock()
 			s.refused.Add(1)
-			var zero state
-			r = zero.apply(Check{Algorithm: c.Algorithm, Limit: c.Limit, Window: c.Window, Burst: c.Burst}, t)
 			return Decision{
 				Limit:      c.Limit,
-				Remaining:  r.remaining,
-				ResetTime:  time.Unix(0, r.reset),
-				RetryAfter: time.Duration(r.retry),
+				ResetTime:  time.Unix(0, t).Add(NoRoomRetry),
+				RetryAfter: NoRoomRetry,
 				NoRoom:     true,
 			}, nil
 		}
