@@ -190,6 +190,17 @@ func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, fr
 		}
 		wg.Go(func() {
 			resp, err := p.client.Pull(cctx, req)
+			// With TLS a member takes this node's peer calls only once it
+			// has verified this node's certificate, a moment after it
+			// hears of it (a restart, a join): until then it refuses them
+			// as from a stranger. Try again within the pull's time.
+			for status.Code(err) == codes.PermissionDenied && cctx.Err() == nil {
+				select {
+				case <-cctx.Done():
+				case <-time.After(20 * time.Millisecond):
+				}
+				resp, err = p.client.Pull(cctx, req)
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
