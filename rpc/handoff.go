@@ -911,15 +911,22 @@ const pullerWait = 500 * time.Millisecond
 // wait included.
 const pullOwnerWait = 900 * time.Millisecond
 
+// pullChurnWindow is how long after its ring changed a node takes a pull
+// under a ring it never built (another node's view of the same changes,
+// e.g. one join applied before the next, while this node applied both at
+// once): a new owner touches its moved keys over the seconds after a
+// change, and refusing such a pull loses or double-counts a count.
+const pullChurnWindow = 10 * time.Second
+
 // waitPullerOwns decides which of keys sender may pull. Under the ring the
 // puller names (fingerprint fp), when this node has built it too (now or
 // in the last ringHistoryAge): the keys sender owns there. When this node
 // has not, the puller may be ahead (a join this node has not applied) or
 // on a ring this node skipped: if this node's ring changed in the last
-// pullOwnerWait, or changes within it, the cluster is changing and all
-// keys go (a new owner must not lose a count to a lagging ring); if it
-// stays as it was, none (a stable cluster gives no reason to pull a key
-// one does not own). It returns the current view too.
+// pullChurnWindow, or changes within pullOwnerWait, the cluster is
+// changing and all keys go (a new owner must not lose a count to a
+// lagging ring); if it stays as it was, none (a stable cluster gives no
+// reason to pull a key one does not own). It returns the current view too.
 func (s *Server) waitPullerOwns(ctx context.Context, sender, fp string, keys [][]byte) (*view, [][]byte) {
 	arrived := time.Now()
 	deadline := arrived.Add(pullOwnerWait)
@@ -937,7 +944,7 @@ func (s *Server) waitPullerOwns(ctx context.Context, sender, fp string, keys [][
 			}
 			return v, owned
 		}
-		if changed := s.lastRingChange(); !changed.IsZero() && changed.After(arrived.Add(-pullOwnerWait)) {
+		if changed := s.lastRingChange(); !changed.IsZero() && changed.After(arrived.Add(-pullChurnWindow)) {
 			return v, keys
 		}
 		if time.Now().After(deadline) {

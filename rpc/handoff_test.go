@@ -280,8 +280,8 @@ func TestPullOfAKeyNotOwnedIsRefused(t *testing.T) {
 	clock := windowClock()
 	nodes := startCluster(t, 2, clock)
 	s1, s2 := nodes[0].Server(), nodes[1].Server()
-	eventually(t, "node1's ring to be stable for longer than a pull waits", func() bool {
-		return time.Since(s1.lastRingChange()) > 2*pullOwnerWait
+	eventually(t, "node1's ring to be stable past the churn window", func() bool {
+		return time.Since(s1.lastRingChange()) > pullChurnWindow
 	})
 	k := keyOwnedBy(t, nodes[0], "pull", "node1")
 	rc := &sluicev1.RateLimitCheck{Name: "pull", Key: k, Hits: proto.Int64(1), Limit: 10, WindowMs: 60000}
@@ -304,6 +304,16 @@ func TestPullOfAKeyNotOwnedIsRefused(t *testing.T) {
 	if len(resp.States) != 0 || len(resp.Replicas) != 0 {
 		t.Fatalf("node1 gave node2 a key node2 does not own: %v", resp)
 	}
+	// Under a ring node1 never built (a made-up fingerprint), on a ring
+	// that has not changed for a while: refused too.
+	resp, err = dialPeer(t, nodes[0].GRPCAddr()).Pull(context.Background(),
+		&sluicev1.PullRequest{Sender: "node2", RingFingerprint: "0123456789abcdef", Keys: [][]byte{key}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.States) != 0 || len(resp.Replicas) != 0 {
+		t.Fatalf("node1 gave node2 a key under a made-up ring: %v", resp)
+	}
 	if _, ok := s1.store.Get(string(key)); !ok {
 		t.Fatal("node1 lost the key's state to a pull")
 	}
@@ -312,8 +322,8 @@ func TestPullOfAKeyNotOwnedIsRefused(t *testing.T) {
 			t.Fatalf("check via %s after the pulls: %+v, want node1 deciding, used up", n.Name(), d)
 		}
 	}
-	if got := s1.Stats().HandOffRefused; got < 2 {
-		t.Errorf("node1 counted %d refused pulls, want at least 2", got)
+	if got := s1.Stats().HandOffRefused; got < 3 {
+		t.Errorf("node1 counted %d refused pulls, want at least 3", got)
 	}
 }
 
