@@ -4,12 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
+	"github.com/sluicehq/sluice/internal/filewatch"
 )
 
 // Source holds the current Set of one limits file and reloads it. It is
@@ -117,50 +116,7 @@ func (s *Source) Watch(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
-		return err
-	}
-	defer w.Close()
-	dir := filepath.Dir(s.path)
-	if err := w.Add(dir); err != nil {
-		return err
-	}
-	abs, _ := filepath.Abs(s.path)
-	var (
-		debounce = time.NewTimer(time.Hour)
-		pending  bool
-		first    time.Time // the first change not yet reloaded
-	)
-	debounce.Stop()
-	defer debounce.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case ev, ok := <-w.Events:
-			if !ok {
-				return nil
-			}
-			if p, _ := filepath.Abs(ev.Name); p != abs && filepath.Base(ev.Name) != "..data" {
-				continue // another file of the directory (..data: a ConfigMap's swap)
-			}
-			// Wait for the writes to stop (every change restarts the
-			// wait), but reload at most a second after the first change.
-			if !pending {
-				pending, first = true, time.Now()
-			}
-			debounce.Reset(min(250*time.Millisecond, time.Until(first.Add(time.Second))))
-		case err, ok := <-w.Errors:
-			if !ok {
-				return nil
-			}
-			s.log.Warn("watching the limits file", "file", s.path, "error", err)
-		case <-debounce.C:
-			if pending {
-				pending = false
-				_ = s.Reload()
-			}
-		}
-	}
+	return filewatch.Watch(ctx, []string{s.path}, func() { _ = s.Reload() }, func(err error) {
+		s.log.Warn("watching the limits file", "file", s.path, "error", err)
+	})
 }

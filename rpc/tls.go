@@ -10,13 +10,11 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"sync/atomic"
-	"time"
-
-	"github.com/fsnotify/fsnotify"
 
 	"github.com/sluicehq/sluice/internal/certs"
+
+	"github.com/sluicehq/sluice/internal/filewatch"
 )
 
 // MinPublicTLS is the lowest TLS version the public port (gRPC and HTTP)
@@ -204,64 +202,10 @@ func (s *certSource) verifyMember(ctx context.Context, name, addr string) error 
 }
 
 // watchFiles calls reload whenever one of files changes on disk, until ctx
-// is done, like limits.Source.Watch: it watches the files' directories (a
-// rename, such as a Kubernetes Secret's ..data swap, counts) and waits
-// until the files have had no change for 250 ms (at most a second).
+// is done (see internal/filewatch: directories watched, 250 ms of quiet, at
+// most a second), logging the watcher's errors.
 func watchFiles(ctx context.Context, files []string, reload func(), log *slog.Logger) error {
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
-		return err
-	}
-	defer w.Close()
-	want := map[string]bool{}
-	dirs := map[string]bool{}
-	for _, f := range files {
-		abs, err := filepath.Abs(f)
-		if err != nil {
-			return err
-		}
-		want[abs] = true
-		dirs[filepath.Dir(abs)] = true
-	}
-	for d := range dirs {
-		if err := w.Add(d); err != nil {
-			return err
-		}
-	}
-	var (
-		debounce = time.NewTimer(time.Hour)
-		pending  bool
-		first    time.Time
-	)
-	debounce.Stop()
-	defer debounce.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case ev, ok := <-w.Events:
-			if !ok {
-				return nil
-			}
-			if p, _ := filepath.Abs(ev.Name); !want[p] && filepath.Base(ev.Name) != "..data" {
-				continue
-			}
-			if !pending {
-				pending, first = true, time.Now()
-			}
-			debounce.Reset(min(250*time.Millisecond, time.Until(first.Add(time.Second))))
-		case err, ok := <-w.Errors:
-			if !ok {
-				return nil
-			}
-			log.Warn("watching TLS and token files", "error", err)
-		case <-debounce.C:
-			if pending {
-				pending = false
-				reload()
-			}
-		}
-	}
+	return filewatch.Watch(ctx, files, reload, func(err error) { log.Warn("watching TLS and token files", "error", err) })
 }
 
 // isLoopback reports whether a is a loopback address (a connection from
