@@ -589,6 +589,9 @@ func (s *Server) HandOff(stream sluicev1.PeerService_HandOffServer) error {
 			return err
 		}
 		resp := &sluicev1.HandOffResponse{}
+		// One view for the ring check and the states' vetting: a ring
+		// that changed in between would refuse honest states silently.
+		v := s.view.Load()
 		switch {
 		case s.leaving.Load():
 			resp.Error = errLeaving.Error()
@@ -596,12 +599,12 @@ func (s *Server) HandOff(stream sluicev1.PeerService_HandOffServer) error {
 			resp.Error = fmt.Sprintf("states: at most %d per request, got %d", handOffBatch, len(req.States))
 		case req.Sender == "":
 			resp.Error = "sender: must not be empty"
-		case len(req.States) > 0 && !req.SenderLeaving && req.RingFingerprint != s.view.Load().ring.Fingerprint():
+		case len(req.States) > 0 && !req.SenderLeaving && req.RingFingerprint != v.ring.Fingerprint():
 			// One of the two rings is behind: the keys may not be this
 			// node's. The sender keeps them and tries again.
 			s.stats.handOffRefused.Add(int64(len(req.States)))
 			resp.Error = fmt.Sprintf("ring_fingerprint: %s differs from the receiver's %s; retry when the rings agree",
-				req.RingFingerprint, s.view.Load().ring.Fingerprint())
+				req.RingFingerprint, v.ring.Fingerprint())
 		default:
 			if reason := s.vetSender(stream.Context(), req.Sender); reason != "" {
 				s.stats.handOffRefused.Add(int64(len(req.States)))
@@ -612,7 +615,6 @@ func (s *Server) HandOff(stream sluicev1.PeerService_HandOffServer) error {
 			states := make([]window.State, 0, len(req.States))
 			keys := make([]string, 0, len(req.States))
 			now := s.store.Now()
-			v := s.view.Load()
 			hist := s.recentRings(v)
 			for i, ks := range req.States {
 				var st window.State
