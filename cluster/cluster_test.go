@@ -12,19 +12,15 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/sluicehq/sluice/internal/poll"
 )
 
-// eventually polls cond every 10 ms until it holds or 10 s pass. Gossip
-// runs on its own timers, so this is the one place a test waits.
+// eventually waits up to 10 s for cond: gossip runs on its own timers,
+// so this is the one place a test waits.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Until(t, 10*time.Second, what, cond)
 }
 
 // startMock starts n nodes on one in-memory memberlist network: no ports.

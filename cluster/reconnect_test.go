@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/sluicehq/sluice/internal/poll"
 )
 
 // partition is a cut through an in-memory memberlist network: addresses on
@@ -66,20 +68,6 @@ func (t *cutTransport) DialTimeout(addr string, timeout time.Duration) (net.Conn
 
 func (t *cutTransport) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
 	return t.DialTimeout(a.Addr, timeout)
-}
-
-// waitFor polls cond every 20 ms until it holds or 30 s pass (failure
-// detection and gossip run on their own timers, slow under the race
-// detector on a busy machine).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after 30 s waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // A network partition that outlasts memberlist's gossip to the dead (here
@@ -141,14 +129,16 @@ func TestPartitionHealsAfterGossipToTheDead(t *testing.T) {
 					t.Logf("members: n1 %d, n2 %d, n3 %d; cut %v", members(cs[0]), members(cs[1]), members(cs[2]), p.cut)
 				}
 			}()
-			waitFor(t, "both sides to see the other as dead", func() bool {
+			// 30 s: failure detection runs on its own timers, slow under
+			// the race detector on a busy machine.
+			poll.Until(t, 30*time.Second, "both sides to see the other as dead", func() bool {
 				return members(cs[0]) == 2 && members(cs[1]) == 2 && members(cs[2]) == 1
 			})
 			time.Sleep(2 * time.Second) // past gossip to the dead (1 s): no side contacts the other any more
 			p.set()                     // the link is back
 
 			if reconnect {
-				waitFor(t, "the partition to heal", func() bool {
+				poll.Until(t, 30*time.Second, "the partition to heal", func() bool {
 					return members(cs[0]) == 3 && members(cs[1]) == 3 && members(cs[2]) == 3
 				})
 				return

@@ -329,7 +329,7 @@ func (a *authenticator) authorize(method string, pr principal, req any) error {
 			// Numbers of its own would let a token reset every key of
 			// its names (another algorithm or window starts a key
 			// afresh), other clients' keys included.
-			if c.GetLimit() != 0 || c.GetWindowMs() != 0 || c.GetBurst() != 0 || c.GetAlgorithm() != sluicev1.Algorithm_ALGORITHM_UNSPECIFIED {
+			if hasNumbers(c) {
 				return status.Errorf(codes.PermissionDenied, "checks[%d]: a token checks configured limits only: send no limit, window_ms, burst or algorithm (the limit %q takes its numbers from the node's limits file)", i, c.GetName())
 			}
 		}

@@ -16,6 +16,8 @@ import (
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
+
+	"github.com/sluicehq/sluice/internal/poll"
 )
 
 // windowStart is a Unix time that is a whole multiple of every window the
@@ -31,19 +33,13 @@ func testLogger() *slog.Logger {
 	return slog.New(slog.DiscardHandler)
 }
 
-// eventually polls cond every 10 ms until it holds or 40 s pass: gossip
-// runs on its own timers, so this is the one place these tests wait. (A
-// CI machine running the race suite on 2 cores has taken over 15 s for
-// five members to agree once; a healthy run takes well under a second.)
+// eventually waits up to 40 s for cond: gossip runs on its own timers, so
+// this is the one place these tests wait. (A CI machine running the race
+// suite on 2 cores has taken over 15 s for five members to agree once; a
+// healthy run takes well under a second.)
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(40 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Until(t, 40*time.Second, what, cond)
 }
 
 // testNode is a running node and a client connected to it.

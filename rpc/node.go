@@ -27,6 +27,8 @@ import (
 	"github.com/sluicehq/sluice/rls"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
+
+	"github.com/sluicehq/sluice/internal/filewatch"
 )
 
 // NodeConfig configures a whole node: gRPC server, gossip and windows.
@@ -399,7 +401,8 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	}
 	if files := n.reloadFiles(); len(files) > 0 {
 		n.wg.Go(func() {
-			if err := watchFiles(ctx, files, func() { _ = n.ReloadTLS() }, log); err != nil {
+			onError := func(err error) { log.Warn("watching TLS and token files", "error", err) }
+			if err := filewatch.Watch(ctx, files, func() { _ = n.ReloadTLS() }, onError); err != nil {
 				log.Warn("not watching the TLS and token files; reload them with SIGHUP", "error", err)
 			}
 		})

@@ -13,8 +13,6 @@ import (
 	"sync/atomic"
 
 	"github.com/sluicehq/sluice/internal/certs"
-
-	"github.com/sluicehq/sluice/internal/filewatch"
 )
 
 // MinPublicTLS is the lowest TLS version the public port (gRPC and HTTP)
@@ -199,13 +197,6 @@ func (s *certSource) verifyMember(ctx context.Context, name, addr string) error 
 		return err
 	}
 	return c.Close()
-}
-
-// watchFiles calls reload whenever one of files changes on disk, until ctx
-// is done (see internal/filewatch: directories watched, 250 ms of quiet, at
-// most a second), logging the watcher's errors.
-func watchFiles(ctx context.Context, files []string, reload func(), log *slog.Logger) error {
-	return filewatch.Watch(ctx, files, reload, func(err error) { log.Warn("watching TLS and token files", "error", err) })
 }
 
 // isLoopback reports whether a is a loopback address (a connection from

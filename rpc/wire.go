@@ -84,6 +84,12 @@ func parseChecks(pbs []*sluicev1.RateLimitCheck, set *limits.Set, fromPeer bool)
 	return out, nil
 }
 
+// hasNumbers reports whether c carries numbers of its own (limit,
+// window_ms, burst or algorithm) rather than naming a configured limit.
+func hasNumbers(c *sluicev1.RateLimitCheck) bool {
+	return c.GetLimit() != 0 || c.GetWindowMs() != 0 || c.GetBurst() != 0 || c.GetAlgorithm() != sluicev1.Algorithm_ALGORITHM_UNSPECIFIED
+}
+
 // parseCheck validates one check; the fieldError names the field alone.
 func parseCheck(pb *sluicev1.RateLimitCheck, set *limits.Set, fromPeer bool) (request, *fieldError) {
 	if pb == nil {
@@ -91,7 +97,7 @@ func parseCheck(pb *sluicev1.RateLimitCheck, set *limits.Set, fromPeer bool) (re
 	}
 	var named, shadow bool
 	l, configured := set.Resolve(pb.Name, pb.Key)
-	noNumbers := pb.Limit == 0 && pb.WindowMs == 0 && pb.Burst == 0 && pb.Algorithm == sluicev1.Algorithm_ALGORITHM_UNSPECIFIED
+	noNumbers := !hasNumbers(pb)
 	switch {
 	case fromPeer:
 		// The sender filled in a named limit's numbers (Named): this

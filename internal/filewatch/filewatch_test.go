@@ -7,20 +7,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-)
 
-// waitFor polls cond until it holds or 10 s pass (file events and the
-// quiet period run on their own timers).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+	"github.com/sluicehq/sluice/internal/poll"
+)
 
 // A write and a rename over the file each reload once, writes in quick
 // succession reload once, and another file of the directory reloads
@@ -42,7 +31,7 @@ func TestWatchReloads(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "a reload after the writes", func() bool { return reloads.Load() >= 1 })
+	poll.Until(t, 10*time.Second, "a reload after the writes", func() bool { return reloads.Load() >= 1 })
 	time.Sleep(2 * MaxWait)
 	if got := reloads.Load(); got != 1 {
 		t.Fatalf("%d reloads after one burst of writes, want 1", got)
@@ -59,7 +48,7 @@ func TestWatchReloads(t *testing.T) {
 	if err := os.Rename(next, file); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a reload after the rename", func() bool { return reloads.Load() == 2 })
+	poll.Until(t, 10*time.Second, "a reload after the rename", func() bool { return reloads.Load() == 2 })
 
 	cancel()
 	if err := <-done; err != nil {

@@ -22,6 +22,8 @@ import (
 	"github.com/sluicehq/sluice/rpc"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
+
+	"github.com/sluicehq/sluice/internal/poll"
 )
 
 // Options shape the nodes of a test cluster; the zero value is a plain
@@ -124,17 +126,12 @@ func WaitRingAgrees(t testing.TB, nodes []*rpc.Node) {
 	})
 }
 
-// Eventually polls cond every 10 ms until it holds or 15 s pass: only
-// for waits at real network edges (gossip runs on its own timers).
+// Eventually waits up to 15 s for cond (see internal/poll): only for
+// waits at real network edges (gossip runs on its own timers). It fails t
+// naming what when cond never holds.
 func Eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Until(t, 15*time.Second, what, cond)
 }
 
 // KeyOwnedBy returns a key of limit name, prefix followed by a number,
