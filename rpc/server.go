@@ -782,7 +782,7 @@ func (s *Server) decideOwned(ctx context.Context, v *view, storeKey []byte, c wi
 // decide applies one validated check to this node's store at the store's
 // clock, and marks the key for replication when it changed.
 func (s *Server) decide(storeKey []byte, c window.Check) *sluicev1.Decision {
-	d, err := s.store.ApplyBytes(storeKey, c, s.store.Now())
+	d, err := s.store.ApplyNow(storeKey, c)
 	if err != nil { // cannot happen: checks are validated on entry
 		return &sluicev1.Decision{Limit: c.Limit, Owner: s.name, Error: err.Error()}
 	}

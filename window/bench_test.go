@@ -78,7 +78,7 @@ func newLimiters(b *testing.B, keys []string) []struct {
 			}
 			return limiter{
 				take:      func(k string) { _, _ = s.Apply(k, c, s.Now()) },
-				takeBytes: func(k []byte) { _, _ = s.ApplyBytes(k, c, s.Now()) },
+				takeBytes: func(k []byte) { _, _ = s.ApplyNow(k, c) },
 			}
 		}},
 		{"go-limiter", func() limiter {

@@ -2,6 +2,7 @@ package window
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -12,11 +13,38 @@ type Clock interface {
 	Now() time.Time
 }
 
-// SystemClock is the real clock: time.Now.
+// SystemClock is the real clock. It reads the wall time as the wall time of
+// an anchor plus the monotonic time elapsed since it (one read of the
+// monotonic clock, about half the cost of [time.Now], which reads both
+// clocks), and takes a fresh anchor from [time.Now] once a second. A step of
+// the wall clock (a VM resumed, NTP setting the time) therefore shows within
+// a second; slewing shows at once, as Linux slews both clocks alike. The
+// times it returns carry no monotonic reading.
 type SystemClock struct{}
 
-// Now returns time.Now().
-func (SystemClock) Now() time.Time { return time.Now() }
+// reanchorEvery is how long SystemClock counts from one anchor.
+const reanchorEvery = time.Second
+
+// clockAnchor is a wall time (Unix ns) and the instant it was read, with
+// its monotonic reading.
+type clockAnchor struct {
+	wall int64
+	mono time.Time
+}
+
+var systemAnchor atomic.Pointer[clockAnchor]
+
+// Now returns the current wall time.
+func (SystemClock) Now() time.Time {
+	if a := systemAnchor.Load(); a != nil {
+		if d := time.Since(a.mono); d >= 0 && d < reanchorEvery {
+			return time.Unix(0, a.wall+int64(d))
+		}
+	}
+	now := time.Now()
+	systemAnchor.Store(&clockAnchor{wall: now.UnixNano(), mono: now})
+	return time.Unix(0, now.UnixNano())
+}
 
 // ManualClock is a clock that moves only when told, for tests. Its zero
 // value reads the Unix epoch. It is safe for concurrent use.

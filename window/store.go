@@ -114,8 +114,7 @@ type Store struct {
 // shard is one lock stripe; t is guarded by mu.
 type shard struct {
 	mu sync.Mutex
-	t  table
-	_  [8]byte // keep shards on separate cache lines (128 bytes each)
+	t  table // with mu, 128 bytes: shards sit on separate cache lines
 }
 
 // StoreStats counts what a Store holds and has removed.
@@ -177,24 +176,36 @@ func (s *Store) hash(key string) uint64 { return maphash.String(s.seed, key) }
 // nothing (a peek, or a refused check) changes no state: it cannot reset a
 // key by naming another algorithm or window.
 func (s *Store) Apply(key string, c Check, now time.Time) (Decision, error) {
-	return s.apply(key, false, c, now)
+	return s.apply(key, false, c, now, false)
 }
 
 // ApplyBytes is [Store.Apply] with the key as bytes; it copies key only
 // when the key is new, so the caller may reuse its buffer.
 func (s *Store) ApplyBytes(key []byte, c Check, now time.Time) (Decision, error) {
-	return s.apply(unsafe.String(unsafe.SliceData(key), len(key)), true, c, now)
+	return s.apply(unsafe.String(unsafe.SliceData(key), len(key)), true, c, now, false)
+}
+
+// ApplyNow is [Store.ApplyBytes] at the store's clock ([Store.Now]). It is
+// the fast path of a node: it reads the clock while the key's slot is
+// being fetched from memory, so the two waits overlap.
+func (s *Store) ApplyNow(key []byte, c Check) (Decision, error) {
+	return s.apply(unsafe.String(unsafe.SliceData(key), len(key)), true, c, time.Time{}, true)
 }
 
 // apply is Apply; clone says key aliases a caller's buffer and must be
-// copied before it is stored.
-func (s *Store) apply(key string, clone bool, c Check, now time.Time) (Decision, error) {
+// copied before it is stored; readClock says to decide at the store's
+// clock instead of now.
+func (s *Store) apply(key string, clone bool, c Check, now time.Time, readClock bool) (Decision, error) {
+	h := s.hash(key)
+	sh := &s.shards[h%shardCount]
+	sh.t.prefetchHome(h)
 	if err := c.Validate(); err != nil {
 		return Decision{}, err
 	}
+	if readClock {
+		now = s.clock.Now()
+	}
 	t := now.UnixNano()
-	h := s.hash(key)
-	sh := &s.shards[h%shardCount]
 	sh.mu.Lock()
 	// The check runs on a copy; only a check that consumed hits writes
 	// its state back, so a peek or a refused check changes nothing (not

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math"
 	"strings"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -82,6 +83,19 @@ type table struct {
 	// and removals touch them.
 	group  func(string) string
 	groups map[string]*int32
+	// view is slots as of its last resize, read without the shard's lock
+	// by prefetchHome only; nil for an empty table.
+	view atomic.Pointer[[]entry]
+}
+
+// prefetchHome starts loading the home slot of a key whose hash is h into
+// the cache, without the shard's lock, so that the cache miss overlaps the
+// work before the lookup (taking the lock, reading the clock). It reads
+// nothing that decides: a view replaced meanwhile only wastes the hint.
+func (t *table) prefetchHome(h uint64) {
+	if v := t.view.Load(); v != nil {
+		prefetch(uintptr(unsafe.Pointer(unsafe.SliceData(*v))) + uintptr(home(keyTag(h), len(*v)))*unsafe.Sizeof(entry{}))
+	}
 }
 
 // groupLen returns how many live entries share key's group (0 when groups
@@ -236,6 +250,8 @@ func (t *table) place(e entry) int {
 func (t *table) resize(n int) {
 	old := t.slots
 	t.slots = make([]entry, n)
+	v := t.slots
+	t.view.Store(&v)
 	for i := range old {
 		if old[i].st.spec != 0 {
 			t.place(old[i])
