@@ -193,16 +193,21 @@ func (r *Ring) PartitionOwner(id int) string {
 // it), the owner excluded: the nodes that hold key's replicas. It returns
 // fewer when the ring has fewer other members, and nil for n <= 0.
 func (r *Ring) Successors(key []byte, n int) []string {
+	return r.AppendSuccessors(nil, key, n)
+}
+
+// AppendSuccessors is [Ring.Successors] appended to dst, for a caller that
+// asks for many keys and reuses one slice.
+func (r *Ring) AppendSuccessors(dst []string, key []byte, n int) []string {
 	n = min(n, len(r.order)-1)
 	if n <= 0 {
-		return nil
+		return dst
 	}
 	i := r.orderIdx[r.Owner(key)]
-	out := make([]string, n)
-	for j := range out {
-		out[j] = r.order[(i+1+j)%len(r.order)]
+	for j := range n {
+		dst = append(dst, r.order[(i+1+j)%len(r.order)])
 	}
-	return out
+	return dst
 }
 
 // Has reports whether name is a member of the ring.

@@ -188,6 +188,10 @@ func TestSuccessorsMatchClosestN(t *testing.T) {
 		if len(got) != 2 || got[0] != string(want[1].(member)) || got[1] != string(want[2].(member)) {
 			t.Fatalf("key %d: successors %v, closest %v", i, got, want)
 		}
+		// AppendSuccessors keeps what dst held and adds the same names.
+		if app := r.AppendSuccessors([]string{"x"}, k, 2); len(app) != 3 || app[0] != "x" || app[1] != got[0] || app[2] != got[1] {
+			t.Fatalf("key %d: AppendSuccessors gave %v, Successors %v", i, app, got)
+		}
 		if string(want[0].(member)) != r.Owner(k) || r.PartitionOwner(r.Partition(k)) != r.Owner(k) {
 			t.Fatalf("key %d: owner disagrees", i)
 		}

@@ -59,7 +59,7 @@ type replicaStore struct {
 	seed   maphash.Seed
 	shards [replicaShards]struct {
 		mu sync.Mutex
-		m  map[string]replicaEntry
+		m  map[string]*replicaEntry
 	}
 }
 
@@ -71,18 +71,23 @@ type replicaEntry struct {
 func newReplicaStore() *replicaStore {
 	r := &replicaStore{seed: maphash.MakeSeed()}
 	for i := range r.shards {
-		r.shards[i].m = map[string]replicaEntry{}
+		r.shards[i].m = map[string]*replicaEntry{}
 	}
 	return r
 }
 
 func (r *replicaStore) shard(k string) int { return int(maphash.String(r.seed, k) % replicaShards) }
 
-// set replaces key's copy.
-func (r *replicaStore) set(k, owner string, st window.State) {
-	sh := &r.shards[r.shard(k)]
+// set replaces key's copy. A key it holds already is updated in place, so
+// that the steady stream of copies of the same keys allocates nothing.
+func (r *replicaStore) set(k []byte, owner string, st window.State) {
+	sh := &r.shards[maphash.Bytes(r.seed, k)%replicaShards]
 	sh.mu.Lock()
-	sh.m[k] = replicaEntry{st: st, owner: owner}
+	if e, ok := sh.m[string(k)]; ok {
+		*e = replicaEntry{st: st, owner: owner}
+	} else {
+		sh.m[string(k)] = &replicaEntry{st: st, owner: owner}
+	}
 	sh.mu.Unlock()
 }
 
@@ -91,8 +96,10 @@ func (r *replicaStore) get(k string) (window.State, bool) {
 	sh := &r.shards[r.shard(k)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e, ok := sh.m[k]
-	return e.st, ok
+	if e, ok := sh.m[k]; ok {
+		return e.st, true
+	}
+	return window.State{}, false
 }
 
 // putBack restores a copy taken for a hand-off that failed, unless a newer
@@ -101,7 +108,7 @@ func (r *replicaStore) putBack(k string, e replicaEntry) {
 	sh := &r.shards[r.shard(k)]
 	sh.mu.Lock()
 	if _, ok := sh.m[k]; !ok {
-		sh.m[k] = e
+		sh.m[k] = &e
 	}
 	sh.mu.Unlock()
 }
@@ -131,7 +138,7 @@ func (r *replicaStore) orphans(v *view, departed func(string) bool) map[string]m
 			if out[o] == nil {
 				out[o] = map[string]replicaEntry{}
 			}
-			out[o][k] = e
+			out[o][k] = *e
 		}
 		sh.mu.Unlock()
 	}
@@ -147,10 +154,11 @@ func (r *replicaStore) take(k string) (replicaEntry, bool) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, ok := sh.m[k]
-	if ok {
-		delete(sh.m, k)
+	if !ok {
+		return replicaEntry{}, false
 	}
-	return e, ok
+	delete(sh.m, k)
+	return *e, true
 }
 
 // dropOwner drops every copy of owner's keys.
@@ -272,9 +280,16 @@ func (s *Server) replicateLoop(ctx context.Context) {
 }
 
 // replicateOnce sends the current state of keys this node owns under v to
-// their successors, one Replicate call per successor and 1000 keys.
+// their successors, one Replicate call per successor and 1000 keys. The
+// states' encodings share one buffer and their messages one slab, so a
+// key costs no allocation of its own beyond its bytes.
 func (s *Server) replicateOnce(ctx context.Context, v *view, keys []string) {
 	bySucc := map[string][]*sluicev1.KeyState{}
+	var (
+		enc   []byte
+		slab  []sluicev1.KeyState
+		succs []string
+	)
 	for _, k := range keys {
 		kb := []byte(k)
 		if v.ring.Owner(kb) != s.name {
@@ -284,9 +299,18 @@ func (s *Server) replicateOnce(ctx context.Context, v *view, keys []string) {
 		if !ok {
 			continue
 		}
-		b, _ := st.AppendBinary(nil)
-		for _, succ := range v.ring.Successors(kb, s.replication.Factor) {
-			bySucc[succ] = append(bySucc[succ], &sluicev1.KeyState{Key: kb, State: b})
+		start := len(enc)
+		enc, _ = st.AppendBinary(enc)
+		// Capped at its end, so a later append never writes into it
+		// (one that outgrows enc moves on to a new array).
+		b := enc[start:len(enc):len(enc)]
+		succs = v.ring.AppendSuccessors(succs[:0], kb, s.replication.Factor)
+		for _, succ := range succs {
+			if len(slab) == cap(slab) {
+				slab = make([]sluicev1.KeyState, 0, max(64, min(len(keys), handOffBatch)))
+			}
+			slab = append(slab, sluicev1.KeyState{Key: kb, State: b})
+			bySucc[succ] = append(bySucc[succ], &slab[len(slab)-1])
 		}
 	}
 	var wg sync.WaitGroup
@@ -342,7 +366,7 @@ func (s *Server) Replicate(ctx context.Context, req *sluicev1.ReplicateRequest) 
 		return &sluicev1.ReplicateResponse{}, nil
 	}
 	for i, ks := range req.States {
-		s.replicas.set(string(ks.Key), req.Sender, states[i])
+		s.replicas.set(ks.Key, req.Sender, states[i])
 	}
 	return &sluicev1.ReplicateResponse{}, nil
 }
