@@ -102,6 +102,7 @@ proto: ## regenerate rpc/sluicev1 and rpc/sluicev1gw from proto/ (needs protoc a
 	$(PROTOC) -I proto \
 		--go_out=. --go_opt=module=$(MODULE) \
 		--go-grpc_out=. --go-grpc_opt=module=$(MODULE) \
+		--go-vtproto_out=. --go-vtproto_opt=module=$(MODULE),features=marshal+unmarshal+size \
 		proto/sluice/v1/sluice.proto
 	@# The HTTP/JSON gateway goes in a package of its own (standalone), so
 	@# that clients importing the messages do not pull in grpc-gateway.
@@ -119,6 +120,7 @@ proto-tools: ## install the protoc plugins at the versions the committed code wa
 	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
 	$(GO) install github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-grpc-gateway@v2.33.0
+	$(GO) install github.com/planetscale/vtprotobuf/cmd/protoc-gen-go-vtproto@v0.6.1-0.20240319094008-0393e58bdf10
 
 .PHONY: verify-proto
 verify-proto: proto ## fail if the committed generated code differs from a fresh make proto

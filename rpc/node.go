@@ -365,7 +365,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	// as checks in flight: with one per CPU, most RPCs grew a stack (10 %
 	// of a node's CPU under spread load, 3 % with streamWorkers).
 	auth := &authenticator{mode: mode, tls: cs != nil, tokens: ts, isMember: srv.isMember}
-	sopts := append([]grpc.ServerOption{grpc.NumStreamWorkers(streamWorkers)}, cfg.GRPC.serverOptions()...)
+	sopts := append([]grpc.ServerOption{grpc.NumStreamWorkers(streamWorkers), codecServerOption}, cfg.GRPC.serverOptions()...)
 	if cs != nil {
 		ca := tls.VerifyClientCertIfGiven // token or either: a call may come without one
 		if mode == ClientAuthMTLS {

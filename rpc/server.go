@@ -378,7 +378,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		fallback: window.NewStore(window.StoreConfig{Clock: storeClock{cfg.Store}, MaxKeys: 100_000, OnKeyCap: window.KeyCapEvict}),
 		ho: handOffState{doneFrom: map[string]string{}, outgoing: map[string]chan struct{}{},
 			tombs: map[string]tomb{}, departed: map[string]time.Time{}},
-		dialOpts:  append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...),
+		dialOpts:  append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), codecDialOption}, cfg.DialOptions...),
 		peerCreds: cfg.PeerCredentials,
 	}
 	s.memberSet.Store(&map[string]bool{cfg.Name: true})

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -94,6 +95,14 @@ func hasNumbers(c *sluicev1.RateLimitCheck) bool {
 func parseCheck(pb *sluicev1.RateLimitCheck, set *limits.Set, fromPeer bool) (request, *fieldError) {
 	if pb == nil {
 		return request{}, &fieldError{"name", "must not be empty"}
+	}
+	// proto.Unmarshal refuses strings that are not UTF-8; the node's codec
+	// (vtCodec) does not, so the strings it uses are checked here.
+	switch {
+	case !utf8.ValidString(pb.Name):
+		return request{}, &fieldError{"name", "must be valid UTF-8"}
+	case !utf8.ValidString(pb.Key):
+		return request{}, &fieldError{"key", "must be valid UTF-8"}
 	}
 	var named, shadow bool
 	l, configured := set.Resolve(pb.Name, pb.Key)
