@@ -15,9 +15,8 @@ const (
 	DefaultReconnectTimeout  = 24 * time.Hour
 )
 
-// reconnector remembers the members that failed (declared dead, not left
-// gracefully) and, every interval, tries to join one of them at random,
-// the way serf's reconnect loop does. memberlist alone gossips to a dead
+// reconnector remembers the members that departed and, every interval,
+// tries to join one of them at random, the way serf's reconnect loop does. memberlist alone gossips to a dead
 // member only for GossipToTheDeadTime (30 s on a LAN) and then never
 // contacts it again, so two sides of a network partition that lasted
 // longer would each go on as a cluster of their own after it healed, each
@@ -34,7 +33,7 @@ type reconnector struct {
 	once   sync.Once
 }
 
-// failedMember is a member declared dead: its gossip address, and since
+// failedMember is a member that departed: its gossip address, and since
 // when.
 type failedMember struct {
 	addr  string
@@ -51,16 +50,20 @@ func newReconnector(interval, timeout time.Duration) *reconnector {
 	return &reconnector{interval: interval, timeout: timeout, failed: map[string]failedMember{}, stop: make(chan struct{})}
 }
 
-// left records that n is no longer a member: a dead one is tried again,
-// one that left gracefully is not.
+// left records that n is no longer a member, to be tried again.
+//
+// A member that left gracefully is tried too: memberlist keeps a member's
+// state beside the Node it hands to NotifyLeave, whose State field it
+// never updates (it reads StateAlive whether the member died or left), so
+// the two cannot be told apart here. Serf, without a leave intent, does
+// the same. Trying one that left costs a refused dial per interval, and a
+// join when it is back under the same address, which it would make anyway.
+// (Keeping only "dead" ones, as this did at first, kept none: the loop
+// then healed a partition only from a side left alone, through its seeds.)
 func (r *reconnector) left(n *memberlist.Node) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if n.State == memberlist.StateDead {
-		r.failed[n.Name] = failedMember{addr: n.Address(), since: time.Now()}
-		return
-	}
-	delete(r.failed, n.Name)
+	r.failed[n.Name] = failedMember{addr: n.Address(), since: time.Now()}
 }
 
 // alive records that the member name is back (or new).
