@@ -8,7 +8,6 @@ import (
 	"log"
 	"log/slog"
 	"net"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,9 +15,10 @@ import (
 	"github.com/hashicorp/memberlist"
 
 	"github.com/sluicehq/sluice/internal/poll"
+	"github.com/sluicehq/sluice/internal/syncbuf"
 )
 
-// partition is a cut through an in-memory memberlist network: addresses on
+// partition is a cut through the test nodes' loopback network: addresses on
 // the cut side reach only each other.
 type partition struct {
 	mu  sync.Mutex
@@ -88,7 +88,7 @@ func TestPartitionHealsAfterGossipToTheDead(t *testing.T) {
 		t.Run(fmt.Sprintf("reconnect=%v", reconnect), func(t *testing.T) {
 			p := &partition{}
 			var cs []*Cluster
-			var logs [3]syncBuf
+			var logs [3]syncbuf.Buffer
 			for i := 1; i <= 3; i++ {
 				name := fmt.Sprintf("n%d", i)
 				nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{
@@ -196,21 +196,4 @@ func TestPartitionHealsAfterGossipToTheDead(t *testing.T) {
 			}
 		})
 	}
-}
-
-type syncBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -7,34 +7,16 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/status"
 
+	"github.com/sluicehq/sluice/internal/syncbuf"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
-
-// syncBuffer collects log lines from several nodes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // No key and no client IP appears in any log line (at debug level) or in
 // any error a client gets, through a multi-node run that forwards checks,
@@ -42,7 +24,7 @@ func (s *syncBuffer) String() string {
 // keys past the cap, refuses a forged hand-off and hands keys off on a
 // graceful leave.
 func TestNoKeysOrIPsInLogsOrErrors(t *testing.T) {
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	clock := windowClock()
 	cfg := NodeConfig{ForwardTimeout: time.Second, HTTPAddr: "127.0.0.1:0", Logger: logger, MaxKeys: 2048, HandOffTimeout: 2 * time.Second}

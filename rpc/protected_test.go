@@ -5,7 +5,6 @@ import (
 	"net"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/internal/certs"
+	"github.com/sluicehq/sluice/internal/syncbuf"
 )
 
 // Protected mode: a node others could reach refuses to start without
@@ -51,7 +51,7 @@ func TestProtectedMode(t *testing.T) {
 // With Insecure, a node off loopback starts, warns in its log and sets
 // sluice_insecure; a node on loopback does neither.
 func TestInsecureNodeStartsAndSaysSo(t *testing.T) {
-	var logs lockedLog
+	var logs syncbuf.Buffer
 	n, err := StartNode(NodeConfig{Name: "wide", GRPCAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0", HTTPAddr: "0.0.0.0:0",
 		AdvertiseHost: "127.0.0.1", Profile: cluster.Local, Insecure: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
@@ -71,24 +71,6 @@ func TestInsecureNodeStartsAndSaysSo(t *testing.T) {
 	if _, out := httpDo(t, "GET", "http://"+safe.HTTPAddr()+"/metrics", ""); !strings.Contains(out, "\nsluice_insecure 0\n") {
 		t.Fatal("/metrics of a loopback node: no sluice_insecure 0")
 	}
-}
-
-// lockedLog is a log sink safe for concurrent writes.
-type lockedLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // Off loopback, a node starts without Insecure once gossip is encrypted

@@ -78,10 +78,14 @@ func newReplicaStore() *replicaStore {
 
 func (r *replicaStore) shard(k string) int { return int(maphash.String(r.seed, k) % replicaShards) }
 
+// shardBytes is shard for a key held as bytes (maphash.Bytes and
+// maphash.String agree on the same content), without a copy.
+func (r *replicaStore) shardBytes(k []byte) int { return int(maphash.Bytes(r.seed, k) % replicaShards) }
+
 // set replaces key's copy. A key it holds already is updated in place, so
 // that the steady stream of copies of the same keys allocates nothing.
 func (r *replicaStore) set(k []byte, owner string, st window.State) {
-	sh := &r.shards[maphash.Bytes(r.seed, k)%replicaShards]
+	sh := &r.shards[r.shardBytes(k)]
 	sh.mu.Lock()
 	if e, ok := sh.m[string(k)]; ok {
 		*e = replicaEntry{st: st, owner: owner}

@@ -185,9 +185,11 @@ func (s *Store) ApplyBytes(key []byte, c Check, now time.Time) (Decision, error)
 	return s.apply(unsafe.String(unsafe.SliceData(key), len(key)), true, c, now, false)
 }
 
-// ApplyNow is [Store.ApplyBytes] at the store's clock ([Store.Now]). It is
-// the fast path of a node: it reads the clock while the key's slot is
-// being fetched from memory, so the two waits overlap.
+// ApplyNow is [Store.ApplyBytes] at the store's clock ([Store.Now]), with
+// the same decision (times in Unix ns, rounded up) and the same error: a
+// *[FieldError] wrapping [ErrInvalid] when c is out of range. It is the
+// fast path of a node: it reads the clock while the key's slot is being
+// fetched from memory, so the two waits overlap.
 func (s *Store) ApplyNow(key []byte, c Check) (Decision, error) {
 	return s.apply(unsafe.String(unsafe.SliceData(key), len(key)), true, c, time.Time{}, true)
 }

@@ -11,11 +11,11 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/internal/syncbuf"
 	"github.com/sluicehq/sluice/rpc"
 )
 
@@ -173,24 +173,6 @@ func TestMembersJSON(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a bytes.Buffer safe for a writer and a reader goroutine.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // startServe runs `sluice serve` with args and the environment env until
 // the returned stop is called, and returns the gRPC address from its start
 // line (which must name the node name). stop ends it as SIGTERM does and
@@ -199,7 +181,7 @@ func startServe(t *testing.T, name string, args []string, env map[string]string)
 	t.Helper()
 	getenv := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	ctx, cancel := context.WithCancel(context.Background())
-	var out, errOut lockedBuffer
+	var out, errOut syncbuf.Buffer
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, append([]string{"sluice", "serve"}, args...), getenv, &out, &errOut) }()
 	stop = func() (int, string) {

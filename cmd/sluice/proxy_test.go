@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/syncbuf"
 	"github.com/sluicehq/sluice/internal/testcluster"
 	"github.com/sluicehq/sluice/window"
 )
@@ -26,7 +27,7 @@ func startProxy(t *testing.T, args []string, env map[string]string) string {
 	t.Helper()
 	getenv := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	ctx, cancel := context.WithCancel(context.Background())
-	var out, errOut lockedBuffer
+	var out, errOut syncbuf.Buffer
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, append([]string{"sluice", "proxy", "--listen", "127.0.0.1:0", "--log-level", "error"}, args...), getenv, &out, &errOut)

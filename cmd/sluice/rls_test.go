@@ -13,6 +13,8 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sluicehq/sluice/internal/syncbuf"
 )
 
 // serve --rls-config refuses a bad rule file, naming the file and line,
@@ -34,7 +36,7 @@ func TestServeRLSConfig(t *testing.T) {
 	}
 	getenv := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	ctx, cancel := context.WithCancel(context.Background())
-	var out, errBuf lockedBuffer
+	var out, errBuf syncbuf.Buffer
 	done := make(chan int)
 	go func() { done <- run(ctx, []string{"sluice", "serve"}, getenv, &out, &errBuf) }()
 	defer func() {

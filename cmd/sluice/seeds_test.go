@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/client"
+	"github.com/sluicehq/sluice/internal/syncbuf"
 	"github.com/sluicehq/sluice/internal/testcluster"
 	"github.com/sluicehq/sluice/middleware"
 	"github.com/sluicehq/sluice/window"
@@ -133,7 +134,7 @@ func body429(limit string, retry int) string {
 // app within the seed's timeout (plus slack), with no rate-limit headers.
 func failOpen(t *testing.T, s *seed, app *httptest.Server, timeout time.Duration, method, path string, headers ...string) string {
 	t.Helper()
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	base := s.proxyTimeout(t, app, []string{testcluster.DeadAddr(t), testcluster.SilentAddr(t)}, nil, &logs, true)
 	for i := range 4 {
 		start := time.Now()
