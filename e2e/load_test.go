@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -38,6 +39,7 @@ const (
 type answer struct {
 	key, via, owner   string
 	allowed, degraded bool
+	remaining         int64
 	resetTime         int64
 	sent, at          time.Time
 }
@@ -102,7 +104,7 @@ func (l *ledger) round(vias []string, r int) {
 			default:
 				d := resp.Decisions[0]
 				l.answers = append(l.answers, answer{key: k, via: via, owner: d.Owner, allowed: d.Allowed,
-					degraded: d.Degraded, resetTime: d.ResetTime, sent: sent, at: at})
+					degraded: d.Degraded, remaining: d.Remaining, resetTime: d.ResetTime, sent: sent, at: at})
 			}
 		})
 	}
@@ -206,6 +208,7 @@ func (l *ledger) waitSaturated(s *stream, since time.Time) {
 type tally struct {
 	sent, answered, degraded, admitted int
 	allowed, degradedFor               map[string]int
+	byKey                              map[string][]answer // in the order answered
 }
 
 // tally fails the test on bad answers or on answers from two windows, and
@@ -217,9 +220,10 @@ func (l *ledger) tally() tally {
 	if len(l.bad) > 0 {
 		l.t.Errorf("%d of %d checks not answered right, e.g. %s", len(l.bad), l.sent, l.bad[0])
 	}
-	tl := tally{sent: l.sent, answered: len(l.answers), allowed: map[string]int{}, degradedFor: map[string]int{}}
+	tl := tally{sent: l.sent, answered: len(l.answers), allowed: map[string]int{}, degradedFor: map[string]int{}, byKey: map[string][]answer{}}
 	resets := map[int64]bool{}
 	for _, a := range l.answers {
+		tl.byKey[a.key] = append(tl.byKey[a.key], a)
 		if !a.degraded {
 			resets[a.resetTime] = true
 		}
@@ -261,11 +265,35 @@ func (tl tally) wantExact(t *testing.T, when string) {
 	if len(tl.allowed) != numKeys {
 		t.Errorf("%s: %d keys admitted anything, want %d", when, len(tl.allowed), numKeys)
 	}
+	shown := false
 	for k, n := range tl.allowed {
 		if n > limit || n < limit-tl.degradedFor[k] {
 			t.Errorf("%s: key %s admitted %d with %d degraded answers, want exactly %d", when, k, n, tl.degradedFor[k], limit)
+			if !shown {
+				shown = true
+				tl.logKey(t, k)
+			}
 		}
 	}
+}
+
+// logKey logs every answer for key in the order they came: a remaining
+// that goes up (or repeats) shows where a count was lost or doubled.
+func (tl tally) logKey(t *testing.T, key string) {
+	t.Helper()
+	var b strings.Builder
+	for _, a := range tl.byKey[key] {
+		verdict := "denied"
+		switch {
+		case a.degraded:
+			verdict = "degraded"
+		case a.allowed:
+			verdict = "allowed"
+		}
+		fmt.Fprintf(&b, "\n  sent %s took %s via %s owner %s %s remaining %d",
+			a.sent.UTC().Format("15:04:05.000"), a.at.Sub(a.sent).Round(time.Millisecond), a.via, a.owner, verdict, a.remaining)
+	}
+	t.Logf("answers for %s:%s", key, b.String())
 }
 
 // peekAll asks every node of names about every key without consuming

@@ -769,6 +769,32 @@ func (s *Server) Leave(ctx context.Context) error {
 	s.view.Store(v)
 	s.setMu.Unlock()
 	s.log.Info("handing off before leaving", "keys", s.store.Len(), "fingerprint", r.Fingerprint())
+	return s.handOffAll(ctx)
+}
+
+// FinishLeave hands off the keys decided here after Leave returned: a
+// check whose call took this node's view just before Leave switched it
+// is decided here all the same, and may land after Leave's last pass. Call
+// it once the gRPC server has stopped (no call is in flight any more), so
+// that nothing counted here is lost. It returns at once when no key is
+// left, and otherwise as Leave does. Receivers take it from a member that
+// left their ring within the ring history (10 minutes).
+func (s *Server) FinishLeave(ctx context.Context) error {
+	if !s.leaving.Load() {
+		return errors.New("rpc: finish leave: Leave was not called")
+	}
+	n := s.store.Len()
+	if n == 0 || s.view.Load().ring.Has(s.name) {
+		return nil // nothing late, or this node was the last member: none to take them
+	}
+	s.log.Warn("keys decided after the hand-off; handing them off", "keys", n)
+	return s.handOffAll(ctx)
+}
+
+// handOffAll is Leave's hand-off loop: it pushes every key and replica to
+// its owner under the view (without this node) until none is left, the
+// ctx ends or no member can take them.
+func (s *Server) handOffAll(ctx context.Context) error {
 	var (
 		lastErr error
 		skip    = map[string]bool{} // members that cannot take keys: gone or leaving too

@@ -213,6 +213,7 @@ type Node struct {
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 	closeOnce sync.Once
+	httpOnce  sync.Once
 	closeErr  error
 	failed    chan error    // receives the error that made the node give up
 	publish   chan struct{} // capacity 1: the ring changed, gossip it
@@ -599,8 +600,10 @@ func (n *Node) RLS() *rls.Service { return n.rls }
 // Close stops the node gracefully (what SIGTERM does): health turns
 // NOT_SERVING and the node stops taking checks, hands the state of all its
 // keys to their next owners (bounded by HandOffTimeout and ctx), leaves the
-// gossip (telling the others, bounded by LeaveTimeout), the gRPC server
-// finishes the calls in flight (bounded by ctx), and background work stops.
+// gossip (telling the others, bounded by LeaveTimeout), the gRPC and HTTP
+// servers finish the calls in flight (bounded by ctx and 1 s), the keys
+// that such calls decided here after the hand-off are handed off too
+// (Server.FinishLeave), and background work stops.
 // It is idempotent and returns the first error.
 func (n *Node) Close(ctx context.Context) error {
 	n.closeOnce.Do(func() {
@@ -636,6 +639,19 @@ func (n *Node) Close(ctx context.Context) error {
 			n.grpc.Stop()
 			<-done
 		}
+		n.stopHTTP()
+		if herr == nil && !n.refused.Load() {
+			// No call is in flight now: hand off what calls that began
+			// before the hand-off decided here after it.
+			fctx, cancel := context.WithTimeout(ctx, hto)
+			if ferr := n.server.FinishLeave(fctx); ferr != nil {
+				n.log.Error("hand-off of late keys incomplete", "error", ferr)
+				if err == nil {
+					err = ferr
+				}
+			}
+			cancel()
+		}
 		n.stop()
 		n.closeErr = err
 		n.log.Info("node stopped")
@@ -654,14 +670,22 @@ func (n *Node) Kill() {
 	})
 }
 
+// stopHTTP shuts the HTTP server down (1 s for the requests in flight);
+// it is idempotent.
+func (n *Node) stopHTTP() {
+	n.httpOnce.Do(func() {
+		if n.http != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = n.http.Shutdown(ctx)
+			cancel()
+			_ = n.http.Close()
+		}
+	})
+}
+
 func (n *Node) stop() {
 	n.draining.Store(true)
-	if n.http != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_ = n.http.Shutdown(ctx)
-		cancel()
-		_ = n.http.Close()
-	}
+	n.stopHTTP()
 	n.cancel()
 	n.wg.Wait()
 	st := n.server.Stats()

@@ -773,11 +773,19 @@ func (s *Server) forward(ctx context.Context, p *peer, owner string, reqs []requ
 // decideOwned decides a check of a key this node owns under v: when the
 // key moved here and its state has not arrived yet, it first pulls it.
 func (s *Server) decideOwned(ctx context.Context, v *view, storeKey []byte, c window.Check) *sluicev1.Decision {
+	if testHookDecideOwned != nil {
+		testHookDecideOwned(s, storeKey)
+	}
 	if mi := s.awaiting(v, storeKey); mi != nil {
 		s.settle(ctx, v, mi, storeKey)
 	}
 	return s.decide(storeKey, c)
 }
+
+// testHookDecideOwned, when set (by tests, before any node starts), runs
+// as a check of a key this node owns under the view its call took is about
+// to be decided.
+var testHookDecideOwned func(s *Server, storeKey []byte)
 
 // decide applies one validated check to this node's store at the store's
 // clock, and marks the key for replication when it changed.
