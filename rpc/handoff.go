@@ -535,6 +535,9 @@ func (s *Server) pushBatch(p *peer, fp string, keys []string, send func(*sluicev
 	done := make(chan struct{})
 	req := &sluicev1.HandOffRequest{Sender: s.name, RingFingerprint: fp, SenderLeaving: s.leaving.Load()}
 	taken := map[string]window.State{}
+	// Decisions of these keys begun under an older ring end first; later
+	// ones see the ring changed and go to the new owner (decideOwned).
+	s.decideGate.Lock()
 	s.hmu.Lock()
 	for _, k := range keys {
 		st, ok := s.store.Take(k)
@@ -547,6 +550,7 @@ func (s *Server) pushBatch(p *peer, fp string, keys []string, send func(*sluicev
 		req.States = append(req.States, &sluicev1.KeyState{Key: []byte(k), State: b})
 	}
 	s.hmu.Unlock()
+	s.decideGate.Unlock()
 	var err error
 	if len(req.States) > 0 {
 		err = send(req)
@@ -718,6 +722,9 @@ func (s *Server) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluicev1
 				return nil, ctx.Err()
 			}
 		}
+		// A decision of the key made here ends before it is taken; a
+		// later one sees the tomb and goes to the puller (decideOwned).
+		s.decideGate.Lock()
 		s.hmu.Lock()
 		st, ok := s.store.Take(k)
 		if v.ring.Owner(kb) == s.name && req.Sender != s.name {
@@ -725,6 +732,7 @@ func (s *Server) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluicev1
 			s.tombCount.Store(int64(len(s.ho.tombs)))
 		}
 		s.hmu.Unlock()
+		s.decideGate.Unlock()
 		if ok {
 			b, _ := st.AppendBinary(nil)
 			resp.States = append(resp.States, &sluicev1.KeyState{Key: kb, State: b})

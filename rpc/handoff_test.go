@@ -27,10 +27,11 @@ type handOffScenario struct {
 	// degraded counts them.
 	tolerateDegraded bool
 	degraded         int
+	degradedFor      map[string]int // degraded answers by key
 }
 
 func newHandOffScenario(t *testing.T) *handOffScenario {
-	sc := &handOffScenario{t: t, clock: windowClock(), allowed: map[string]int{}}
+	sc := &handOffScenario{t: t, clock: windowClock(), allowed: map[string]int{}, degradedFor: map[string]int{}}
 	for i := range 50 {
 		sc.keys = append(sc.keys, fmt.Sprintf("user:%d", i))
 	}
@@ -92,6 +93,7 @@ func (sc *handOffScenario) hit(nodes []*testNode, perKey int) (allowed int) {
 					errs = append(errs, fmt.Sprintf("%s via %s: %v", j.key, j.via.Name(), err))
 				case resp.Decisions[0].Degraded && resp.Decisions[0].Error == "" && sc.tolerateDegraded:
 					sc.degraded++
+					sc.degradedFor[j.key]++
 				case resp.Decisions[0].Error != "" || resp.Decisions[0].Degraded:
 					errs = append(errs, fmt.Sprintf("%s via %s: %+v", j.key, j.via.Name(), resp.Decisions[0]))
 				case took > 2*scenarioForwardTimeout+time.Second:
@@ -117,12 +119,16 @@ func (sc *handOffScenario) hit(nodes []*testNode, perKey int) (allowed int) {
 	return allowed
 }
 
-// wantAllowed fails unless every key was allowed exactly n hits in all.
+// wantAllowed fails unless every key was allowed exactly n hits in all. A
+// degraded answer (tolerated only where a scenario says so) may stand for
+// a hit the owner counted all the same (its answer came after the forward
+// timeout): a key may fall short of n by at most its degraded answers,
+// never exceed it.
 func (sc *handOffScenario) wantAllowed(n int, when string) {
 	sc.t.Helper()
 	for _, k := range sc.keys {
-		if sc.allowed[k] != n {
-			sc.t.Errorf("%s: key %s allowed %d hits in all, want exactly %d", when, k, sc.allowed[k], n)
+		if got := sc.allowed[k]; got > n || got < n-sc.degradedFor[k] {
+			sc.t.Errorf("%s: key %s allowed %d hits in all with %d degraded answers, want exactly %d", when, k, got, sc.degradedFor[k], n)
 		}
 	}
 }
@@ -333,9 +339,10 @@ func TestPullOfAKeyNotOwnedIsRefused(t *testing.T) {
 // still admit exactly 100 per key. The joins' hand-offs race the hits; the
 // new owners pull what has not arrived. A few checks racing a join can
 // find their forward failing twice and get a degraded answer (which the
-// issue allows: "correct or marked degraded"; about 1 in 1000 here); they
-// are not counted by the owners, so the exact count holds without them,
-// and there must be few.
+// issue allows: "correct or marked degraded"; about 1 in 1000 here). The
+// owner may have counted such a check (its answer came too late), so a
+// key may fall short of 100 by its degraded answers, never exceed it; and
+// there must be few.
 func TestJoinDuringHitsKeepsCounts(t *testing.T) {
 	sc := newHandOffScenario(t)
 	nodes := startScenarioCluster(t, 3, sc.clock)
@@ -361,13 +368,13 @@ func TestJoinDuringHitsKeepsCounts(t *testing.T) {
 	}
 }
 
-// TestLateCheckOfALeavingOwnerIsHandedOff: a check that a leaving owner
-// took under its old view, and decides only after its hand-off ended
-// (the e2e scale test lost such a hit on a loaded machine: 101 admitted
-// of 100), is handed off after the gRPC server stops, so the key's new
-// owner counts it. The check is held inside the owner's decision until
-// the leave's hand-off is over and the others have seen it leave.
-func TestLateCheckOfALeavingOwnerIsHandedOff(t *testing.T) {
+// TestCheckDecidedAsTheRingChangesGoesToTheNewOwner: a check that an
+// owner took under its old view, and would decide only after the key was
+// handed off (the e2e scale test lost such a hit on a loaded machine: 101
+// admitted of 100), goes to the key's new owner instead, which counts it
+// with the rest. The check is held inside the owner's decision until the
+// owner's leave is over and the others have seen it leave.
+func TestCheckDecidedAsTheRingChangesGoesToTheNewOwner(t *testing.T) {
 	entered, release := make(chan struct{}), make(chan struct{})
 	var (
 		armed    atomic.Bool
@@ -384,9 +391,7 @@ func TestLateCheckOfALeavingOwnerIsHandedOff(t *testing.T) {
 	nodes := startScenarioCluster(t, 3, clock)
 	key := keyOwnedBy(t, nodes[0], "handoff", "node2")
 	storeKey = ring.Key(nil, "handoff", key)
-	rc := func(hits int64) *sluicev1.RateLimitCheck {
-		return &sluicev1.RateLimitCheck{Name: "handoff", Key: key, Hits: proto.Int64(hits), Limit: 100, WindowMs: 3_600_000}
-	}
+	rc := lateCheck(key)
 	for range 10 {
 		if d := check(t, nodes[0].client, rc(1)); !d.Allowed || d.Owner != "node2" {
 			t.Fatalf("hit before the leave: %+v, want allowed by node2", d)
@@ -428,17 +433,77 @@ func TestLateCheckOfALeavingOwnerIsHandedOff(t *testing.T) {
 	if d == nil {
 		t.FailNow()
 	}
-	if !d.Allowed || d.Degraded || d.Owner != "node2" {
-		t.Fatalf("the late check: %+v, want allowed by node2 (it was decided there)", d)
+	newOwner := nodes[0].Server().Owner("handoff", key)
+	if !d.Allowed || d.Degraded || d.Owner != newOwner || d.Remaining != 100-11 {
+		t.Fatalf("the late check: %+v, want allowed by %s with 89 remaining (the 11th hit, counted by the new owner)", d, newOwner)
 	}
 	if err := <-closed; err != nil {
 		t.Fatalf("close node2: %v", err)
 	}
 	waitRingAgrees(t, rest)
-	for _, n := range rest {
-		d := check(t, n.client, rc(0))
-		if d.Owner == "node2" || d.Remaining != 100-11 {
-			t.Errorf("peek via %s: owner %s remaining %d, want 89 (11 hits counted) from node1 or node3", n.Name(), d.Owner, d.Remaining)
+	wantRemaining(t, rest, rc, 100-11)
+}
+
+// lateCheck returns the check of key the late-check tests send, of hits.
+func lateCheck(key string) func(hits int64) *sluicev1.RateLimitCheck {
+	return func(hits int64) *sluicev1.RateLimitCheck {
+		return &sluicev1.RateLimitCheck{Name: "handoff", Key: key, Hits: proto.Int64(hits), Limit: 100, WindowMs: 3_600_000}
+	}
+}
+
+// wantRemaining peeks with rc via every node of nodes and fails unless each
+// answers want, from an owner among nodes.
+func wantRemaining(t *testing.T, nodes []*testNode, rc func(int64) *sluicev1.RateLimitCheck, want int64) {
+	t.Helper()
+	names := map[string]bool{}
+	for _, n := range nodes {
+		names[n.Name()] = true
+	}
+	for _, n := range nodes {
+		if d := check(t, n.client, rc(0)); !names[d.Owner] || d.Remaining != want {
+			t.Errorf("peek via %s: owner %s remaining %d, want %d from one of %v", n.Name(), d.Owner, d.Remaining, want, names)
 		}
 	}
+}
+
+// TestFinishLeaveHandsOffLateKeys: a hit decided by a leaving node after
+// its hand-off (a reforwarded check is decided wherever it lands) is
+// handed off by FinishLeave, which Close calls once no call is in flight.
+func TestFinishLeaveHandsOffLateKeys(t *testing.T) {
+	clock := windowClock()
+	nodes := startScenarioCluster(t, 3, clock)
+	key := keyOwnedBy(t, nodes[0], "handoff", "node2")
+	rc := lateCheck(key)
+	for range 10 {
+		if d := check(t, nodes[0].client, rc(1)); !d.Allowed || d.Owner != "node2" {
+			t.Fatalf("hit before the leave: %+v, want allowed by node2", d)
+		}
+	}
+	s := nodes[1].Server()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.FinishLeave(ctx); err == nil {
+		t.Fatal("FinishLeave before Leave: no error")
+	}
+	if err := s.Leave(ctx); err != nil {
+		t.Fatalf("leave: %v", err)
+	}
+	if n := s.store.Len(); n != 0 {
+		t.Fatalf("%d keys left on node2 after its hand-off, want 0", n)
+	}
+	reqs, fe := parseChecks([]*sluicev1.RateLimitCheck{rc(1)}, nil, false)
+	if fe != nil {
+		t.Fatal(fe)
+	}
+	if d := s.decide(ring.Key(nil, "handoff", key), reqs[0].check); !d.Allowed || d.Remaining != 99 {
+		t.Fatalf("the late hit: %+v", d)
+	}
+	if err := s.FinishLeave(ctx); err != nil {
+		t.Fatalf("finish leave: %v", err)
+	}
+	if n := s.store.Len(); n != 0 {
+		t.Fatalf("%d keys left on node2 after FinishLeave, want 0", n)
+	}
+	rest := []*testNode{nodes[0], nodes[2]}
+	wantRemaining(t, rest, rc, 100-11)
 }

@@ -104,9 +104,12 @@ type Server struct {
 	memberSet atomic.Pointer[map[string]bool] // names SetMembers was last given, and this node
 	setMu     sync.Mutex                      // serializes SetMembers
 
-	leaving    atomic.Bool // set by Leave: the ring excludes this node
-	moving     atomic.Pointer[movingIn]
-	hmu        sync.Mutex // guards ho and the maps of moving
+	leaving atomic.Bool // set by Leave: the ring excludes this node
+	moving  atomic.Pointer[movingIn]
+	hmu     sync.Mutex // guards ho and the maps of moving
+	// decideGate orders decisions of owned keys (read lock) against the
+	// hand-offs and pulls that take keys out of the store (write lock).
+	decideGate sync.RWMutex
 	ho         handOffState
 	tombCount  atomic.Int64
 	pushSignal chan struct{}
@@ -218,7 +221,8 @@ type Stats struct {
 	// RingEpoch: ring builds on this node that changed the fingerprint.
 	RingEpoch uint64
 	// Reforwarded: checks received as owner that this node's ring gives to
-	// another member, sent on to it once (never further).
+	// another member, or checks of a key whose ring changed while this node
+	// was about to decide them, sent on to the owner once (never further).
 	Reforwarded int64
 	// NotOwnerApplied: re-forwarded checks decided here although this
 	// node's ring names another owner (rings disagreed for a moment).
@@ -671,7 +675,7 @@ func (s *Server) route(ctx context.Context, v *view, reqs []request, idx []int, 
 				given[to] = append(given[to], i)
 				continue
 			}
-			out[i] = s.decideOwned(ctx, v, buf, r.check)
+			out[i] = s.decideOwned(ctx, v, buf, r, true)
 			s.stats.localChecks.Add(1)
 			continue
 		}
@@ -772,19 +776,52 @@ func (s *Server) forward(ctx context.Context, p *peer, owner string, reqs []requ
 
 // decideOwned decides a check of a key this node owns under v: when the
 // key moved here and its state has not arrived yet, it first pulls it.
-func (s *Server) decideOwned(ctx context.Context, v *view, storeKey []byte, c window.Check) *sluicev1.Decision {
-	if testHookDecideOwned != nil {
-		testHookDecideOwned(s, storeKey)
+// The decision is made under decideGate's read lock, and only if v's ring
+// is still this node's and no peer has pulled the key: hand-offs and pulls
+// take keys out under its write lock, so a hit either lands in the state
+// they carry away or is not made here. When the ring changed meanwhile
+// (reroute), the check goes to the key's owner under the new ring (marked
+// reforwarded: it decides there), or is decided here again if that is this
+// node. Without reroute (a reforwarded check, which must not make a third
+// hop) it is decided here all the same, and handed off after.
+func (s *Server) decideOwned(ctx context.Context, v *view, storeKey []byte, r request, reroute bool) *sluicev1.Decision {
+	for {
+		if testHookDecideOwned != nil {
+			testHookDecideOwned(s, storeKey)
+		}
+		if mi := s.awaiting(v, storeKey); mi != nil {
+			s.settle(ctx, v, mi, storeKey)
+		}
+		s.decideGate.RLock()
+		now := s.view.Load()
+		moved := now.ring != v.ring
+		to := s.tombFor(storeKey)
+		if (!moved && to == "") || !reroute {
+			d := s.decide(storeKey, r.check)
+			s.decideGate.RUnlock()
+			if moved && now.ring.Owner(storeKey) != s.name {
+				s.signalPush() // the key is no longer this node's
+			}
+			return d
+		}
+		s.decideGate.RUnlock()
+		owner := now.ring.Owner(storeKey)
+		if owner == s.name && to == "" {
+			v = now
+			continue
+		}
+		if owner == s.name {
+			owner = to
+		}
+		out := make([]*sluicev1.Decision, 1)
+		s.reforward(ctx, now, owner, []request{r}, []int{0}, out)
+		return out[0]
 	}
-	if mi := s.awaiting(v, storeKey); mi != nil {
-		s.settle(ctx, v, mi, storeKey)
-	}
-	return s.decide(storeKey, c)
 }
 
 // testHookDecideOwned, when set (by tests, before any node starts), runs
 // as a check of a key this node owns under the view its call took is about
-// to be decided.
+// to be decided (before any pull of its state).
 var testHookDecideOwned func(s *Server, storeKey []byte)
 
 // decide applies one validated check to this node's store at the store's
@@ -868,7 +905,7 @@ func (s *Server) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sl
 		}
 		switch {
 		case owner == s.name:
-			out[i] = s.decideOwned(ctx, v, buf, r.check)
+			out[i] = s.decideOwned(ctx, v, buf, r, !req.Reforwarded)
 		case req.Reforwarded:
 			// The sender was the owner under the first node's ring and
 			// names this node under its own (or gave the key to this
@@ -929,7 +966,7 @@ func (s *Server) reforward(ctx context.Context, v *view, owner string, reqs []re
 		if now.ring.Fingerprint() != v.ring.Fingerprint() {
 			buf = ring.Key(buf[:0], reqs[i].name, reqs[i].key)
 			if now.ring.Owner(buf) == s.name && s.tombFor(buf) == "" {
-				out[i] = s.decideOwned(ctx, now, buf, reqs[i].check)
+				out[i] = s.decideOwned(ctx, now, buf, reqs[i], false)
 				continue
 			}
 		}
