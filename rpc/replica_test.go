@@ -221,6 +221,10 @@ func ringsAgree(nodes []*testNode) bool {
 	return true
 }
 
+// probeRound is one probe interval plus one probe timeout of memberlist's
+// local profile, with a margin.
+const probeRound = 1500 * time.Millisecond
+
 // A node that crashes and comes back under its name at a new address is
 // accepted once gossip has declared the old one dead (plus the reclaim
 // time), checks go to its new address, and the keys it owns recover
@@ -258,6 +262,14 @@ func TestRestartUnderSameNameRecoversFromReplicas(t *testing.T) {
 	nodes[1].Kill()
 	survivors := []*testNode{nodes[0], nodes[2]}
 	waitRingAgrees(t, survivors)
+	// A real restart takes longer than one probe round of memberlist's
+	// local profile (1 s interval, 200 ms timeout). A node back sooner can
+	// be hit by a suspicion that a probe of the dead process raised late:
+	// gossip then flaps the new process out of the rings and back for a
+	// moment, and a key whose copy was taken over in that moment counts
+	// twice (a known limit, README "What a crash can lose"; this happened
+	// in about 1 of 8 runs of the package).
+	time.Sleep(probeRound)
 	back := startNodeWith(t, "node2", clock, cfg, nodes[0].GossipAddr())
 	if back.GRPCAddr() == oldAddr {
 		t.Fatalf("the new node2 got the old address %s", oldAddr)
