@@ -61,6 +61,62 @@ type handOffState struct {
 	tombs    map[string]tomb          // keys given away while this node still owns them
 	lastPush string                   // fingerprint of the last completed push
 	departed map[string]time.Time     // members that left this node's ring, and when
+	// takenOver: keys this node took over from a copy of a live owner's
+	// state (see noteTakeover), until the key goes back or the copy's
+	// window ends.
+	takenOver map[string]takeover
+}
+
+// takeover is the copy a key's state here was taken over from: its owner
+// and the owner's process (instance id) that sent it.
+type takeover struct {
+	owner, instance string
+	st              window.State
+}
+
+// noteTakeover records that key's state here now includes the copy e of
+// another member's state. If the key goes back to that very process (it
+// was out of the ring for a moment, a flap, and kept its state), only
+// what was counted here beyond the copy goes back (returnState); the
+// copy's hits are in its own state already. A copy of this node's name
+// (an earlier process of it) or of an unknown process needs nothing.
+func (s *Server) noteTakeover(key string, e replicaEntry) {
+	if e.owner == s.name || e.owner == "" || e.instance == "" {
+		return
+	}
+	s.hmu.Lock()
+	s.ho.takenOver[key] = takeover{owner: e.owner, instance: e.instance, st: e.st}
+	s.hmu.Unlock()
+}
+
+// returnStateLocked is the state to send for key, taken out of this
+// node's windows as st, to the member to: st without the copy it was
+// taken over from when to is the same process that sent that copy. It
+// forgets the takeover either way (the state leaves this node), and
+// returns it so that a failed send can restore it. Requires hmu held.
+func (s *Server) returnStateLocked(key string, st window.State, to string) (window.State, *takeover) {
+	t, ok := s.ho.takenOver[key]
+	if !ok {
+		return st, nil
+	}
+	delete(s.ho.takenOver, key)
+	if t.owner == to && (*s.instances.Load())[to] == t.instance {
+		s.stats.replicaReturned.Add(1)
+		return window.Subtract(st, t.st), &t
+	}
+	return st, &t
+}
+
+// sweepTakenOver forgets the takeovers whose copy's window has ended at
+// now (nothing of it is left to count twice).
+func (s *Server) sweepTakenOver(now time.Time) {
+	s.hmu.Lock()
+	defer s.hmu.Unlock()
+	for k, t := range s.ho.takenOver {
+		if !t.st.Expires().After(now) {
+			delete(s.ho.takenOver, k)
+		}
+	}
 }
 
 // newMovingIn computes what moves to self going from prev to next, keeping
@@ -219,7 +275,7 @@ func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, fr
 			for _, ks := range resp.Replicas {
 				var st window.State
 				if err := st.UnmarshalBinary(ks.State); err == nil && string(ks.Key) == key {
-					replicas = append(replicas, replicaEntry{st: st, owner: ks.Owner})
+					replicas = append(replicas, replicaEntry{st: st, owner: ks.Owner, instance: ks.OwnerInstance})
 				}
 			}
 		})
@@ -227,16 +283,21 @@ func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, fr
 	wg.Wait()
 	// A replica stands in for its owner's state only when no state came
 	// and the owner has departed (was in this node's ring and left it), or
-	// is this node (restarted under its name, its windows lost); several
+	// is an earlier process of this node (restarted under its name, its
+	// windows lost). A copy this very process sent is of state it handed
+	// off since, which has come back or is on its way: never use it. Several
 	// copies of one key are copies, so the latest wins.
+	self := s.instanceID()
 	var best *replicaEntry
 	for i, r := range replicas {
-		if (r.owner == s.name || (!v.ring.Has(r.owner) && s.departed(r.owner))) && (best == nil || r.st.Expires().After(best.st.Expires())) {
+		earlierSelf := r.owner == s.name && (r.instance == "" || r.instance != self)
+		if (earlierSelf || (!v.ring.Has(r.owner) && s.departed(r.owner))) && (best == nil || r.st.Expires().After(best.st.Expires())) {
 			best = &replicas[i]
 		}
 	}
 	if best != nil && !found && !hadState {
 		s.store.MergeState(key, best.st, now)
+		s.noteTakeover(key, *best)
 		s.stats.replicaTakeovers.Add(1)
 		found = true
 	}
@@ -383,6 +444,7 @@ func (s *Server) pushTargets(ctx context.Context, v *view) (map[string]error, er
 	now := s.store.Now()
 	for k, e := range replicasByOwner[s.name] { // this node is the new owner: take over
 		s.store.MergeState(k, e.st, now)
+		s.noteTakeover(k, e)
 		s.stats.replicaTakeovers.Add(1)
 	}
 	delete(replicasByOwner, s.name)
@@ -508,7 +570,7 @@ func (s *Server) pushTo(ctx context.Context, p *peer, fp string, keys []string, 
 		req := &sluicev1.HandOffRequest{Sender: s.name, RingFingerprint: fp, FromReplica: true, SenderLeaving: s.leaving.Load()}
 		for k, e := range replicas {
 			b, _ := e.st.AppendBinary(nil)
-			req.States = append(req.States, &sluicev1.KeyState{Key: []byte(k), State: b})
+			req.States = append(req.States, &sluicev1.KeyState{Key: []byte(k), State: b, Owner: e.owner, OwnerInstance: e.instance})
 		}
 		if err := send(req); err != nil {
 			s.restoreReplicas(replicas)
@@ -535,6 +597,7 @@ func (s *Server) pushBatch(p *peer, fp string, keys []string, send func(*sluicev
 	done := make(chan struct{})
 	req := &sluicev1.HandOffRequest{Sender: s.name, RingFingerprint: fp, SenderLeaving: s.leaving.Load()}
 	taken := map[string]window.State{}
+	forgot := map[string]*takeover{}
 	// Decisions of these keys begun under an older ring end first; later
 	// ones see the ring changed and go to the new owner (decideOwned).
 	s.decideGate.Lock()
@@ -546,7 +609,11 @@ func (s *Server) pushBatch(p *peer, fp string, keys []string, send func(*sluicev
 		}
 		taken[k] = st
 		s.ho.outgoing[k] = done
-		b, _ := st.AppendBinary(nil)
+		out, t := s.returnStateLocked(k, st, p.name)
+		if t != nil {
+			forgot[k] = t
+		}
+		b, _ := out.AppendBinary(nil)
 		req.States = append(req.States, &sluicev1.KeyState{Key: []byte(k), State: b})
 	}
 	s.hmu.Unlock()
@@ -559,6 +626,13 @@ func (s *Server) pushBatch(p *peer, fp string, keys []string, send func(*sluicev
 			for k, st := range taken {
 				s.store.MergeState(k, st, now)
 			}
+			s.hmu.Lock()
+			for k, t := range forgot {
+				if _, ok := s.ho.takenOver[k]; !ok {
+					s.ho.takenOver[k] = *t
+				}
+			}
+			s.hmu.Unlock()
 		} else {
 			s.stats.handedOff.Add(int64(len(req.States)))
 		}
@@ -618,6 +692,7 @@ func (s *Server) HandOff(stream sluicev1.PeerService_HandOffServer) error {
 			}
 			states := make([]window.State, 0, len(req.States))
 			keys := make([]string, 0, len(req.States))
+			owners := make([]*sluicev1.KeyState, 0, len(req.States))
 			now := s.store.Now()
 			hist := s.recentRings(v)
 			for i, ks := range req.States {
@@ -647,9 +722,13 @@ func (s *Server) HandOff(stream sluicev1.PeerService_HandOffServer) error {
 				}
 				keys = append(keys, string(ks.Key))
 				states = append(states, st)
+				owners = append(owners, ks)
 			}
 			for i, k := range keys {
 				s.store.MergeState(k, states[i], now)
+				if req.FromReplica {
+					s.noteTakeover(k, replicaEntry{st: states[i], owner: owners[i].Owner, instance: owners[i].OwnerInstance})
+				}
 			}
 			resp.Merged = int64(len(states))
 			s.stats.receivedHandOff.Add(int64(len(states)))
@@ -727,6 +806,9 @@ func (s *Server) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluicev1
 		s.decideGate.Lock()
 		s.hmu.Lock()
 		st, ok := s.store.Take(k)
+		if ok {
+			st, _ = s.returnStateLocked(k, st, req.Sender)
+		}
 		if v.ring.Owner(kb) == s.name && req.Sender != s.name {
 			s.ho.tombs[k] = tomb{to: req.Sender, until: time.Now().Add(s.handOffTimeout)}
 			s.tombCount.Store(int64(len(s.ho.tombs)))
@@ -740,7 +822,7 @@ func (s *Server) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluicev1
 		}
 		if e, ok := s.replicas.take(k); ok {
 			b, _ := e.st.AppendBinary(nil)
-			resp.Replicas = append(resp.Replicas, &sluicev1.KeyState{Key: kb, State: b, Owner: e.owner})
+			resp.Replicas = append(resp.Replicas, &sluicev1.KeyState{Key: kb, State: b, Owner: e.owner, OwnerInstance: e.instance})
 		}
 	}
 	return resp, nil

@@ -143,6 +143,7 @@ var (
 		{prometheus.NewDesc("sluice_received_handoff_keys_total", "Keys merged from peers' hand-offs.", nil, nil), func(st Stats) int64 { return st.ReceivedHandOff }},
 		{prometheus.NewDesc("sluice_pulls_total", "Keys pulled from their previous owner on first touch.", nil, nil), func(st Stats) int64 { return st.Pulls }},
 		{prometheus.NewDesc("sluice_replica_takeovers_total", "Keys whose replica stood in for a lost owner.", nil, nil), func(st Stats) int64 { return st.ReplicaTakeovers }},
+		{prometheus.NewDesc("sluice_replica_returned_total", "Keys taken over from a copy and handed back to the same owner process (out of the ring only for a moment): only the hits counted beyond the copy went back.", nil, nil), func(st Stats) int64 { return st.ReplicaReturned }},
 		{prometheus.NewDesc("sluice_replicated_keys_total", "Key copies sent to successors.", nil, nil), func(st Stats) int64 { return st.Replicated }},
 		{prometheus.NewDesc("sluice_reforwarded_checks_total", "Checks received as owner that this node's ring gives to another member, sent on once.", nil, nil), func(st Stats) int64 { return st.Reforwarded }},
 		{prometheus.NewDesc("sluice_not_owner_applied_total", "Re-forwarded checks decided here although this node's ring names another owner.", nil, nil), func(st Stats) int64 { return st.NotOwnerApplied }},

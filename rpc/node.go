@@ -701,7 +701,7 @@ func (n *Node) stop() {
 		"received_calls", st.ReceivedRPCs, "received_checks", st.ReceivedChecks)
 	n.log.Info("hand-off totals", "handed_off", st.HandedOff, "received", st.ReceivedHandOff, "pulls", st.Pulls,
 		"reforwarded", st.Reforwarded, "degraded", st.Degraded, "moved_without_state", st.MovedWithoutState,
-		"owner_lost", st.OwnerLost, "replica_behind", st.ReplicaBehind, "replica_takeovers", st.ReplicaTakeovers,
+		"owner_lost", st.OwnerLost, "replica_behind", st.ReplicaBehind, "replica_takeovers", st.ReplicaTakeovers, "replica_returned", st.ReplicaReturned,
 		"evicted_live", st.EvictedLive, "ring_mismatch", st.RingMismatch)
 	n.server.Close()
 }

@@ -64,8 +64,9 @@ type replicaStore struct {
 }
 
 type replicaEntry struct {
-	st    window.State
-	owner string
+	st       window.State
+	owner    string
+	instance string // the owner's gossiped instance id when the copy came ("" if unknown)
 }
 
 func newReplicaStore() *replicaStore {
@@ -84,13 +85,13 @@ func (r *replicaStore) shardBytes(k []byte) int { return int(maphash.Bytes(r.see
 
 // set replaces key's copy. A key it holds already is updated in place, so
 // that the steady stream of copies of the same keys allocates nothing.
-func (r *replicaStore) set(k []byte, owner string, st window.State) {
+func (r *replicaStore) set(k []byte, owner, instance string, st window.State) {
 	sh := &r.shards[r.shardBytes(k)]
 	sh.mu.Lock()
 	if e, ok := sh.m[string(k)]; ok {
-		*e = replicaEntry{st: st, owner: owner}
+		*e = replicaEntry{st: st, owner: owner, instance: instance}
 	} else {
-		sh.m[string(k)] = &replicaEntry{st: st, owner: owner}
+		sh.m[string(k)] = &replicaEntry{st: st, owner: owner, instance: instance}
 	}
 	sh.mu.Unlock()
 }
@@ -278,7 +279,9 @@ func (s *Server) replicateLoop(ctx context.Context) {
 		}
 		s.replicateOnce(ctx, v, keys)
 		if sweeps++; sweeps%50 == 0 {
-			s.replicas.sweep(s.store.Now())
+			now := s.store.Now()
+			s.replicas.sweep(now)
+			s.sweepTakenOver(now)
 		}
 	}
 }
@@ -369,8 +372,9 @@ func (s *Server) Replicate(ctx context.Context, req *sluicev1.ReplicateRequest) 
 	if s.leaving.Load() {
 		return &sluicev1.ReplicateResponse{}, nil
 	}
+	instance := (*s.instances.Load())[req.Sender]
 	for i, ks := range req.States {
-		s.replicas.set(ks.Key, req.Sender, states[i])
+		s.replicas.set(ks.Key, req.Sender, instance, states[i])
 	}
 	return &sluicev1.ReplicateResponse{}, nil
 }

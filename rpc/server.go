@@ -101,8 +101,9 @@ type Server struct {
 	peerCreds      func(name string) credentials.TransportCredentials
 
 	view      atomic.Pointer[view]
-	memberSet atomic.Pointer[map[string]bool] // names SetMembers was last given, and this node
-	setMu     sync.Mutex                      // serializes SetMembers
+	memberSet atomic.Pointer[map[string]bool]   // names SetMembers was last given, and this node
+	instances atomic.Pointer[map[string]string] // name -> gossiped instance id, of the members SetMembers was last given
+	setMu     sync.Mutex                        // serializes SetMembers
 
 	leaving atomic.Bool // set by Leave: the ring excludes this node
 	moving  atomic.Pointer[movingIn]
@@ -186,7 +187,7 @@ type counters struct {
 	reforwarded, notOwnerApplied, viewMismatch, ringMismatch               atomic.Int64
 	degraded, movedWithoutState, ownerLost, replicaBehind, handOffTimeouts atomic.Int64
 	handedOff, receivedHandOff, handOffErrors, pulls, replicaTakeovers     atomic.Int64
-	replicated, handOffRefused                                             atomic.Int64
+	replicated, handOffRefused, replicaReturned                            atomic.Int64
 }
 
 // PeerStats counts the Forward calls made to one peer.
@@ -264,6 +265,10 @@ type Stats struct {
 	Pulls int64
 	// ReplicaTakeovers: keys whose replica stood in for a lost owner.
 	ReplicaTakeovers int64
+	// ReplicaReturned: keys taken over from a copy and handed back to the
+	// same owner process (it was out of the ring only for a moment, a
+	// flap): only the hits counted here beyond the copy went back.
+	ReplicaReturned int64
 	// Replicated: key copies sent to successors; Replicas: copies held now.
 	Replicated int64
 	Replicas   int
@@ -312,6 +317,7 @@ func (s *Server) Stats() Stats {
 		HandOffErrors:     s.stats.handOffErrors.Load(),
 		Pulls:             s.stats.pulls.Load(),
 		ReplicaTakeovers:  s.stats.replicaTakeovers.Load(),
+		ReplicaReturned:   s.stats.replicaReturned.Load(),
 		Replicated:        s.stats.replicated.Load(),
 		Replicas:          s.replicas.len(),
 	}
@@ -381,11 +387,12 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		// for an evicted key there is no worse than the degraded answer.
 		fallback: window.NewStore(window.StoreConfig{Clock: storeClock{cfg.Store}, MaxKeys: 100_000, OnKeyCap: window.KeyCapEvict}),
 		ho: handOffState{doneFrom: map[string]string{}, outgoing: map[string]chan struct{}{},
-			tombs: map[string]tomb{}, departed: map[string]time.Time{}},
+			tombs: map[string]tomb{}, departed: map[string]time.Time{}, takenOver: map[string]takeover{}},
 		dialOpts:  append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), codecDialOption}, cfg.DialOptions...),
 		peerCreds: cfg.PeerCredentials,
 	}
 	s.memberSet.Store(&map[string]bool{cfg.Name: true})
+	s.instances.Store(&map[string]string{})
 	r, err := ring.New([]string{cfg.Name}, cfg.Ring)
 	if err != nil {
 		return nil, fmt.Errorf("rpc: %w", err)
@@ -416,6 +423,11 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 		set[m.Name] = true
 	}
 	s.memberSet.Store(&set)
+	inst := make(map[string]string, len(members))
+	for _, m := range members {
+		inst[m.Name] = m.Instance
+	}
+	s.instances.Store(&inst)
 	// A member that said it is leaving (its hand-off done) is out of the
 	// ring at once, whether or not gossip has told of its leave yet.
 	ms := slices.DeleteFunc(slices.Clone(members), func(m cluster.Member) bool {

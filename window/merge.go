@@ -215,3 +215,57 @@ func (s State) Plausible(now time.Time, slack time.Duration, maxHits int64) erro
 	}
 	return nil
 }
+
+// Subtract returns the state of the hits behind a that are not behind b,
+// where b is an earlier copy of a state that was merged into a (a key's
+// replica that a member took over, then counted on): the inverse of
+// [Merge] for that case, so that Merge(Subtract(a, b), b) counts what a
+// counts. It works at the later of the two times, as Merge does: counts of
+// the same window subtract, consumed tokens subtract (each bucket first
+// refilled up to that time); every count is floored at 0. When either is
+// zero, or they were built for different algorithms or windows (a started
+// afresh since), a is returned as it is.
+func Subtract(a, b State) State {
+	x, y := a.st, b.st
+	if x.spec == 0 || y.spec == 0 || x.spec != y.spec {
+		return a
+	}
+	t := max(x.at, y.at)
+	w := x.window()
+	out := state{spec: x.spec, at: t}
+	switch x.algorithm() {
+	case FixedWindow:
+		var ax, by uint64
+		if x.at == t {
+			ax = x.a
+		}
+		if y.at == t {
+			by = y.a
+		}
+		out.a = ax - min(ax, by)
+	case SlidingWindow:
+		// Each state's (current, previous) counts as of the window at t.
+		at := func(s state) (cur, prev uint64) {
+			switch s.at {
+			case t:
+				return s.a, s.b
+			case t - w:
+				return 0, s.a
+			}
+			return 0, 0
+		}
+		cx, px := at(x)
+		cy, py := at(y)
+		out.a, out.b = cx-min(cx, cy), px-min(px, py)
+	default:
+		dx := u128{x.a, x.b}.subFloor(mul64(uint64(t-x.at), x.rate))
+		dy := u128{y.a, y.b}.subFloor(mul64(uint64(t-y.at), y.rate))
+		d := dx.subFloor(dy)
+		out.a, out.b = d.hi, d.lo
+		out.rate = x.rate
+		if y.at > x.at {
+			out.rate = y.rate
+		}
+	}
+	return State{out}
+}

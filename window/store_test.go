@@ -423,6 +423,71 @@ func TestMergeAsIfOneOwner(t *testing.T) {
 	}
 }
 
+// Subtract undoes a merged copy: an owner counts 30 hits, a member takes
+// a copy of that state over (a flap) and counts 20 more on it, the owner
+// counts 15 meanwhile. The owner merging what the member counted beyond
+// the copy ends where merging a store that saw only the member's 20 hits
+// ends ([Merge]'s "as if one owner"; for the windows that is exactly one
+// owner of all 65 hits, which is checked too), for every algorithm.
+func TestSubtractUndoesACopy(t *testing.T) {
+	for _, alg := range allAlgorithms {
+		c := Check{Algorithm: alg, Limit: 100, Window: time.Minute}
+		one, owner, member, memberOnly := NewStore(StoreConfig{}), NewStore(StoreConfig{}), NewStore(StoreConfig{}), NewStore(StoreConfig{})
+		c.Hits = 30
+		mustApply(t, one, "k", c, t0.Add(10*time.Second))
+		mustApply(t, owner, "k", c, t0.Add(10*time.Second))
+		copyOf, _ := owner.Get("k")
+		member.MergeState("k", copyOf, t0.Add(11*time.Second))
+		c.Hits = 20
+		mustApply(t, one, "k", c, t0.Add(20*time.Second))
+		mustApply(t, member, "k", c, t0.Add(20*time.Second))
+		mustApply(t, memberOnly, "k", c, t0.Add(20*time.Second))
+		c.Hits = 15
+		mustApply(t, one, "k", c, t0.Add(25*time.Second))
+		mustApply(t, owner, "k", c, t0.Add(25*time.Second))
+		taken, _ := member.Get("k")
+		ownerState, _ := owner.Get("k")
+		onlyState, _ := memberOnly.Get("k")
+		c.Hits = 0
+		at := t0.Add(30 * time.Second)
+		want := mustApplyState(t, Merge(ownerState, onlyState), c, at)
+		got := mustApplyState(t, Merge(ownerState, Subtract(taken, copyOf)), c, at)
+		if got != want {
+			t.Errorf("%s: owner after the hand-back %+v, want %+v", alg, got, want)
+		}
+		if whole := mustApply(t, one, "k", c, at); (alg == FixedWindow || alg == SlidingWindow) && got != whole {
+			t.Errorf("%s: owner after the hand-back %+v, one owner of all hits %+v", alg, got, whole)
+		}
+		// Merging the member's whole state instead counts the copy twice.
+		if doubled := mustApplyState(t, Merge(ownerState, taken), c, at); doubled.Remaining >= want.Remaining {
+			t.Errorf("%s: merging the copy again left %d remaining, want fewer than %d (the test would not see a double count)", alg, doubled.Remaining, want.Remaining)
+		}
+		if d := Subtract(taken, State{}); d != taken {
+			t.Errorf("%s: subtracting zero changed the state", alg)
+		}
+		if d := Subtract(copyOf, taken); mustApplyState(t, d, c, at).Remaining != 100 {
+			t.Errorf("%s: subtracting more than there is did not floor at 0: %+v", alg, d)
+		}
+	}
+	// A state of another window started afresh: it stays as it is.
+	s := NewStore(StoreConfig{})
+	mustApply(t, s, "old", Check{Algorithm: FixedWindow, Limit: 9, Window: time.Minute, Hits: 1}, t0)
+	mustApply(t, s, "new", Check{Algorithm: FixedWindow, Limit: 9, Window: time.Hour, Hits: 2}, t0.Add(time.Hour))
+	so, _ := s.Get("old")
+	sn, _ := s.Get("new")
+	if Subtract(sn, so) != sn {
+		t.Fatal("subtracting a state of another window changed the state")
+	}
+}
+
+// mustApplyState applies c to a fresh store holding st under one key.
+func mustApplyState(t *testing.T, st State, c Check, at time.Time) Decision {
+	t.Helper()
+	s := NewStore(StoreConfig{})
+	s.MergeState("k", st, at)
+	return mustApply(t, s, "k", c, at)
+}
+
 // C14: memory comes back. One hit each from many keys over 10 s (window
 // 1 s), then silence: after the last window and one sweep, no key is live
 // and the heap is back near its baseline.

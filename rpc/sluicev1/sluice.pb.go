@@ -866,8 +866,14 @@ type KeyState struct {
 	Key []byte `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 	// The state in the window package's binary encoding (window.State).
 	State []byte `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
-	// For a replica (PullResponse.replicas): the member whose copy it is.
-	Owner         string `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	// For a replica (PullResponse.replicas, or a HandOffRequest with
+	// from_replica): the member whose copy it is.
+	Owner string `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	// For a replica: the owner's instance id (its gossiped metadata) when
+	// the copy was made; empty if unknown. A member that takes the copy over
+	// and later hands the key back to that same process sends only what it
+	// counted beyond the copy.
+	OwnerInstance string `protobuf:"bytes,4,opt,name=owner_instance,json=ownerInstance,proto3" json:"owner_instance,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -919,6 +925,13 @@ func (x *KeyState) GetState() []byte {
 func (x *KeyState) GetOwner() string {
 	if x != nil {
 		return x.Owner
+	}
+	return ""
+}
+
+func (x *KeyState) GetOwnerInstance() string {
+	if x != nil {
+		return x.OwnerInstance
 	}
 	return ""
 }
@@ -1352,11 +1365,12 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\amembers\x18\x01 \x03(\v2\x11.sluice.v1.MemberR\amembers\x12\x12\n" +
 	"\x04self\x18\x02 \x01(\tR\x04self\x12)\n" +
 	"\x10ring_fingerprint\x18\x03 \x01(\tR\x0fringFingerprint\x12'\n" +
-	"\x0fpartition_count\x18\x04 \x01(\x05R\x0epartitionCount\"H\n" +
+	"\x0fpartition_count\x18\x04 \x01(\x05R\x0epartitionCount\"o\n" +
 	"\bKeyState\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\fR\x05state\x12\x14\n" +
-	"\x05owner\x18\x03 \x01(\tR\x05owner\"\x87\x02\n" +
+	"\x05owner\x18\x03 \x01(\tR\x05owner\x12%\n" +
+	"\x0eowner_instance\x18\x04 \x01(\tR\rownerInstance\"\x87\x02\n" +
 	"\x0eHandOffRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12)\n" +
 	"\x10ring_fingerprint\x18\x02 \x01(\tR\x0fringFingerprint\x12+\n" +
