@@ -282,16 +282,11 @@ func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, fr
 	}
 	wg.Wait()
 	// A replica stands in for its owner's state only when no state came
-	// and the owner has departed (was in this node's ring and left it), or
-	// is an earlier process of this node (restarted under its name, its
-	// windows lost). A copy this very process sent is of state it handed
-	// off since, which has come back or is on its way: never use it. Several
-	// copies of one key are copies, so the latest wins.
-	self := s.instanceID()
+	// and copyStandsIn says so; several copies of one key are copies, so
+	// the latest wins.
 	var best *replicaEntry
 	for i, r := range replicas {
-		earlierSelf := r.owner == s.name && (r.instance == "" || r.instance != self)
-		if (earlierSelf || (!v.ring.Has(r.owner) && s.departed(r.owner))) && (best == nil || r.st.Expires().After(best.st.Expires())) {
+		if s.copyStandsIn(v, r) && (best == nil || r.st.Expires().After(best.st.Expires())) {
 			best = &replicas[i]
 		}
 	}
@@ -310,6 +305,19 @@ func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, fr
 			s.stats.ownerLost.Add(1)
 		}
 	}
+}
+
+// copyStandsIn reports whether the copy r may stand in for its key's lost
+// state under v: its owner has departed (was in this node's ring and left
+// it), or is an earlier process of this node (its instance id differs, or
+// is unknown: an older peer). A copy this very process sent is of state it
+// has handed off since, which comes back by itself: using it would count
+// it twice.
+func (s *Server) copyStandsIn(v *view, r replicaEntry) bool {
+	if r.owner == s.name {
+		return r.instance == "" || r.instance != s.instanceID()
+	}
+	return !v.ring.Has(r.owner) && s.departed(r.owner)
 }
 
 // departed reports whether member was in this node's ring and has left

@@ -331,7 +331,7 @@ func (s *Server) replicateOnce(ctx context.Context, v *view, keys []string) {
 				err := errors.New("no connection")
 				if p != nil {
 					cctx, cancel := context.WithTimeout(ctx, s.forwardTimeout)
-					_, err = p.client.Replicate(cctx, &sluicev1.ReplicateRequest{Sender: s.name, States: batch})
+					_, err = p.client.Replicate(cctx, &sluicev1.ReplicateRequest{Sender: s.name, SenderInstance: s.instanceID(), States: batch})
 					cancel()
 				}
 				if err != nil {
@@ -372,7 +372,10 @@ func (s *Server) Replicate(ctx context.Context, req *sluicev1.ReplicateRequest) 
 	if s.leaving.Load() {
 		return &sluicev1.ReplicateResponse{}, nil
 	}
-	instance := (*s.instances.Load())[req.Sender]
+	instance := req.SenderInstance
+	if instance == "" {
+		instance = (*s.instances.Load())[req.Sender]
+	}
 	for i, ks := range req.States {
 		s.replicas.set(ks.Key, req.Sender, instance, states[i])
 	}

@@ -403,3 +403,33 @@ func TestFlapReturnsOnlyWhatWasCountedBeyondTheCopy(t *testing.T) {
 		}
 	}
 }
+
+// TestCopyStandsIn: a pulled copy stands in for lost state only when its
+// owner departed or is an earlier process of this node; a copy this very
+// process sent, or one of a live member, never does (a joining node once
+// took two copies of its own state over and two keys counted about 40
+// hits twice).
+func TestCopyStandsIn(t *testing.T) {
+	nodes := startCluster(t, 3, windowClock())
+	s := nodes[0].Server()
+	self := s.instanceID()
+	if self == "" {
+		t.Fatal("node1 has no instance id")
+	}
+	v := s.view.Load()
+	for _, tc := range []struct {
+		name string
+		r    replicaEntry
+		want bool
+	}{
+		{"this very process", replicaEntry{owner: "node1", instance: self}, false},
+		{"an earlier process of this node", replicaEntry{owner: "node1", instance: "0123456789abcdef"}, true},
+		{"this node's name, instance unknown (an older peer)", replicaEntry{owner: "node1"}, true},
+		{"a live member", replicaEntry{owner: "node2", instance: "0123456789abcdef"}, false},
+		{"a member never in the ring", replicaEntry{owner: "node9", instance: "0123456789abcdef"}, false},
+	} {
+		if got := s.copyStandsIn(v, tc.r); got != tc.want {
+			t.Errorf("%s: copyStandsIn %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -1220,9 +1220,13 @@ type ReplicateRequest struct {
 	// The owner's node name.
 	Sender string `protobuf:"bytes,1,opt,name=sender,proto3" json:"sender,omitempty"`
 	// At most 1000 keys' latest state; each replaces the receiver's copy.
-	States        []*KeyState `protobuf:"bytes,2,rep,name=states,proto3" json:"states,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	States []*KeyState `protobuf:"bytes,2,rep,name=states,proto3" json:"states,omitempty"`
+	// The sender's instance id (random per process start, as gossiped in its
+	// metadata); empty from older nodes, and then the receiver takes it from
+	// its member list.
+	SenderInstance string `protobuf:"bytes,3,opt,name=sender_instance,json=senderInstance,proto3" json:"sender_instance,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ReplicateRequest) Reset() {
@@ -1267,6 +1271,13 @@ func (x *ReplicateRequest) GetStates() []*KeyState {
 		return x.States
 	}
 	return nil
+}
+
+func (x *ReplicateRequest) GetSenderInstance() string {
+	if x != nil {
+		return x.SenderInstance
+	}
+	return ""
 }
 
 type ReplicateResponse struct {
@@ -1388,10 +1399,11 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x04keys\x18\x03 \x03(\fR\x04keys\"l\n" +
 	"\fPullResponse\x12+\n" +
 	"\x06states\x18\x01 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\x12/\n" +
-	"\breplicas\x18\x02 \x03(\v2\x13.sluice.v1.KeyStateR\breplicas\"W\n" +
+	"\breplicas\x18\x02 \x03(\v2\x13.sluice.v1.KeyStateR\breplicas\"\x80\x01\n" +
 	"\x10ReplicateRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12+\n" +
-	"\x06states\x18\x02 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\"\x13\n" +
+	"\x06states\x18\x02 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\x12'\n" +
+	"\x0fsender_instance\x18\x03 \x01(\tR\x0esenderInstance\"\x13\n" +
 	"\x11ReplicateResponse*\x98\x01\n" +
 	"\tAlgorithm\x12\x19\n" +
 	"\x15ALGORITHM_UNSPECIFIED\x10\x00\x12\x1a\n" +
