@@ -100,7 +100,7 @@ func (s *Server) returnStateLocked(key string, st window.State, to string) (wind
 		return st, nil
 	}
 	delete(s.ho.takenOver, key)
-	if t.owner == to && (*s.instances.Load())[to] == t.instance {
+	if t.owner == to && s.memberInstance(to) == t.instance {
 		s.stats.replicaReturned.Add(1)
 		return window.Subtract(st, t.st), &t
 	}
@@ -698,9 +698,11 @@ func (s *Server) HandOff(stream sluicev1.PeerService_HandOffServer) error {
 				resp.Error = reason
 				break
 			}
-			states := make([]window.State, 0, len(req.States))
-			keys := make([]string, 0, len(req.States))
-			owners := make([]*sluicev1.KeyState, 0, len(req.States))
+			type merge struct {
+				ks *sluicev1.KeyState
+				st window.State
+			}
+			merges := make([]merge, 0, len(req.States))
 			now := s.store.Now()
 			hist := s.recentRings(v)
 			for i, ks := range req.States {
@@ -728,20 +730,19 @@ func (s *Server) HandOff(stream sluicev1.PeerService_HandOffServer) error {
 					s.log.Warn("hand-off state refused", "sender", req.Sender, "key", KeyFingerprint(ks.Key), "reason", reason)
 					continue
 				}
-				keys = append(keys, string(ks.Key))
-				states = append(states, st)
-				owners = append(owners, ks)
+				merges = append(merges, merge{ks, st})
 			}
-			for i, k := range keys {
-				s.store.MergeState(k, states[i], now)
+			for _, m := range merges {
+				k := string(m.ks.Key)
+				s.store.MergeState(k, m.st, now)
 				if req.FromReplica {
-					s.noteTakeover(k, replicaEntry{st: states[i], owner: owners[i].Owner, instance: owners[i].OwnerInstance})
+					s.noteTakeover(k, replicaEntry{st: m.st, owner: m.ks.Owner, instance: m.ks.OwnerInstance})
 				}
 			}
-			resp.Merged = int64(len(states))
-			s.stats.receivedHandOff.Add(int64(len(states)))
+			resp.Merged = int64(len(merges))
+			s.stats.receivedHandOff.Add(int64(len(merges)))
 			if req.FromReplica {
-				s.stats.replicaTakeovers.Add(int64(len(states)))
+				s.stats.replicaTakeovers.Add(int64(len(merges)))
 			}
 			if req.Done {
 				s.noteDone(req.Sender, req.RingFingerprint)

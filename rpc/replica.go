@@ -374,7 +374,7 @@ func (s *Server) Replicate(ctx context.Context, req *sluicev1.ReplicateRequest) 
 	}
 	instance := req.SenderInstance
 	if instance == "" {
-		instance = (*s.instances.Load())[req.Sender]
+		instance = s.memberInstance(req.Sender)
 	}
 	for i, ks := range req.States {
 		s.replicas.set(ks.Key, req.Sender, instance, states[i])

@@ -12,6 +12,7 @@ import (
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
+	"github.com/sluicehq/sluice/window"
 )
 
 // answer is one decision of the kill test's stream.
@@ -222,17 +223,45 @@ func ringsAgree(nodes []*testNode) bool {
 	return true
 }
 
+// fastReplication sends changed keys' copies every 20 ms.
+var fastReplication = NodeConfig{Replication: ReplicationConfig{Interval: 20 * time.Millisecond}}
+
+// startReplicatedCluster starts node1..node3 with fastReplication, joined
+// through node1, and waits until their rings agree.
+func startReplicatedCluster(t *testing.T, clock window.Clock) []*testNode {
+	t.Helper()
+	nodes := []*testNode{startNodeWith(t, "node1", clock, fastReplication)}
+	nodes = append(nodes, startNodeWith(t, "node2", clock, fastReplication, nodes[0].GossipAddr()),
+		startNodeWith(t, "node3", clock, fastReplication, nodes[0].GossipAddr()))
+	waitRingAgrees(t, nodes)
+	return nodes
+}
+
+// waitCopied waits until one of holders holds a copy of owner's state of
+// key (a store key) that is up to date.
+func waitCopied(t *testing.T, owner *testNode, key string, holders ...*testNode) {
+	t.Helper()
+	eventually(t, owner.Name()+"'s key to be copied up to date", func() bool {
+		want, _ := owner.Store().Get(key)
+		wb, _ := want.MarshalBinary()
+		for _, n := range holders {
+			if st, ok := n.Server().replicas.get(key); ok {
+				if b, _ := st.MarshalBinary(); string(b) == string(wb) {
+					return true
+				}
+			}
+		}
+		return false
+	})
+}
+
 // A node that crashes and comes back under its name at a new address is
 // accepted once gossip has declared the old one dead (plus the reclaim
 // time), checks go to its new address, and the keys it owns recover
 // their counts from the replicas it had sent.
 func TestRestartUnderSameNameRecoversFromReplicas(t *testing.T) {
 	clock := windowClock()
-	cfg := NodeConfig{Replication: ReplicationConfig{Interval: 20 * time.Millisecond}}
-	nodes := []*testNode{startNodeWith(t, "node1", clock, cfg)}
-	nodes = append(nodes, startNodeWith(t, "node2", clock, cfg, nodes[0].GossipAddr()),
-		startNodeWith(t, "node3", clock, cfg, nodes[0].GossipAddr()))
-	waitRingAgrees(t, nodes)
+	nodes := startReplicatedCluster(t, clock)
 	k := keyOwnedBy(t, nodes[0], "restart", "node2")
 	rc := &sluicev1.RateLimitCheck{Name: "restart", Key: k, Hits: proto.Int64(1), Limit: 10, WindowMs: 3_600_000,
 		OnOwnerUnavailable: sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_DENY}
@@ -243,18 +272,7 @@ func TestRestartUnderSameNameRecoversFromReplicas(t *testing.T) {
 	}
 	// The crash must lose nothing here: wait until a replica holds all 6.
 	key := string(ring.Key(nil, "restart", k))
-	eventually(t, "node2's key to be replicated up to date", func() bool {
-		want, _ := nodes[1].Store().Get(key)
-		wb, _ := want.MarshalBinary()
-		for _, n := range []*testNode{nodes[0], nodes[2]} {
-			if st, ok := n.Server().replicas.get(key); ok {
-				if b, _ := st.MarshalBinary(); string(b) == string(wb) {
-					return true
-				}
-			}
-		}
-		return false
-	})
+	waitCopied(t, nodes[1], key, nodes[0], nodes[2])
 	oldAddr := nodes[1].GRPCAddr()
 	nodes[1].Kill()
 	survivors := []*testNode{nodes[0], nodes[2]}
@@ -266,7 +284,7 @@ func TestRestartUnderSameNameRecoversFromReplicas(t *testing.T) {
 	// the key over meanwhile hands back only what it counted beyond the
 	// copy (TestFlapReturnsOnlyWhatWasCountedBeyondTheCopy), else the key
 	// counted 12 here.
-	back := startNodeWith(t, "node2", clock, cfg, nodes[0].GossipAddr())
+	back := startNodeWith(t, "node2", clock, fastReplication, nodes[0].GossipAddr())
 	if back.GRPCAddr() == oldAddr {
 		t.Fatalf("the new node2 got the old address %s", oldAddr)
 	}
@@ -311,12 +329,7 @@ func TestRestartUnderSameNameRecoversFromReplicas(t *testing.T) {
 // giving the member's server the member list without the owner, as its
 // gossip would.
 func TestFlapReturnsOnlyWhatWasCountedBeyondTheCopy(t *testing.T) {
-	clock := windowClock()
-	cfg := NodeConfig{Replication: ReplicationConfig{Interval: 20 * time.Millisecond}}
-	nodes := []*testNode{startNodeWith(t, "node1", clock, cfg)}
-	nodes = append(nodes, startNodeWith(t, "node2", clock, cfg, nodes[0].GossipAddr()),
-		startNodeWith(t, "node3", clock, cfg, nodes[0].GossipAddr()))
-	waitRingAgrees(t, nodes)
+	nodes := startReplicatedCluster(t, windowClock())
 	byName := map[string]*testNode{}
 	for _, n := range nodes {
 		byName[n.Name()] = n
@@ -355,13 +368,7 @@ func TestFlapReturnsOnlyWhatWasCountedBeyondTheCopy(t *testing.T) {
 	}
 	key := string(ring.Key(nil, "flap", k))
 	m := byName[succ].Server()
-	eventually(t, "node2's key to be copied up to date to "+succ, func() bool {
-		want, _ := byName["node2"].Store().Get(key)
-		wb, _ := want.MarshalBinary()
-		st, ok := m.replicas.get(key)
-		b, _ := st.MarshalBinary()
-		return ok && string(b) == string(wb)
-	})
+	waitCopied(t, byName["node2"], key, byName[succ])
 	m.setMu.Lock()
 	members := append([]cluster.Member(nil), m.lastInput...)
 	m.setMu.Unlock()

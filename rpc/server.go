@@ -100,10 +100,11 @@ type Server struct {
 	replication    ReplicationConfig
 	peerCreds      func(name string) credentials.TransportCredentials
 
-	view      atomic.Pointer[view]
-	memberSet atomic.Pointer[map[string]bool]   // names SetMembers was last given, and this node
-	instances atomic.Pointer[map[string]string] // name -> gossiped instance id, of the members SetMembers was last given
-	setMu     sync.Mutex                        // serializes SetMembers
+	view atomic.Pointer[view]
+	// members maps the names SetMembers was last given, and this node, to
+	// their gossiped instance ids ("" where unknown).
+	members atomic.Pointer[map[string]string]
+	setMu   sync.Mutex // serializes SetMembers
 
 	leaving atomic.Bool // set by Leave: the ring excludes this node
 	moving  atomic.Pointer[movingIn]
@@ -391,8 +392,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		dialOpts:  append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), codecDialOption}, cfg.DialOptions...),
 		peerCreds: cfg.PeerCredentials,
 	}
-	s.memberSet.Store(&map[string]bool{cfg.Name: true})
-	s.instances.Store(&map[string]string{})
+	s.members.Store(&map[string]string{cfg.Name: ""})
 	r, err := ring.New([]string{cfg.Name}, cfg.Ring)
 	if err != nil {
 		return nil, fmt.Errorf("rpc: %w", err)
@@ -418,16 +418,11 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 	defer s.setMu.Unlock()
 	old := s.view.Load()
 	s.lastInput = slices.Clone(members)
-	set := map[string]bool{s.name: true}
+	set := map[string]string{s.name: s.instanceID()}
 	for _, m := range members {
-		set[m.Name] = true
+		set[m.Name] = m.Instance
 	}
-	s.memberSet.Store(&set)
-	inst := make(map[string]string, len(members))
-	for _, m := range members {
-		inst[m.Name] = m.Instance
-	}
-	s.instances.Store(&inst)
+	s.members.Store(&set)
 	// A member that said it is leaving (its hand-off done) is out of the
 	// ring at once, whether or not gossip has told of its leave yet.
 	ms := slices.DeleteFunc(slices.Clone(members), func(m cluster.Member) bool {
@@ -528,7 +523,14 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 // isMember reports whether name is this node or in the member list the
 // ring was last built from (with TLS, only members whose certificate this
 // node verified).
-func (s *Server) isMember(name string) bool { return (*s.memberSet.Load())[name] }
+func (s *Server) isMember(name string) bool {
+	_, ok := (*s.members.Load())[name]
+	return ok
+}
+
+// memberInstance returns member's gossiped instance id as of the last
+// member list ("" if unknown or not a member).
+func (s *Server) memberInstance(name string) string { return (*s.members.Load())[name] }
 
 // memberLeaving takes name out of the ring: it said it has handed off all
 // its keys and is leaving (gossip may tell of it late, or, if its leave
@@ -680,7 +682,8 @@ func (s *Server) route(ctx context.Context, v *view, reqs []request, idx []int, 
 		if owner == s.name {
 			if to := s.tombFor(buf); to != "" {
 				// A peer pulled the key: this ring is behind. The key's
-				// state is there; it decides.
+				// state is there; it decides. (decideOwned checks again
+				// under its gate; here such checks go in one call per peer.)
 				if given == nil {
 					given = map[string][]int{}
 				}

@@ -101,30 +101,14 @@ func Merge(a, b State) State {
 		return a
 	}
 	t := max(x.at, y.at)
-	w := x.window()
 	out := state{spec: x.spec, at: t}
+	ax, bx := x.countersAt(t)
+	ay, by := y.countersAt(t)
 	switch x.algorithm() {
-	case FixedWindow:
-		for _, s := range []state{x, y} {
-			if s.at == t {
-				out.a += s.a
-			}
-		}
-	case SlidingWindow:
-		for _, s := range []state{x, y} {
-			switch s.at {
-			case t:
-				out.a += s.a
-				out.b += s.b
-			case t - w:
-				out.b += s.a
-			}
-		}
+	case FixedWindow, SlidingWindow:
+		out.a, out.b = ax+ay, bx+by
 	default:
-		var debt u128
-		for _, s := range []state{x, y} {
-			debt = debt.add(u128{s.a, s.b}.subFloor(mul64(uint64(t-s.at), s.rate)))
-		}
+		debt := u128{ax, bx}.add(u128{ay, by})
 		out.a, out.b = debt.hi, debt.lo
 		out.rate = x.rate
 		if y.at > x.at || (y.at == x.at && y.rate > x.rate) {
@@ -132,6 +116,31 @@ func Merge(a, b State) State {
 		}
 	}
 	return State{out}
+}
+
+// countersAt returns s's two counters as of t (t >= s.at, s not zero): for
+// a fixed window the count of the window that starts at t (and 0); for a
+// sliding window the counts of that window and of the one before it; for
+// a bucket the tokens still consumed once it has refilled up to t, as the
+// high and low words of a 128-bit number.
+func (s state) countersAt(t int64) (a, b uint64) {
+	switch s.algorithm() {
+	case FixedWindow:
+		if s.at == t {
+			return s.a, 0
+		}
+	case SlidingWindow:
+		switch s.at {
+		case t:
+			return s.a, s.b
+		case t - s.window():
+			return 0, s.a
+		}
+	default:
+		debt := u128{s.a, s.b}.subFloor(mul64(uint64(t-s.at), s.rate))
+		return debt.hi, debt.lo
+	}
+	return 0, 0
 }
 
 // Get returns key's state, or a zero State when the key holds none.
@@ -231,37 +240,15 @@ func Subtract(a, b State) State {
 		return a
 	}
 	t := max(x.at, y.at)
-	w := x.window()
 	out := state{spec: x.spec, at: t}
+	ax, bx := x.countersAt(t)
+	ay, by := y.countersAt(t)
 	switch x.algorithm() {
-	case FixedWindow:
-		var ax, by uint64
-		if x.at == t {
-			ax = x.a
-		}
-		if y.at == t {
-			by = y.a
-		}
-		out.a = ax - min(ax, by)
-	case SlidingWindow:
-		// Each state's (current, previous) counts as of the window at t.
-		at := func(s state) (cur, prev uint64) {
-			switch s.at {
-			case t:
-				return s.a, s.b
-			case t - w:
-				return 0, s.a
-			}
-			return 0, 0
-		}
-		cx, px := at(x)
-		cy, py := at(y)
-		out.a, out.b = cx-min(cx, cy), px-min(px, py)
+	case FixedWindow, SlidingWindow:
+		out.a, out.b = ax-min(ax, ay), bx-min(bx, by)
 	default:
-		dx := u128{x.a, x.b}.subFloor(mul64(uint64(t-x.at), x.rate))
-		dy := u128{y.a, y.b}.subFloor(mul64(uint64(t-y.at), y.rate))
-		d := dx.subFloor(dy)
-		out.a, out.b = d.hi, d.lo
+		debt := u128{ax, bx}.subFloor(u128{ay, by})
+		out.a, out.b = debt.hi, debt.lo
 		out.rate = x.rate
 		if y.at > x.at {
 			out.rate = y.rate
