@@ -2,5 +2,6 @@
 
 package window
 
-// prefetch does nothing on this architecture (see prefetch_asm.go).
-func prefetch(addr uintptr) {}
+// prefetchWrite does nothing on this architecture; on amd64 and arm64 it
+// asks the CPU to start loading the cache line at addr for writing.
+func prefetchWrite(addr uintptr) {}

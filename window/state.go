@@ -63,6 +63,15 @@ type result struct {
 // updates st. It is a pure function of (st, c, now). A state built for
 // another algorithm or window starts afresh.
 func (st *state) apply(c Check, now int64) result {
+	var r result
+	st.applyTo(&c, now, &r)
+	return r
+}
+
+// applyTo is apply with the check read and the result written through
+// pointers: the store's hot path, where copying the two 40-byte structs
+// through each call cost more than the arithmetic. r must be zero.
+func (st *state) applyTo(c *Check, now int64, r *result) {
 	w := int64(c.Window)
 	if spec := makeSpec(c.Algorithm, w); st.spec != spec {
 		*st = state{spec: spec, at: now, rate: uint64(c.Limit)}
@@ -72,23 +81,23 @@ func (st *state) apply(c Check, now int64) result {
 	}
 	switch c.Algorithm {
 	case FixedWindow:
-		return st.fixed(c, now)
+		st.fixed(c, now, r)
 	case SlidingWindow:
-		return st.sliding(c, now)
+		st.sliding(c, now, r)
 	default:
-		return st.bucket(c, now)
+		st.bucket(c, now, r)
 	}
 }
 
 // need returns the hits a check must fit: its hits, or 1 for a peek.
-func need(c Check) uint64 {
+func need(c *Check) uint64 {
 	if c.Hits == 0 {
 		return 1
 	}
 	return uint64(c.Hits)
 }
 
-func (st *state) fixed(c Check, now int64) result {
+func (st *state) fixed(c *Check, now int64, r *result) {
 	w := st.window()
 	if now < st.at {
 		now = st.at // time went backwards: stay in the stored window
@@ -98,7 +107,6 @@ func (st *state) fixed(c Check, now int64) result {
 	}
 	limit := uint64(c.Limit)
 	end := satAdd(st.at, w)
-	var r result
 	switch {
 	case uint64(c.Hits) > limit:
 		r.retry = -1
@@ -115,10 +123,9 @@ func (st *state) fixed(c Check, now int64) result {
 	if st.a > 0 {
 		r.reset = end
 	}
-	return r
 }
 
-func (st *state) sliding(c Check, now int64) result {
+func (st *state) sliding(c *Check, now int64, r *result) {
 	w := st.window()
 	if now < st.at {
 		now = st.at
@@ -140,7 +147,6 @@ func (st *state) sliding(c Check, now int64) result {
 	fits := func(cur, n uint64) bool { // p*(W-e) + (cur+n)*W <= L*W
 		return !capacity.less(decayed.add(mul64(cur+n, uw)))
 	}
-	var r result
 	switch {
 	case uint64(c.Hits) > limit:
 		r.retry = -1
@@ -161,7 +167,6 @@ func (st *state) sliding(c Check, now int64) result {
 	default:
 		r.reset = now
 	}
-	return r
 }
 
 // slidingRetry returns the ns until a check needing n hits (n <= limit) fits,
@@ -192,7 +197,7 @@ func (st *state) slidingRetry(limit, n, p, cur uint64, now int64) int64 {
 	return next + (w - int64(q.lo)) - now
 }
 
-func (st *state) bucket(c Check, now int64) result {
+func (st *state) bucket(c *Check, now int64, r *result) {
 	if now < st.at {
 		now = st.at // time went backwards: no refill
 	}
@@ -204,7 +209,6 @@ func (st *state) bucket(c Check, now int64) result {
 	rate := st.rate
 	capacity := uint64(c.Capacity())
 	full := mul64(capacity, w) // B*W
-	var r result
 	switch {
 	case uint64(c.Hits) > capacity:
 		r.retry = -1
@@ -229,5 +233,4 @@ func (st *state) bucket(c Check, now int64) result {
 		r.remaining = int64(capacity) - used
 	}
 	r.reset = satAdd(now, debt.divCeil(rate))
-	return r
 }

@@ -100,21 +100,35 @@ func ParseKeyCapPolicy(s string) (KeyCapPolicy, error) {
 // is no global lock on the hot path. A check on a key that holds state
 // allocates nothing. The zero value is not usable; call [NewStore].
 type Store struct {
+	// shards comes first: a Store is a large object (over 32 KB), which
+	// the Go allocator places at the start of a page, so every shard
+	// starts on a cache line of its own.
+	shards      [shardCount]shard
 	seed        maphash.Seed
 	clock       Clock
 	maxPerShard int // 0: no cap
 	onCap       KeyCapPolicy
 	maxPerGroup int // per shard; 0: no per-group cap
 	group       func(string) string
-	shards      [shardCount]shard
 
 	evictedLive, swept, refused, overCap atomic.Int64
 }
 
-// shard is one lock stripe; t is guarded by mu.
+// shard is one lock stripe; t is guarded by mu. It is 256 bytes, four
+// cache lines, and starts a line (see Store.shards). mu, which every check
+// writes, has the first line to itself. The second holds view and the
+// table's slice headers: every check reads them, only a resize writes
+// them, so each core keeps a copy. The table's other fields follow. When
+// two cores check random keys, a shard's lock line moves from one core's
+// cache to the other's on about every other check; as view is not on it,
+// a check asks for the lock line and for its key's slot at once
+// (prefetchHome) instead of one after the other.
 type shard struct {
-	mu sync.Mutex
-	t  table // with mu, 128 bytes: shards sit on separate cache lines
+	mu   sync.Mutex
+	_    [64 - unsafe.Sizeof(sync.Mutex{})]byte
+	view slotsView
+	t    table
+	_    [256 - 64 - unsafe.Sizeof(slotsView{}) - unsafe.Sizeof(table{})]byte
 }
 
 // StoreStats counts what a Store holds and has removed.
@@ -155,6 +169,7 @@ func NewStore(cfg StoreConfig) *Store {
 	for i := range s.shards {
 		s.shards[i].t.minExpires = math.MaxInt64
 		s.shards[i].t.group = s.group
+		s.shards[i].t.view = &s.shards[i].view
 	}
 	return s
 }
@@ -176,13 +191,17 @@ func (s *Store) hash(key string) uint64 { return maphash.String(s.seed, key) }
 // nothing (a peek, or a refused check) changes no state: it cannot reset a
 // key by naming another algorithm or window.
 func (s *Store) Apply(key string, c Check, now time.Time) (Decision, error) {
-	return s.apply(key, false, c, now, false)
+	var d Decision
+	err := s.apply(&d, key, false, &c, now, false)
+	return d, err
 }
 
 // ApplyBytes is [Store.Apply] with the key as bytes; it copies key only
 // when the key is new, so the caller may reuse its buffer.
 func (s *Store) ApplyBytes(key []byte, c Check, now time.Time) (Decision, error) {
-	return s.apply(unsafe.String(unsafe.SliceData(key), len(key)), true, c, now, false)
+	var d Decision
+	err := s.apply(&d, unsafe.String(unsafe.SliceData(key), len(key)), true, &c, now, false)
+	return d, err
 }
 
 // ApplyNow is [Store.ApplyBytes] at the store's clock ([Store.Now]), with
@@ -191,23 +210,28 @@ func (s *Store) ApplyBytes(key []byte, c Check, now time.Time) (Decision, error)
 // fast path of a node: it reads the clock while the key's slot is being
 // fetched from memory, so the two waits overlap.
 func (s *Store) ApplyNow(key []byte, c Check) (Decision, error) {
-	return s.apply(unsafe.String(unsafe.SliceData(key), len(key)), true, c, time.Time{}, true)
+	var d Decision
+	err := s.apply(&d, unsafe.String(unsafe.SliceData(key), len(key)), true, &c, time.Time{}, true)
+	return d, err
 }
 
-// apply is Apply; clone says key aliases a caller's buffer and must be
-// copied before it is stored; readClock says to decide at the store's
-// clock instead of now.
-func (s *Store) apply(key string, clone bool, c Check, now time.Time, readClock bool) (Decision, error) {
+// apply is Apply, writing the decision to d (which must be zero); clone
+// says key aliases a caller's buffer and must be copied before it is
+// stored; readClock says to decide at the store's clock instead of now.
+// The check and the decision go by pointer: copying them through each
+// call of the hot path cost more than the arithmetic of a check.
+func (s *Store) apply(d *Decision, key string, clone bool, c *Check, now time.Time, readClock bool) error {
 	h := s.hash(key)
 	sh := &s.shards[h%shardCount]
-	sh.t.prefetchHome(h)
+	sh.prefetchHome(h)
 	if err := c.Validate(); err != nil {
-		return Decision{}, err
+		return err
 	}
 	if readClock {
 		now = s.clock.Now()
 	}
 	t := now.UnixNano()
+	d.Limit = c.Limit
 	sh.mu.Lock()
 	// The check runs on a copy; only a check that consumed hits writes
 	// its state back, so a peek or a refused check changes nothing (not
@@ -217,7 +241,8 @@ func (s *Store) apply(key string, clone bool, c Check, now time.Time, readClock 
 	if found {
 		st = sh.t.slots[slot].st
 	}
-	r := st.apply(c, t)
+	var r result
+	st.applyTo(c, t, &r)
 	if found {
 		// Any check is a use, denied ones included: a key being refused
 		// is the one a client hammers, and must not look idle to
@@ -238,23 +263,19 @@ func (s *Store) apply(key string, clone bool, c Check, now time.Time, readClock 
 			// sweeps may have made room.
 			sh.mu.Unlock()
 			s.refused.Add(1)
-			return Decision{
-				Limit:      c.Limit,
-				ResetTime:  time.Unix(0, t).Add(NoRoomRetry),
-				RetryAfter: NoRoomRetry,
-				NoRoom:     true,
-			}, nil
+			d.ResetTime = time.Unix(0, t).Add(NoRoomRetry)
+			d.RetryAfter = NoRoomRetry
+			d.NoRoom = true
+			return nil
 		}
 	}
 	sh.mu.Unlock()
-	return Decision{
-		Allowed:    r.allowed,
-		Limit:      c.Limit,
-		Remaining:  r.remaining,
-		ResetTime:  time.Unix(0, r.reset),
-		RetryAfter: time.Duration(r.retry),
-		Delay:      time.Duration(r.delay),
-	}, nil
+	d.Allowed = r.allowed
+	d.Remaining = r.remaining
+	d.ResetTime = time.Unix(0, r.reset)
+	d.RetryAfter = time.Duration(r.retry)
+	d.Delay = time.Duration(r.delay)
+	return nil
 }
 
 // makeRoomLocked makes room in sh for the new key before an insert and

@@ -62,8 +62,10 @@ func keyTag(h uint64) uint32 { return uint32(h >> 40) }
 // in the slot array itself. A key's home slot is its 24-bit tag scaled to
 // the table's size (Lemire's multiply-shift range reduction), so sizes
 // need not be powers of two and the table can grow by a quarter at a
-// time; a hit reads one cache line when the key is at most 20 bytes (held
-// inline), two when it is longer. Recency is kept the CLOCK way (Corbató,
+// time; a hit reads the slots from the key's home to its own, each one
+// cache line (at load 0.76, 36 % of keys sit at home, 25 % one slot on,
+// 16 % two), and one more line when the key is longer than 20 bytes (held
+// outside the slot). Recency is kept the CLOCK way (Corbató,
 // 1968: the "second chance" approximation of least-recently-used): a use
 // sets the entry's used bit; eviction sweeps a hand over the slots,
 // clearing used bits, and takes the first entry found unused.
@@ -83,18 +85,39 @@ type table struct {
 	// and removals touch them.
 	group  func(string) string
 	groups map[string]*int32
-	// view is slots as of its last resize, read without the shard's lock
-	// by prefetchHome only; nil for an empty table.
-	view atomic.Pointer[[]entry]
+	// view, when set, is the shard's view of slots for readers without
+	// the lock (shard.prefetchHome): resize and shrink update it.
+	view *slotsView
 }
 
-// prefetchHome starts loading the home slot of a key whose hash is h into
-// the cache, without the shard's lock, so that the cache miss overlaps the
-// work before the lookup (taking the lock, reading the clock). It reads
-// nothing that decides: a view replaced meanwhile only wastes the hint.
-func (t *table) prefetchHome(h uint64) {
-	if v := t.view.Load(); v != nil {
-		prefetch(uintptr(unsafe.Pointer(unsafe.SliceData(*v))) + uintptr(home(keyTag(h), len(*v)))*unsafe.Sizeof(entry{}))
+// slotsView is a table's slot array as of its last resize, for readers
+// without the shard's lock: its first entry and its length, each read
+// atomically. A reader may pair one resize's base with another's length;
+// it only computes the address of a prefetch, which is never dereferenced.
+type slotsView struct {
+	base atomic.Pointer[entry]
+	n    atomic.Int64
+}
+
+// setView publishes slots to the shard's view, if the table has one.
+func (t *table) setView() {
+	if t.view == nil {
+		return
+	}
+	t.view.base.Store(unsafe.SliceData(t.slots)) // nil for no slots
+	t.view.n.Store(int64(len(t.slots)))
+}
+
+// prefetchHome starts loading the shard's lock line and the home slot of
+// a key whose hash is h into this core's cache, both for writing (the
+// check takes the lock and writes its slot), without the lock, so that
+// the two cache misses overlap each other and the work before the lookup
+// (validating the check, reading the clock). It reads nothing that
+// decides: a view replaced meanwhile only wastes the hint.
+func (sh *shard) prefetchHome(h uint64) {
+	prefetchWrite(uintptr(unsafe.Pointer(&sh.mu)))
+	if p := sh.view.base.Load(); p != nil {
+		prefetchWrite(uintptr(unsafe.Pointer(p)) + uintptr(home(keyTag(h), int(sh.view.n.Load())))*unsafe.Sizeof(entry{}))
 	}
 }
 
@@ -250,8 +273,7 @@ func (t *table) place(e entry) int {
 func (t *table) resize(n int) {
 	old := t.slots
 	t.slots = make([]entry, n)
-	v := t.slots
-	t.view.Store(&v)
+	t.setView()
 	for i := range old {
 		if old[i].st.spec != 0 {
 			t.place(old[i])
@@ -366,7 +388,8 @@ func (t *table) sweep(now int64) int {
 func (t *table) shrink() {
 	switch {
 	case t.n == 0:
-		*t = table{minExpires: t.minExpires, group: t.group}
+		*t = table{minExpires: t.minExpires, group: t.group, view: t.view}
+		t.setView()
 	case t.n*4 < len(t.slots) && len(t.slots) > 64:
 		t.resize(max(2*t.n, minSlots))
 		if len(t.longFree) > 0 && len(t.longFree)*2 > len(t.long) {
