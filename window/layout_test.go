@@ -6,7 +6,8 @@ import (
 )
 
 // A shard's lock has a cache line to itself, the view and the table's
-// slice headers (read by every check, written by resizes) share the next,
+// slots and long headers (read by every check, written by resizes and by
+// inserts of long keys) share the next,
 // and every shard starts a line: a check then waits for one line of shard
 // state from another core, not two in a row.
 func TestShardsStartOnCacheLines(t *testing.T) {

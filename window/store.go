@@ -116,9 +116,10 @@ type Store struct {
 
 // shard is one lock stripe; t is guarded by mu. It is 256 bytes, four
 // cache lines, and starts a line (see Store.shards). mu, which every check
-// writes, has the first line to itself. The second holds view and the
-// table's slice headers: every check reads them, only a resize writes
-// them, so each core keeps a copy. The table's other fields follow. When
+// writes, has the first line to itself. The second holds view, the
+// table's slots and the header of its long keys: every check reads them,
+// and only a resize or the insert of a new long key writes them, so each
+// core usually keeps a copy. The table's other fields follow. When
 // two cores check random keys, a shard's lock line moves from one core's
 // cache to the other's on about every other check; as view is not on it,
 // a check asks for the lock line and for its key's slot at once
