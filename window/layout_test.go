@@ -7,9 +7,9 @@ import (
 
 // A shard's lock has a cache line to itself, the view and the table's
 // slots and long headers (read by every check, written by resizes and by
-// inserts of long keys) share the next,
-// and every shard starts a line: a check then waits for one line of shard
-// state from another core, not two in a row.
+// inserts of long keys) share the next, and every shard starts a line: a
+// check then waits for one line of shard state from another core, not two
+// in a row.
 func TestShardsStartOnCacheLines(t *testing.T) {
 	const line = 64
 	if got := unsafe.Sizeof(shard{}); got%line != 0 {

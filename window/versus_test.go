@@ -3,7 +3,6 @@ package window
 import (
 	"fmt"
 	"runtime"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -20,9 +19,8 @@ import (
 // each round together and its wall time is charged to its limiter. It
 // reports both figures in ns per check (as RunParallel's ns/op: wall time
 // over all checks) and their ratio, go-limiter over sluice ("x-faster":
-// above 1, sluice is faster). The checks are those of BenchmarkApply: a
-// token bucket check on a random existing key built in a reused buffer,
-// the clock read on every check.
+// above 1, sluice is faster). The checks are those of BenchmarkApply
+// (requestCheck), the clock read on every check.
 //
 //	go test ./window -run '^$' -bench ApplyVersus -count 5
 func BenchmarkApplyVersus(b *testing.B) {
@@ -78,10 +76,8 @@ func runVersus(b *testing.B, ls []limiter, keys []string, workers int) ([2]time.
 			defer wg.Done()
 			bw := newBenchWorker()
 			for which := range start[w] {
-				take := ls[which].takeBytes
 				for range versusRound {
-					buf := append(bw.buf[:0], benchKeyPrefix...)
-					take(strconv.AppendUint(buf, bw.r.next()%uint64(len(keys)), 10))
+					requestCheck(&ls[which], keys, &bw.r, bw.buf[:0])
 				}
 				done <- struct{}{}
 			}
