@@ -199,11 +199,25 @@ func (r *Ring) Successors(key []byte, n int) []string {
 // AppendSuccessors is [Ring.Successors] appended to dst, for a caller that
 // asks for many keys and reuses one slice.
 func (r *Ring) AppendSuccessors(dst []string, key []byte, n int) []string {
+	return r.appendSuccessorsOf(dst, r.Owner(key), n)
+}
+
+// SuccessorsOf returns up to n members that follow member on the ring: the
+// replicas of every key member owns ([Ring.Successors] of each of them).
+// It returns nil when member is not in the ring or n <= 0.
+func (r *Ring) SuccessorsOf(member string, n int) []string {
+	if _, ok := r.orderIdx[member]; !ok {
+		return nil
+	}
+	return r.appendSuccessorsOf(nil, member, n)
+}
+
+func (r *Ring) appendSuccessorsOf(dst []string, member string, n int) []string {
 	n = min(n, len(r.order)-1)
 	if n <= 0 {
 		return dst
 	}
-	i := r.orderIdx[r.Owner(key)]
+	i := r.orderIdx[member]
 	for j := range n {
 		dst = append(dst, r.order[(i+1+j)%len(r.order)])
 	}

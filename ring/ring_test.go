@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"testing"
 )
@@ -192,6 +193,10 @@ func TestSuccessorsMatchClosestN(t *testing.T) {
 		if app := r.AppendSuccessors([]string{"x"}, k, 2); len(app) != 3 || app[0] != "x" || app[1] != got[0] || app[2] != got[1] {
 			t.Fatalf("key %d: AppendSuccessors gave %v, Successors %v", i, app, got)
 		}
+		// Every key of one owner has the owner's successors.
+		if of := r.SuccessorsOf(r.Owner(k), 2); !slices.Equal(of, got) {
+			t.Fatalf("key %d: SuccessorsOf its owner %s gave %v, Successors %v", i, r.Owner(k), of, got)
+		}
 		if string(want[0].(member)) != r.Owner(k) || r.PartitionOwner(r.Partition(k)) != r.Owner(k) {
 			t.Fatalf("key %d: owner disagrees", i)
 		}
@@ -202,6 +207,9 @@ func TestSuccessorsMatchClosestN(t *testing.T) {
 	one, _ := New([]string{"a"}, Config{})
 	if got := one.Successors([]byte("x"), 1); got != nil {
 		t.Fatalf("a lone member has successors %v", got)
+	}
+	if got := r.SuccessorsOf("z", 2); got != nil {
+		t.Fatalf("a name not in the ring has successors %v", got)
 	}
 	other, _ := New([]string{"e", "d", "c", "b", "a"}, Config{PartitionCount: 101})
 	if other.MembersHash() != r.MembersHash() || other.Fingerprint() == r.Fingerprint() {

@@ -67,20 +67,27 @@ type peerStats struct {
 	obs                                Observer // told of each call; may be nil
 }
 
-// senders is the number of long-lived goroutines per peer that make the
-// Forward calls: reused, so a call does not grow a fresh goroutine's stack.
-const senders = 8
+// maxCalls bounds the Forward calls in flight to one owner from one
+// batcher.
+const maxCalls = 8
 
 // batcher queues the checks bound for one owner and sends them as one
 // Forward call when MaxSize are queued or MaxWait after the first, whichever
 // comes first (the per-peer batching of gubernator's peer_client.go), and
 // also at once whenever no call to the owner is in flight (the "group
 // commit" idea): under light load a check goes without waiting, under heavy
-// load checks gather while calls are in flight, so batches grow with the
-// load. Calls are made by a few long-lived sender goroutines. Every check
-// has a deadline, its enqueue time plus the forward timeout, which bounds
-// its call and its wait in the queue alike: a stalled owner never holds a
-// check longer than that.
+// load checks gather while a call is in flight and go together when it is
+// answered, so batches grow with the load. At most maxCalls calls are in
+// flight. Every check has a deadline, its enqueue time plus the forward
+// timeout, which bounds its call and its wait in the queue alike: a stalled
+// owner never holds a check longer than that.
+//
+// No goroutine of its own sits between a caller and the owner: the caller
+// whose check starts a batch sends it (on the peer's stream, which returns
+// once it is written), the stream's receive loop answers each check of a
+// response directly, and a batch that gathered meanwhile is sent by one
+// long-lived launcher goroutine (so the receive loop never blocks on a
+// Send held up by flow control), or by the timer when its wait is over.
 type batcher struct {
 	p       *peer
 	cfg     BatchConfig
@@ -88,48 +95,119 @@ type batcher struct {
 	sender  string
 	stats   *peerStats
 
-	in   chan *pending
-	out  chan []*pending // batches for the senders
-	sent chan struct{}   // a send finished; room for every batch in flight
-	stop chan struct{}   // closed by close
-	done chan struct{}   // closed when run has returned
-	once sync.Once
+	mu     sync.Mutex // guards the fields below
+	queue  []*pending
+	calls  int    // batches taken and not yet answered, at most maxCalls
+	due    bool   // the queue's wait is over: send it at the first chance
+	gen    uint64 // counts emptied queues: a timer set for an older queue does nothing
+	timer  *time.Timer
+	closed bool
+
+	launch chan []*pending // batches taken as a call ended; never blocks: it holds maxCalls
+	stop   chan struct{}   // closed by close
+	done   chan struct{}   // closed when the launcher has returned
+	once   sync.Once
 }
 
 func newBatcher(p *peer, cfg BatchConfig, timeout time.Duration, sender string, stats *peerStats) *batcher {
 	b := &batcher{
 		p: p, cfg: cfg, timeout: timeout, sender: sender, stats: stats,
-		in:   make(chan *pending, 4*cfg.MaxSize),
-		out:  make(chan []*pending, senders),
-		sent: make(chan struct{}, 2*senders), // cap(out) + senders: a sender never blocks on it
-		stop: make(chan struct{}),
-		done: make(chan struct{}),
+		launch: make(chan []*pending, maxCalls),
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
 	}
-	go b.run()
-	for range senders {
-		go b.sendLoop()
-	}
+	go b.launcher()
 	return b
 }
 
-// enqueue queues a check and returns the channel its reply arrives on and
-// the time by which it will have arrived (or never will: the caller must
-// stop waiting then). It fails at once if the batcher has stopped, or when
-// ctx ends while the queue is full.
+// enqueue queues a check and returns its pending: the reply arrives on its
+// channel by its deadline (or never will: the caller must stop waiting
+// then). When the check starts a batch that goes at once, enqueue sends it
+// before it returns (it does not wait for the answer). It fails at once if
+// the batcher has stopped or ctx has ended.
 func (b *batcher) enqueue(ctx context.Context, c *sluicev1.RateLimitCheck) (*pending, error) {
-	p := &pending{check: c, deadline: time.Now().Add(b.timeout), reply: make(chan reply, 1)}
-	select {
-	case <-b.stop:
-		return nil, errBatcherStopped
-	default:
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
-	select {
-	case b.in <- p:
-		return p, nil
-	case <-b.stop:
+	p := &pending{check: c, deadline: time.Now().Add(b.timeout), reply: make(chan reply, 1)}
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
 		return nil, errBatcherStopped
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	}
+	b.queue = append(b.queue, p)
+	batch := b.takeLocked()
+	if batch == nil && len(b.queue) == 1 {
+		g := b.gen
+		b.timer = time.AfterFunc(b.cfg.MaxWait, func() { b.wake(g) })
+	}
+	b.mu.Unlock()
+	if batch != nil {
+		b.send(batch)
+	}
+	return p, nil
+}
+
+// takeLocked takes the next batch off the queue if one should go now: the
+// queue is full, or no call is in flight, or its wait is over; and fewer
+// than maxCalls calls are in flight. It counts the batch as a call.
+// Requires mu held.
+func (b *batcher) takeLocked() []*pending {
+	n := len(b.queue)
+	if n == 0 || b.closed || b.calls >= maxCalls || (n < b.cfg.MaxSize && b.calls > 0 && !b.due) {
+		return nil
+	}
+	k := min(n, b.cfg.MaxSize)
+	batch := b.queue[:k:k]
+	if k == n {
+		b.queue, b.due = nil, false
+		b.gen++
+		if b.timer != nil {
+			b.timer.Stop()
+			b.timer = nil
+		}
+	} else {
+		b.queue = b.queue[k:] // what is left keeps its timer, or its due
+	}
+	b.calls++
+	return batch
+}
+
+// wake is the timer of the queue of generation g: its wait is over.
+func (b *batcher) wake(g uint64) {
+	b.mu.Lock()
+	if b.gen != g {
+		b.mu.Unlock()
+		return
+	}
+	b.due = true
+	batch := b.takeLocked()
+	b.mu.Unlock()
+	if batch != nil {
+		b.send(batch)
+	}
+}
+
+// launcher sends the batches taken as calls ended, until the batcher
+// stops; then it fails those it was handed and had not sent.
+func (b *batcher) launcher() {
+	defer close(b.done)
+	for {
+		select {
+		case batch := <-b.launch:
+			b.send(batch)
+		case <-b.stop:
+			for {
+				select {
+				case batch := <-b.launch:
+					for _, p := range batch {
+						p.reply <- reply{err: errBatcherStopped}
+					}
+				default:
+					return
+				}
+			}
+		}
 	}
 }
 
@@ -137,135 +215,55 @@ func (b *batcher) enqueue(ctx context.Context, c *sluicev1.RateLimitCheck) (*pen
 // errBatcherStopped; calls in flight finish on their own. It is
 // idempotent and does not wait for calls in flight.
 func (b *batcher) close() {
-	b.once.Do(func() { close(b.stop) })
+	b.once.Do(func() {
+		b.mu.Lock()
+		b.closed = true
+		q := b.queue
+		b.queue = nil
+		b.gen++
+		if b.timer != nil {
+			b.timer.Stop()
+		}
+		b.mu.Unlock()
+		for _, p := range q {
+			p.reply <- reply{err: errBatcherStopped}
+		}
+		close(b.stop)
+	})
 	<-b.done
 }
 
-func (b *batcher) run() {
-	defer close(b.done)
-	var (
-		batch    []*pending
-		inflight int  // batches handed to senders and not yet sent
-		due      bool // the batch's wait is over but every sender was busy
-	)
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	// flush hands the batch to a sender. When every sender is busy it
-	// keeps gathering (the next finished send flushes), unless the batch
-	// is full: then it waits for a sender, still counting finished sends,
-	// which holds back new checks until one is free.
-	flush := func() {
-		if len(batch) == 0 {
-			return
-		}
-		for handed := false; !handed; {
-			if len(batch) < b.cfg.MaxSize {
-				select {
-				case b.out <- batch:
-					handed = true
-				default:
-					return
-				}
-				continue
-			}
-			select {
-			case b.out <- batch:
-				handed = true
-			case <-b.sent:
-				inflight--
-			case <-b.stop:
-				return // the stop case fails the batch
-			}
-		}
-		timer.Stop()
-		inflight++
-		batch, due = nil, false
-	}
-	for {
-		select {
-		case p := <-b.in:
-			batch = append(batch, p)
-			if len(batch) == 1 {
-				timer.Reset(b.cfg.MaxWait)
-			}
-			if len(batch) >= b.cfg.MaxSize || inflight == 0 {
-				flush()
-			}
-		case <-b.sent:
-			inflight--
-			if inflight == 0 || due {
-				flush() // the line to the owner is free, or the batch is overdue
-			}
-		case <-timer.C:
-			due = true
-			flush()
-		case <-b.stop:
-			timer.Stop()
-			for {
-				select {
-				case p := <-b.in:
-					batch = append(batch, p)
-				default:
-					for _, p := range batch {
-						p.reply <- reply{err: errBatcherStopped}
-					}
-					return
-				}
-			}
-		}
-	}
-}
-
-// sendLoop makes the Forward calls for the batches run hands it, until the
-// batcher stops; then it fails the batches it was handed and had not sent.
-func (b *batcher) sendLoop() {
-	for {
-		select {
-		case batch := <-b.out:
-			b.send(batch)
-			select {
-			case b.sent <- struct{}{}:
-			case <-b.done:
-			}
-		case <-b.done:
-			for {
-				select {
-				case batch := <-b.out:
-					for _, p := range batch {
-						p.reply <- reply{err: errBatcherStopped}
-					}
-				default:
-					return
-				}
-			}
-		}
-	}
-}
-
 // errQueueDeadline fails the checks of a batch whose deadline passed before
-// a sender was free to send it.
+// it could be sent.
 var errQueueDeadline = status.Error(codes.DeadlineExceeded, "forward timeout passed while the check was queued")
 
-// send forwards one batch, bounded by its first (earliest) check's
-// deadline, and hands each check its reply.
+// send starts the Forward call of one batch, bounded by its first
+// (earliest) check's deadline; the call's end answers each check and
+// launches the batch that gathered meanwhile. A batch whose deadline has
+// passed fails at once, and the next one is tried in its place.
 func (b *batcher) send(batch []*pending) {
-	deadline := batch[0].deadline
-	var (
-		ds  []*sluicev1.Decision
-		err error
-	)
-	if time.Until(deadline) <= 0 {
-		b.stats.errors.Add(1)
-		err = fmt.Errorf("owner %s unavailable: %w", b.p.name, errQueueDeadline)
-	} else {
+	for batch != nil {
+		deadline := batch[0].deadline
+		if time.Until(deadline) <= 0 {
+			b.stats.errors.Add(1)
+			batch = b.answer(batch, nil, fmt.Errorf("owner %s unavailable: %w", b.p.name, errQueueDeadline), false)
+			continue
+		}
 		req := &sluicev1.ForwardRequest{Sender: b.sender, Checks: make([]*sluicev1.RateLimitCheck, len(batch))}
 		for i, p := range batch {
 			req.Checks[i] = p.check
 		}
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		ds, err = forwardCall(ctx, b.p, req, b.stats)
-		cancel()
+		sent := batch
+		startCall(b.p, deadline, req, b.stats, func(ds []*sluicev1.Decision, err error) { b.answer(sent, ds, err, true) })
+		return
 	}
+}
+
+// answer hands each check of an ended call its decision (or err), and takes
+// the batch to send next, if any: it returns it, or with launch hands it to
+// the launcher (under mu, so that close, which stops the launcher, sees
+// every batch handed to it).
+func (b *batcher) answer(batch []*pending, ds []*sluicev1.Decision, err error, launch bool) []*pending {
 	for i, p := range batch {
 		if err != nil {
 			p.reply <- reply{err: err}
@@ -273,6 +271,37 @@ func (b *batcher) send(batch []*pending) {
 			p.reply <- reply{d: ds[i]}
 		}
 	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.calls--
+	next := b.takeLocked()
+	if launch && next != nil {
+		b.launch <- next // at most maxCalls batches are out: never blocks
+		return nil
+	}
+	return next
+}
+
+// startCall starts one Forward call to p, bounded by deadline, and calls
+// done exactly once with the call's decisions (one per check) or its error;
+// it counts the call in st. Over p's stream it returns once the request is
+// written; without one (tests' fakes) the unary call runs in a goroutine of
+// its own.
+func startCall(p *peer, deadline time.Time, req *sluicev1.ForwardRequest, st *peerStats, done func([]*sluicev1.Decision, error)) {
+	start := time.Now()
+	end := func(resp *sluicev1.ForwardResponse, err error) {
+		done(endCall(p, req, resp, err, time.Since(start), st))
+	}
+	if p.stream != nil {
+		p.stream.start(deadline, req, end)
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		resp, err := p.client.Forward(ctx, req)
+		cancel()
+		end(resp, err)
+	}()
 }
 
 // forwardCall makes one Forward call to p, bounded by ctx, counts it, and
@@ -288,7 +317,14 @@ func forwardCall(ctx context.Context, p *peer, req *sluicev1.ForwardRequest, st 
 	} else {
 		resp, err = p.client.Forward(ctx, req)
 	}
-	took := time.Since(start)
+	return endCall(p, req, resp, err, time.Since(start), st)
+}
+
+// endCall counts one ended Forward call of req to p that took took, and
+// returns its decisions, or an error that names the owner and the gRPC
+// code only (the underlying error names internal addresses) or the
+// mismatch when the answer has not one decision per check.
+func endCall(p *peer, req *sluicev1.ForwardRequest, resp *sluicev1.ForwardResponse, err error, took time.Duration, st *peerStats) ([]*sluicev1.Decision, error) {
 	st.batches.Add(1)
 	st.checks.Add(int64(len(req.Checks)))
 	st.latencyNs.Add(int64(took))
@@ -298,8 +334,6 @@ func forwardCall(ctx context.Context, p *peer, req *sluicev1.ForwardRequest, st 
 	switch {
 	case err != nil:
 		st.errors.Add(1)
-		// Clients see the owner's name and the gRPC code only: the
-		// underlying error names internal addresses.
 		return nil, fmt.Errorf("owner %s unavailable: %w", p.name, status.Error(status.Code(err), status.Code(err).String()))
 	case len(resp.Decisions) != len(req.Checks):
 		st.errors.Add(1)

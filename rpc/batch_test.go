@@ -191,6 +191,36 @@ func TestBatcherLoneCheckWaitsAtMostMaxWait(t *testing.T) {
 	})
 }
 
+// Group commit: checks queued while a call is in flight go together as
+// soon as it ends (sent by the launcher), not when their wait is over.
+func TestBatcherSendsWhatGatheredWhenTheCallEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakePeer{delay: time.Second}
+		b := newTestBatcher(f, BatchConfig{MaxWait: time.Hour}, 3*time.Hour)
+		defer b.close()
+		start := time.Now()
+		var chans []<-chan reply
+		for i := range 6 {
+			ch, _ := enq(b, &sluicev1.RateLimitCheck{Key: fmt.Sprint(i)})
+			chans = append(chans, ch)
+			synctest.Wait()
+		}
+		for i, ch := range chans {
+			if r := <-ch; r.err != nil || r.d.Owner != fmt.Sprint(i) {
+				t.Fatalf("check %d: %+v", i, r)
+			}
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if len(f.batches) != 2 || f.batches[0] != 1 || f.batches[1] != 5 {
+			t.Fatalf("batches %v, want [1 5]", f.batches)
+		}
+		if f.at[1] != start.Add(time.Second) {
+			t.Fatalf("second call at %v, want when the first ended (%v)", f.at[1].Sub(start), time.Second)
+		}
+	})
+}
+
 // A peer that never answers fails its waiting checks once the forward
 // timeout passes, and the queue keeps working for later checks.
 func TestBatcherDeadPeerFailsWithinTimeout(t *testing.T) {

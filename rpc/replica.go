@@ -287,18 +287,28 @@ func (s *Server) replicateLoop(ctx context.Context) {
 }
 
 // replicateOnce sends the current state of keys this node owns under v to
-// their successors, one Replicate call per successor and 1000 keys. The
-// states' encodings share one buffer and their messages one slab, so a
-// key costs no allocation of its own beyond its bytes.
+// their successors, one Replicate call per successor and 1000 keys. Every
+// key this node owns has the same successors (the members after it on the
+// ring), so the states are built once: their keys share one buffer, their
+// encodings another and their messages one slab, so a key costs no
+// allocation of its own. The successors' calls share the messages (a
+// marshal only reads them).
 func (s *Server) replicateOnce(ctx context.Context, v *view, keys []string) {
-	bySucc := map[string][]*sluicev1.KeyState{}
+	succs := v.ring.SuccessorsOf(s.name, s.replication.Factor)
+	if len(succs) == 0 || len(keys) == 0 {
+		return // no other member: nothing to copy to
+	}
 	var (
-		enc   []byte
-		slab  []sluicev1.KeyState
-		succs []string
+		kbuf, enc []byte
+		slab      = make([]sluicev1.KeyState, 0, len(keys))
+		states    = make([]*sluicev1.KeyState, 0, len(keys))
 	)
 	for _, k := range keys {
-		kb := []byte(k)
+		// Capped at their ends, so a later append never writes into
+		// them (one that outgrows a buffer moves on to a new array).
+		start := len(kbuf)
+		kbuf = append(kbuf, k...)
+		kb := kbuf[start:len(kbuf):len(kbuf)]
 		if v.ring.Owner(kb) != s.name {
 			continue
 		}
@@ -306,28 +316,19 @@ func (s *Server) replicateOnce(ctx context.Context, v *view, keys []string) {
 		if !ok {
 			continue
 		}
-		start := len(enc)
+		start = len(enc)
 		enc, _ = st.AppendBinary(enc)
-		// Capped at its end, so a later append never writes into it
-		// (one that outgrows enc moves on to a new array).
-		b := enc[start:len(enc):len(enc)]
-		succs = v.ring.AppendSuccessors(succs[:0], kb, s.replication.Factor)
-		for _, succ := range succs {
-			if len(slab) == cap(slab) {
-				slab = make([]sluicev1.KeyState, 0, max(64, min(len(keys), handOffBatch)))
-			}
-			slab = append(slab, sluicev1.KeyState{Key: kb, State: b})
-			bySucc[succ] = append(bySucc[succ], &slab[len(slab)-1])
-		}
+		slab = append(slab, sluicev1.KeyState{Key: kb, State: enc[start:len(enc):len(enc)]})
+		states = append(states, &slab[len(slab)-1])
 	}
 	var wg sync.WaitGroup
-	for succ, states := range bySucc {
+	for _, succ := range succs {
 		p := v.peers[succ]
 		wg.Go(func() {
-			for len(states) > 0 {
-				n := min(len(states), handOffBatch)
-				batch := states[:n]
-				states = states[n:]
+			for rest := states; len(rest) > 0; {
+				n := min(len(rest), handOffBatch)
+				batch := rest[:n]
+				rest = rest[n:]
 				err := errors.New("no connection")
 				if p != nil {
 					cctx, cancel := context.WithTimeout(ctx, s.forwardTimeout)

@@ -389,7 +389,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		fallback: window.NewStore(window.StoreConfig{Clock: storeClock{cfg.Store}, MaxKeys: 100_000, OnKeyCap: window.KeyCapEvict}),
 		ho: handOffState{doneFrom: map[string]string{}, outgoing: map[string]chan struct{}{},
 			tombs: map[string]tomb{}, departed: map[string]time.Time{}, takenOver: map[string]takeover{}},
-		dialOpts:  append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), codecDialOption}, cfg.DialOptions...),
+		dialOpts:  append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), codecDialOption, windowDialOptions[0], windowDialOptions[1]}, cfg.DialOptions...),
 		peerCreds: cfg.PeerCredentials,
 	}
 	s.members.Store(&map[string]string{cfg.Name: ""})

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/rpc/sluicev1"
@@ -17,46 +19,52 @@ import (
 // (bad input) gets a response with error set; the stream goes on.
 // When the server drains (see Server.Drain) the stream ends, so a graceful
 // stop need not wait for peers to hang up.
+//
+// One goroutine receives, decides and sends, so a request costs no hand-off
+// between goroutines of this node; the handler's own goroutine only waits
+// for it to end or for the drain.
 func (s *Server) ForwardStream(stream sluicev1.PeerService_ForwardStreamServer) error {
-	type recvd struct {
-		req *sluicev1.ForwardRequest
-		err error
-	}
-	in := make(chan recvd, 1)
-	go func() { // ends when the stream does, at the latest when we return
+	var (
+		mu      sync.Mutex // held while sending: the handler returns only between sends
+		stopped bool
+	)
+	done := make(chan error, 1)
+	go func() { // ends when the stream does, at the latest when the handler has returned
 		for {
 			req, err := stream.Recv()
-			select {
-			case in <- recvd{req, err}:
-			case <-stream.Context().Done():
+			if errors.Is(err, io.EOF) {
+				done <- nil
 				return
 			}
 			if err != nil {
+				done <- err
+				return
+			}
+			resp, err := s.Forward(stream.Context(), req)
+			if err != nil {
+				resp = &sluicev1.ForwardResponse{Error: status.Convert(err).Message()}
+			}
+			mu.Lock()
+			if stopped {
+				mu.Unlock()
+				return
+			}
+			err = stream.Send(resp)
+			mu.Unlock()
+			if err != nil {
+				done <- err
 				return
 			}
 		}
 	}()
-	for {
-		var r recvd
-		select {
-		case r = <-in:
-		case <-s.draining:
-			return nil
-		}
-		if errors.Is(r.err, io.EOF) {
-			return nil
-		}
-		if r.err != nil {
-			return r.err
-		}
-		req := r.req
-		resp, err := s.Forward(stream.Context(), req)
-		if err != nil {
-			resp = &sluicev1.ForwardResponse{Error: status.Convert(err).Message()}
-		}
-		if err := stream.Send(resp); err != nil {
-			return err
-		}
+	select {
+	case err := <-done:
+		return err
+	case <-s.draining:
+		mu.Lock()
+		stopped = true
+		mu.Unlock()
+		return nil
 	}
 }
 
@@ -64,8 +72,8 @@ func (s *Server) ForwardStream(stream sluicev1.PeerService_ForwardStreamServer) 
 // first use and reopened after any failure. Requests are sent in the order
 // their waiters were queued, and responses come back in that order, so the
 // receive loop hands each response to the oldest waiter. A failure of the
-// stream (or of a caller's deadline, which means the owner is not
-// answering) fails every waiter and drops the stream.
+// stream, or a waiter whose deadline passes (the owner is not answering),
+// fails every waiter and drops the stream.
 type peerStream struct {
 	client sluicev1.PeerServiceClient
 
@@ -74,8 +82,65 @@ type peerStream struct {
 	mu      sync.Mutex // guards the fields below
 	stream  sluicev1.PeerService_ForwardStreamClient
 	cancel  context.CancelFunc
-	waiters []chan streamReply
+	waiters []*streamWaiter
 	closed  bool
+}
+
+// streamWaiter is one request sent on the stream and not yet answered.
+type streamWaiter struct {
+	done  func(*sluicev1.ForwardResponse, error) // called once, with no lock held
+	timer *time.Timer                            // fails the stream at the request's deadline
+}
+
+var errStreamClosed = errors.New("peer stream closed")
+
+// errStreamDeadline fails the requests on a stream whose owner did not
+// answer one of them by its deadline.
+var errStreamDeadline = status.Error(codes.DeadlineExceeded, "the owner did not answer within the forward timeout")
+
+// start sends req on the stream and returns once it is sent (or failed);
+// done is called exactly once, from another goroutine or before start
+// returns, with the response or an error. If the response has not come by
+// deadline, the stream is dropped and every request on it fails with a
+// DeadlineExceeded status: that also unblocks a Send held up by flow
+// control towards an owner that stopped reading.
+func (ps *peerStream) start(deadline time.Time, req *sluicev1.ForwardRequest, done func(*sluicev1.ForwardResponse, error)) {
+	w := &streamWaiter{done: done}
+	ps.sendMu.Lock()
+	st, err := ps.streamFor(w, deadline)
+	if err != nil {
+		ps.sendMu.Unlock()
+		done(nil, err)
+		return
+	}
+	err = st.Send(req)
+	ps.sendMu.Unlock()
+	if err != nil {
+		ps.fail(st, err)
+	}
+}
+
+// call sends req on the stream and waits for its response until ctx ends.
+// ctx's deadline bounds the request as start's does (when it passes, the
+// stream is dropped); a ctx cancelled before only abandons this request,
+// whose response is then dropped when it comes. It returns gRPC status
+// errors for ctx's end.
+func (ps *peerStream) call(ctx context.Context, req *sluicev1.ForwardRequest) (*sluicev1.ForwardResponse, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(24 * time.Hour)
+	}
+	ch := make(chan streamReply, 1)
+	ps.start(deadline, req, func(resp *sluicev1.ForwardResponse, err error) { ch <- streamReply{resp, err} })
+	select {
+	case r := <-ch:
+		return r.resp, r.err
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
 }
 
 type streamReply struct {
@@ -83,40 +148,10 @@ type streamReply struct {
 	err  error
 }
 
-var errStreamClosed = errors.New("peer stream closed")
-
-// call sends req on the stream and waits for its response until ctx ends.
-func (ps *peerStream) call(ctx context.Context, req *sluicev1.ForwardRequest) (*sluicev1.ForwardResponse, error) {
-	ch := make(chan streamReply, 1)
-	ps.sendMu.Lock()
-	st, err := ps.streamFor(ch)
-	if err != nil {
-		ps.sendMu.Unlock()
-		return nil, err
-	}
-	// If ctx ends first, drop the stream: that also unblocks a Send held
-	// up by flow control towards an owner that stopped reading.
-	stop := context.AfterFunc(ctx, func() { ps.fail(st, ctx.Err()) })
-	defer stop()
-	err = st.Send(req)
-	ps.sendMu.Unlock()
-	if err != nil {
-		ps.fail(st, err)
-	}
-	select {
-	case r := <-ch:
-		return r.resp, r.err
-	case <-ctx.Done():
-		// The owner did not answer in time; AfterFunc dropped the stream,
-		// so the requests behind this one fail now, not one by one.
-		ps.fail(st, ctx.Err())
-		return nil, ctx.Err()
-	}
-}
-
-// streamFor returns the open stream (opening it if needed) with ch queued
-// as the waiter of the next request. Requires sendMu held.
-func (ps *peerStream) streamFor(ch chan streamReply) (sluicev1.PeerService_ForwardStreamClient, error) {
+// streamFor returns the open stream (opening it if needed) with w queued as
+// the waiter of the next request, its timer set for deadline. Requires
+// sendMu held.
+func (ps *peerStream) streamFor(w *streamWaiter, deadline time.Time) (sluicev1.PeerService_ForwardStreamClient, error) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	if ps.closed {
@@ -132,8 +167,10 @@ func (ps *peerStream) streamFor(ch chan streamReply) (sluicev1.PeerService_Forwa
 		ps.stream, ps.cancel = st, cancel
 		go ps.recvLoop(st)
 	}
-	ps.waiters = append(ps.waiters, ch)
-	return ps.stream, nil
+	st := ps.stream
+	w.timer = time.AfterFunc(time.Until(deadline), func() { ps.fail(st, errStreamDeadline) })
+	ps.waiters = append(ps.waiters, w)
+	return st, nil
 }
 
 func (ps *peerStream) recvLoop(st sluicev1.PeerService_ForwardStreamClient) {
@@ -150,12 +187,14 @@ func (ps *peerStream) recvLoop(st sluicev1.PeerService_ForwardStreamClient) {
 			return
 		}
 		w := ps.waiters[0]
+		ps.waiters[0] = nil
 		ps.waiters = ps.waiters[1:]
 		ps.mu.Unlock()
+		w.timer.Stop()
 		if resp.Error != "" {
-			w <- streamReply{err: errors.New(resp.Error)}
+			w.done(nil, errors.New(resp.Error))
 		} else {
-			w <- streamReply{resp: resp}
+			w.done(resp, nil)
 		}
 	}
 }
@@ -173,7 +212,8 @@ func (ps *peerStream) fail(st sluicev1.PeerService_ForwardStreamClient, err erro
 	ps.cancel()
 	ps.mu.Unlock()
 	for _, w := range ws {
-		w <- streamReply{err: err}
+		w.timer.Stop()
+		w.done(nil, err)
 	}
 }
 

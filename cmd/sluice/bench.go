@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sluicehq/sluice/rpc"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 )
 
@@ -77,11 +79,11 @@ func benchCommand(e env) *cli.Command {
 			&cli.DurationFlag{Name: "timeout", Value: 5 * time.Second, Usage: "deadline of each RPC", Sources: e.of("timeout")},
 			&cli.BoolFlag{Name: "json", Usage: "print the summary as one JSON object"},
 		}, clientAuthFlags(e)...),
-		Action: runBench,
+		Action: func(ctx context.Context, cmd *cli.Command) error { return runBench(ctx, cmd, e.getenv) },
 	}
 }
 
-func runBench(ctx context.Context, cmd *cli.Command) error {
+func runBench(ctx context.Context, cmd *cli.Command, getenv func(string) (string, bool)) error {
 	if err := noArgs(cmd); err != nil {
 		return err
 	}
@@ -117,9 +119,12 @@ func runBench(ctx context.Context, cmd *cli.Command) error {
 	case timeout <= 0:
 		return usagef("timeout", "must be > 0, got %s", timeout)
 	}
+	if gc, set := defaultGCPercent(getenv); set {
+		debug.SetGCPercent(gc) // as serve does: the load generator's heap is small too
+	}
 	clients := make([]sluicev1.RateLimitServiceClient, len(addrs))
 	for i, a := range addrs {
-		conn, err := dialNode(cmd, a)
+		conn, err := dialNode(cmd, a, rpc.WindowDialOptions()...) // a node's window: no BDP pings
 		if err != nil {
 			return err
 		}
@@ -195,28 +200,22 @@ type workerStats struct {
 // benchLoad runs the closed loop of spread, hot and batched.
 func benchLoad(ctx context.Context, clients []sluicev1.RateLimitServiceClient, workload string, conc, perRPC, keys int,
 	warmup, dur, timeout time.Duration, progress io.Writer) (benchSummary, error) {
-	// Requests are built before the clock starts, so the loop measures the
-	// cluster, not request building: one pool of about 100000 checks that
-	// every goroutine walks through from its own offset (gRPC only reads a
-	// request, so sharing is safe and memory does not grow with
-	// --concurrency).
-	poolSize := max(16, 100_000/perRPC)
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
-	runID := strconv.FormatUint(rng.Uint64()%1_000_000, 36)
-	pool := make([]*sluicev1.CheckRequest, poolSize)
-	for j := range pool {
+	// Each goroutine reuses one request and draws fresh keys into it before
+	// each RPC (gRPC has marshalled it by the time Check returns): a few
+	// nanoseconds a check and no garbage but the key strings. A prebuilt
+	// pool of requests cost the load generator more CPU than it saved, the
+	// collector marking its 100000 checks over and over.
+	seed := uint64(time.Now().UnixNano())
+	runID := strconv.FormatUint(seed%1_000_000, 36)
+	newRequest := func() *sluicev1.CheckRequest {
 		req := &sluicev1.CheckRequest{Checks: make([]*sluicev1.RateLimitCheck, perRPC)}
 		for k := range req.Checks {
-			key := "hot"
-			if workload != "hot" {
-				key = "k" + strconv.Itoa(rng.IntN(keys))
-			}
 			req.Checks[k] = &sluicev1.RateLimitCheck{
-				Name: "bench." + runID, Key: key, Hits: proto.Int64(1), Limit: 1 << 50, WindowMs: 60_000,
+				Name: "bench." + runID, Key: "hot", Hits: proto.Int64(1), Limit: 1 << 50, WindowMs: 60_000,
 				Algorithm: sluicev1.Algorithm_ALGORITHM_TOKEN_BUCKET,
 			}
 		}
-		pool[j] = req
+		return req
 	}
 	start := time.Now()
 	ws, we := start.Add(warmup), start.Add(warmup+dur)
@@ -227,13 +226,18 @@ func benchLoad(ctx context.Context, clients []sluicev1.RateLimitServiceClient, w
 	for g := 0; g < conc; g++ {
 		wg.Go(func() {
 			st := &stats[g]
-			st.lat = make([]time.Duration, 0, 1<<10)
+			st.lat = make([]time.Duration, 0, 1<<14)
+			req := newRequest()
+			rng := rand.New(rand.NewPCG(seed, uint64(g)))
+			var buf []byte
 			for n := 0; n < benchMaxRPCsPerWorker && ctx.Err() == nil; n++ {
 				t0 := time.Now()
 				if !t0.Before(we) {
 					return
 				}
-				req := pool[(g*7919+n)%poolSize]
+				if workload != "hot" {
+					buf = drawKeys(req, rng, keys, buf)
+				}
 				cctx, cancel := context.WithTimeout(ctx, timeout)
 				resp, err := clients[(g+n)%len(clients)].Check(cctx, req)
 				cancel()
@@ -405,4 +409,14 @@ func startProgress(w io.Writer, start time.Time, warmup time.Duration, checks, e
 		}
 	})
 	return func() { close(done); wg.Wait() }
+}
+
+// drawKeys gives each check of req a key drawn uniformly at random out of
+// "k0".."k<keys-1>", and returns buf, the scratch space it built them in.
+func drawKeys(req *sluicev1.CheckRequest, rng *rand.Rand, keys int, buf []byte) []byte {
+	for _, c := range req.Checks {
+		buf = strconv.AppendInt(append(buf[:0], 'k'), int64(rng.IntN(keys)), 10)
+		c.Key = string(buf)
+	}
+	return buf
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"encoding/json"
 	"log/slog"
+	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -85,5 +87,43 @@ func TestBenchExactAndSpread(t *testing.T) {
 
 	if code, _, errOut := sluice(t, "bench", "--addrs", addrs, "--workload", "storm"); code != 2 || !strings.Contains(errOut, "--workload") {
 		t.Fatalf("unknown workload: exit %d %s", code, errOut)
+	}
+}
+
+// drawKeys, which the spread and batched workloads call before every RPC,
+// gives each check of the reused request its own key, uniform over
+// "k0".."k<keys-1>" and nothing else.
+func TestDrawKeysIsUniformOverKeys(t *testing.T) {
+	const keys, rpcs, perRPC = 10, 10_000, 10
+	req := &sluicev1.CheckRequest{Checks: make([]*sluicev1.RateLimitCheck, perRPC)}
+	for i := range req.Checks {
+		req.Checks[i] = &sluicev1.RateLimitCheck{Key: "hot"}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	counts := map[string]int{}
+	var buf []byte
+	sameInRPC := 0
+	for range rpcs {
+		buf = drawKeys(req, rng, keys, buf)
+		for _, c := range req.Checks {
+			counts[c.Key]++
+		}
+		if req.Checks[0].Key == req.Checks[1].Key {
+			sameInRPC++
+		}
+	}
+	if len(counts) != keys {
+		t.Fatalf("drew %d distinct keys, want %d: %v", len(counts), keys, counts)
+	}
+	want := rpcs * perRPC / keys // 10000 each
+	for i := range keys {
+		k := "k" + strconv.Itoa(i)
+		if n := counts[k]; n < want*95/100 || n > want*105/100 {
+			t.Errorf("key %s drawn %d times, want %d within 5%%", k, n, want)
+		}
+	}
+	// Two checks of one RPC share a key 1 time in 10 when drawn apart.
+	if sameInRPC < rpcs/20 || sameInRPC > rpcs*3/20 {
+		t.Errorf("checks 0 and 1 of an RPC had the same key in %d of %d RPCs, want about %d", sameInRPC, rpcs, rpcs/10)
 	}
 }

@@ -203,12 +203,13 @@ func callNode(ctx context.Context, cmd *cli.Command, f func(ctx context.Context,
 
 // dialNode opens a gRPC connection to addr (no I/O until the first call):
 // plaintext, or TLS and a token as cmd's client auth flags say.
-func dialNode(cmd *cli.Command, addr string) (*grpc.ClientConn, error) {
+// extra options come after those.
+func dialNode(cmd *cli.Command, addr string, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
 	opts, err := dialOptions(cmd)
 	if err != nil {
 		return nil, err
 	}
-	conn, err := grpc.NewClient(addr, opts...)
+	conn, err := grpc.NewClient(addr, append(opts, extra...)...)
 	if err != nil {
 		return nil, usagef("addr", "%v", err)
 	}
