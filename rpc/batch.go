@@ -49,15 +49,19 @@ func (c BatchConfig) withDefaults() BatchConfig {
 // ring.
 var errBatcherStopped = errors.New("peer removed from the ring")
 
-// pending is one check waiting in a batcher for its decision.
+// pending is the checks of one request for one owner, waiting in a batcher
+// for their decisions: a lone check, or several that stay together and in
+// their order in one batch, so that the owner applies them in the
+// request's order.
 type pending struct {
-	check    *sluicev1.RateLimitCheck
+	checks   []*sluicev1.RateLimitCheck
 	deadline time.Time  // enqueue time + forward timeout: no answer after it
 	reply    chan reply // capacity 1: the batcher never blocks on a caller
 }
 
+// reply answers a pending: one decision per check, in order, or err.
 type reply struct {
-	d   *sluicev1.Decision
+	ds  []*sluicev1.Decision
 	err error
 }
 
@@ -97,6 +101,7 @@ type batcher struct {
 
 	mu     sync.Mutex // guards the fields below
 	queue  []*pending
+	queued int    // checks in queue
 	calls  int    // batches taken and not yet answered, at most maxCalls
 	due    bool   // the queue's wait is over: send it at the first chance
 	gen    uint64 // counts emptied queues: a timer set for an older queue does nothing
@@ -120,45 +125,51 @@ func newBatcher(p *peer, cfg BatchConfig, timeout time.Duration, sender string, 
 	return b
 }
 
-// enqueue queues a check and returns its pending: the reply arrives on its
-// channel by its deadline (or never will: the caller must stop waiting
-// then). When the check starts a batch that goes at once, enqueue sends it
-// before it returns (it does not wait for the answer). It fails at once if
-// the batcher has stopped or ctx has ended.
-func (b *batcher) enqueue(ctx context.Context, c *sluicev1.RateLimitCheck) (*pending, error) {
+// enqueue queues checks (one or more, at most MaxBatch, of one request)
+// and returns their pending: the reply arrives on its channel by its
+// deadline (or never will: the caller must stop waiting then). The checks
+// go in one batch, in their order. When they start a batch that goes at
+// once, enqueue sends it before it returns (it does not wait for the
+// answer). It fails at once if the batcher has stopped or ctx has ended.
+func (b *batcher) enqueue(ctx context.Context, checks ...*sluicev1.RateLimitCheck) (*pending, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	p := &pending{check: c, deadline: time.Now().Add(b.timeout), reply: make(chan reply, 1)}
+	p := &pending{checks: checks, deadline: time.Now().Add(b.timeout), reply: make(chan reply, 1)}
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
 		return nil, errBatcherStopped
 	}
 	b.queue = append(b.queue, p)
-	batch := b.takeLocked()
-	if batch == nil && len(b.queue) == 1 {
+	b.queued += len(checks)
+	batches := b.takeAllLocked()
+	if len(b.queue) > 0 && b.timer == nil { // a new queue: its wait starts now
 		g := b.gen
 		b.timer = time.AfterFunc(b.cfg.MaxWait, func() { b.wake(g) })
 	}
 	b.mu.Unlock()
-	if batch != nil {
-		b.send(batch)
-	}
+	b.send(batches...)
 	return p, nil
 }
 
 // takeLocked takes the next batch off the queue if one should go now: the
-// queue is full, or no call is in flight, or its wait is over; and fewer
-// than maxCalls calls are in flight. It counts the batch as a call.
-// Requires mu held.
+// queue holds MaxSize checks, or no call is in flight, or its wait is over;
+// and fewer than maxCalls calls are in flight. A batch is the oldest
+// pendings up to MaxSize checks, never splitting one (a pending larger than
+// MaxSize goes alone). It counts the batch as a call. Requires mu held.
 func (b *batcher) takeLocked() []*pending {
 	n := len(b.queue)
-	if n == 0 || b.closed || b.calls >= maxCalls || (n < b.cfg.MaxSize && b.calls > 0 && !b.due) {
+	if n == 0 || b.closed || b.calls >= maxCalls || (b.queued < b.cfg.MaxSize && b.calls > 0 && !b.due) {
 		return nil
 	}
-	k := min(n, b.cfg.MaxSize)
+	k, size := 0, 0
+	for k < n && (k == 0 || size+len(b.queue[k].checks) <= b.cfg.MaxSize) {
+		size += len(b.queue[k].checks)
+		k++
+	}
 	batch := b.queue[:k:k]
+	b.queued -= size
 	if k == n {
 		b.queue, b.due = nil, false
 		b.gen++
@@ -173,6 +184,16 @@ func (b *batcher) takeLocked() []*pending {
 	return batch
 }
 
+// takeAllLocked takes every batch that should go now (takeLocked until it
+// takes none). Requires mu held.
+func (b *batcher) takeAllLocked() [][]*pending {
+	var out [][]*pending
+	for batch := b.takeLocked(); batch != nil; batch = b.takeLocked() {
+		out = append(out, batch)
+	}
+	return out
+}
+
 // wake is the timer of the queue of generation g: its wait is over.
 func (b *batcher) wake(g uint64) {
 	b.mu.Lock()
@@ -181,11 +202,9 @@ func (b *batcher) wake(g uint64) {
 		return
 	}
 	b.due = true
-	batch := b.takeLocked()
+	batches := b.takeAllLocked()
 	b.mu.Unlock()
-	if batch != nil {
-		b.send(batch)
-	}
+	b.send(batches...)
 }
 
 // launcher sends the batches taken as calls ended, until the batcher
@@ -219,7 +238,7 @@ func (b *batcher) close() {
 		b.mu.Lock()
 		b.closed = true
 		q := b.queue
-		b.queue = nil
+		b.queue, b.queued = nil, 0
 		b.gen++
 		if b.timer != nil {
 			b.timer.Stop()
@@ -237,49 +256,58 @@ func (b *batcher) close() {
 // it could be sent.
 var errQueueDeadline = status.Error(codes.DeadlineExceeded, "forward timeout passed while the check was queued")
 
-// send starts the Forward call of one batch, bounded by its first
+// send starts the Forward call of each batch, bounded by its first
 // (earliest) check's deadline; the call's end answers each check and
-// launches the batch that gathered meanwhile. A batch whose deadline has
-// passed fails at once, and the next one is tried in its place.
-func (b *batcher) send(batch []*pending) {
-	for batch != nil {
+// launches what gathered meanwhile. A batch whose deadline has passed fails
+// at once, and what can go in its place is sent too.
+func (b *batcher) send(batches ...[]*pending) {
+	for len(batches) > 0 {
+		batch := batches[0]
+		batches = batches[1:]
 		deadline := batch[0].deadline
 		if time.Until(deadline) <= 0 {
 			b.stats.errors.Add(1)
-			batch = b.answer(batch, nil, fmt.Errorf("owner %s unavailable: %w", b.p.name, errQueueDeadline), false)
+			batches = append(batches, b.answer(batch, nil, fmt.Errorf("owner %s unavailable: %w", b.p.name, errQueueDeadline), false)...)
 			continue
 		}
-		req := &sluicev1.ForwardRequest{Sender: b.sender, Checks: make([]*sluicev1.RateLimitCheck, len(batch))}
-		for i, p := range batch {
-			req.Checks[i] = p.check
+		n := 0
+		for _, p := range batch {
+			n += len(p.checks)
+		}
+		req := &sluicev1.ForwardRequest{Sender: b.sender, Checks: make([]*sluicev1.RateLimitCheck, 0, n)}
+		for _, p := range batch {
+			req.Checks = append(req.Checks, p.checks...)
 		}
 		sent := batch
 		startCall(b.p, deadline, req, b.stats, func(ds []*sluicev1.Decision, err error) { b.answer(sent, ds, err, true) })
-		return
 	}
 }
 
 // answer hands each check of an ended call its decision (or err), and takes
-// the batch to send next, if any: it returns it, or with launch hands it to
-// the launcher (under mu, so that close, which stops the launcher, sees
-// every batch handed to it).
-func (b *batcher) answer(batch []*pending, ds []*sluicev1.Decision, err error, launch bool) []*pending {
-	for i, p := range batch {
+// the batches to send next, if any: it returns them, or with launch hands
+// them to the launcher (under mu, so that close, which stops the launcher,
+// sees every batch handed to it).
+func (b *batcher) answer(batch []*pending, ds []*sluicev1.Decision, err error, launch bool) [][]*pending {
+	for _, p := range batch {
 		if err != nil {
 			p.reply <- reply{err: err}
-		} else {
-			p.reply <- reply{d: ds[i]}
+			continue
 		}
+		n := len(p.checks)
+		p.reply <- reply{ds: ds[:n:n]}
+		ds = ds[n:]
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.calls--
-	next := b.takeLocked()
-	if launch && next != nil {
-		b.launch <- next // at most maxCalls batches are out: never blocks
-		return nil
+	next := b.takeAllLocked()
+	if !launch {
+		return next
 	}
-	return next
+	for _, batch := range next {
+		b.launch <- batch // at most maxCalls batches are out: never blocks
+	}
+	return nil
 }
 
 // startCall starts one Forward call to p, bounded by deadline, and calls

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -106,7 +107,7 @@ func TestBatcherAnswersInOrderUnderConcurrency(t *testing.T) {
 			}
 			for i, ch := range chans {
 				r := waitReply(t, ch)
-				if want := fmt.Sprintf("%d/%d", g, i); r.err != nil || r.d.Owner != want {
+				if want := fmt.Sprintf("%d/%d", g, i); r.err != nil || r.ds[0].Owner != want {
 					errs <- fmt.Errorf("caller %d check %d: got %+v, want the answer for %s", g, i, r, want)
 					return
 				}
@@ -156,12 +157,70 @@ func TestBatcherSplitsBySize(t *testing.T) {
 		if got := f.sizes(); len(got) != 4 || got[3] != 5 {
 			t.Fatalf("batches after the wait: %v, want [1 10 10 5]", got)
 		}
-		if r := <-first; r.err != nil || r.d.Owner != "first" {
+		if r := <-first; r.err != nil || r.ds[0].Owner != "first" {
 			t.Fatalf("first: %+v", r)
 		}
 		for i, ch := range chans {
-			if r := <-ch; r.err != nil || r.d.Owner != fmt.Sprint(i) {
+			if r := <-ch; r.err != nil || r.ds[0].Owner != fmt.Sprint(i) {
 				t.Fatalf("check %d: %+v", i, r)
+			}
+		}
+	})
+}
+
+// A request's several checks for one owner stay together, in order, in
+// one batch: a batch takes whole groups up to MaxSize checks, and a group
+// larger than MaxSize goes alone. Once MaxSize checks are queued they go
+// without waiting, even behind calls in flight.
+func TestBatcherKeepsGroupsWhole(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakePeer{delay: 2 * time.Hour}
+		b := newTestBatcher(f, BatchConfig{MaxSize: 10, MaxWait: time.Hour}, 5*time.Hour)
+		defer b.close()
+		var qs []*pending
+		enqGroup := func(name string, n int) {
+			var cs []*sluicev1.RateLimitCheck
+			for i := range n {
+				cs = append(cs, &sluicev1.RateLimitCheck{Key: fmt.Sprintf("%s%d", name, i)})
+			}
+			q, err := b.enqueue(context.Background(), cs...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			qs = append(qs, q)
+			synctest.Wait()
+		}
+		sizes := func() []int {
+			got := f.sizes()
+			slices.Sort(got)
+			return got
+		}
+		enqGroup("first", 1) // nothing in flight: it goes at once
+		enqGroup("a", 4)
+		enqGroup("b", 4)
+		enqGroup("c", 4) // 12 queued: a and b go (8), c would make 12
+		if got := sizes(); !slices.Equal(got, []int{1, 8}) {
+			t.Fatalf("batches before the wait: %v, want [1 8]", got)
+		}
+		time.Sleep(time.Hour) // c's wait is over
+		synctest.Wait()
+		if got := sizes(); !slices.Equal(got, []int{1, 4, 8}) {
+			t.Fatalf("batches after the wait: %v, want [1 4 8]", got)
+		}
+		enqGroup("d", 4)
+		enqGroup("big", 15) // 19 queued: d alone, then big alone
+		if got := sizes(); !slices.Equal(got, []int{1, 4, 4, 8, 15}) {
+			t.Fatalf("batches with a group over MaxSize: %v, want [1 4 4 8 15]", got)
+		}
+		for j, q := range qs {
+			r := <-q.reply
+			if r.err != nil || len(r.ds) != len(q.checks) {
+				t.Fatalf("group %d: %+v", j, r)
+			}
+			for i, d := range r.ds {
+				if d.Owner != q.checks[i].Key {
+					t.Fatalf("group %d check %d: answer for %s, want %s", j, i, d.Owner, q.checks[i].Key)
+				}
 			}
 		}
 	})
@@ -180,7 +239,7 @@ func TestBatcherLoneCheckWaitsAtMostMaxWait(t *testing.T) {
 		synctest.Wait()
 		c2, _ := enq(b, &sluicev1.RateLimitCheck{Key: "two"})
 		r1, r2 := <-c1, <-c2
-		if r1.err != nil || r1.d.Owner != "one" || r2.err != nil || r2.d.Owner != "two" {
+		if r1.err != nil || r1.ds[0].Owner != "one" || r2.err != nil || r2.ds[0].Owner != "two" {
 			t.Fatalf("replies %+v %+v", r1, r2)
 		}
 		f.mu.Lock()
@@ -206,7 +265,7 @@ func TestBatcherSendsWhatGatheredWhenTheCallEnds(t *testing.T) {
 			synctest.Wait()
 		}
 		for i, ch := range chans {
-			if r := <-ch; r.err != nil || r.d.Owner != fmt.Sprint(i) {
+			if r := <-ch; r.err != nil || r.ds[0].Owner != fmt.Sprint(i) {
 				t.Fatalf("check %d: %+v", i, r)
 			}
 		}
@@ -276,7 +335,7 @@ func TestBatcherNoDeadlockWhenSendersAreBusy(t *testing.T) {
 		b := newTestBatcher(f, BatchConfig{MaxSize: 1, MaxWait: time.Millisecond}, time.Hour)
 		defer b.close()
 		fanOut(t, b, 200, func(g int, r reply) {
-			if r.err != nil || r.d.Owner != fmt.Sprint(g) {
+			if r.err != nil || r.ds[0].Owner != fmt.Sprint(g) {
 				t.Errorf("check %d: %+v", g, r)
 			}
 		})

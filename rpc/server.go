@@ -730,11 +730,11 @@ func (s *Server) route(ctx context.Context, v *view, reqs []request, idx []int, 
 
 // forward gets the checks reqs[i], i in is, decided by their owner p and
 // writes the decisions into out; it returns the checks that could not be
-// decided, each with its error. A lone check goes through the owner's
-// batcher; several checks of one request (or any marked no_batching) go
-// together in one call of their own, so the owner applies them in request
-// order. Either way nothing waits longer than the forward timeout (plus
-// the batch wait).
+// decided, each with its error. They go through the owner's batcher
+// together, in their order (so the owner applies them in request order),
+// batched with other requests' checks; when one of them is marked
+// no_batching they go at once in one call of their own. Either way nothing
+// waits longer than the forward timeout (plus the batch wait).
 func (s *Server) forward(ctx context.Context, p *peer, owner string, reqs []request, is []int, out []*sluicev1.Decision) []failure {
 	fail := func(err error) []failure {
 		fs := make([]failure, len(is))
@@ -748,14 +748,20 @@ func (s *Server) forward(ctx context.Context, p *peer, owner string, reqs []requ
 		return fail(fmt.Errorf("owner %s: no connection to it", owner))
 	}
 	s.stats.forwardedChecks.Add(int64(len(is)))
-	if len(is) == 1 && !reqs[is[0]].pb.NoBatching {
-		q, err := p.batcher.enqueue(ctx, reqs[is[0]].pb)
+	checks := make([]*sluicev1.RateLimitCheck, len(is))
+	batch := true
+	for j, i := range is {
+		checks[j] = reqs[i].pb
+		batch = batch && !reqs[i].pb.NoBatching
+	}
+	if batch {
+		q, err := p.batcher.enqueue(ctx, checks...)
 		if err != nil {
 			return fail(fmt.Errorf("owner %s: %w", owner, err))
 		}
-		// The batcher answers by the check's deadline; the timer only
+		// The batcher answers by the checks' deadline; the timer only
 		// guards against a reply that can no longer come (a batcher
-		// stopped just as the check went in).
+		// stopped just as the checks went in).
 		t := time.NewTimer(time.Until(q.deadline) + s.batch.MaxWait + 100*time.Millisecond)
 		defer t.Stop()
 		select {
@@ -763,7 +769,9 @@ func (s *Server) forward(ctx context.Context, p *peer, owner string, reqs []requ
 			if r.err != nil {
 				return fail(r.err)
 			}
-			out[is[0]] = r.d
+			for j, i := range is {
+				out[i] = r.ds[j]
+			}
 			return nil
 		case <-t.C:
 			return fail(fmt.Errorf("owner %s: no answer within the forward timeout", owner))
@@ -771,10 +779,7 @@ func (s *Server) forward(ctx context.Context, p *peer, owner string, reqs []requ
 			return fail(fmt.Errorf("owner %s: %w", owner, ctx.Err()))
 		}
 	}
-	req := &sluicev1.ForwardRequest{Sender: s.name, Checks: make([]*sluicev1.RateLimitCheck, len(is))}
-	for j, i := range is {
-		req.Checks[j] = reqs[i].pb
-	}
+	req := &sluicev1.ForwardRequest{Sender: s.name, Checks: checks}
 	v := s.view.Load()
 	req.RingFingerprint, req.RingEpoch = v.ring.Fingerprint(), v.epoch
 	cctx, cancel := context.WithTimeout(ctx, s.forwardTimeout)
