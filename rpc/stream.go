@@ -158,10 +158,8 @@ func (ps *peerStream) streamFor(w *streamWaiter, deadline time.Time) (sluicev1.P
 		return nil, errStreamClosed
 	}
 	if ps.stream == nil {
-		ctx, cancel := context.WithCancel(context.Background())
-		st, err := ps.client.ForwardStream(ctx)
+		st, cancel, err := ps.open(deadline)
 		if err != nil {
-			cancel()
 			return nil, err
 		}
 		ps.stream, ps.cancel = st, cancel
@@ -171,6 +169,42 @@ func (ps *peerStream) streamFor(w *streamWaiter, deadline time.Time) (sluicev1.P
 	w.timer = time.AfterFunc(time.Until(deadline), func() { ps.fail(st, errStreamDeadline) })
 	ps.waiters = append(ps.waiters, w)
 	return st, nil
+}
+
+// errStreamOpen fails a request whose deadline passed while the stream to
+// its owner was being opened (its connection never became ready: the
+// owner's host is down or cut off).
+var errStreamOpen = status.Error(codes.DeadlineExceeded, "no connection to the owner within the forward timeout")
+
+// open opens a new stream to the peer, waiting for its connection at most
+// until deadline: gRPC holds a new stream while the connection is still
+// connecting, which to a host that drops packets lasts its connect timeout
+// (20 s), and the callers queued behind must not wait that long. The
+// returned cancel ends the stream.
+func (ps *peerStream) open(deadline time.Time) (sluicev1.PeerService_ForwardStreamClient, context.CancelFunc, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	type opened struct {
+		st  sluicev1.PeerService_ForwardStreamClient
+		err error
+	}
+	ch := make(chan opened, 1)
+	go func() {
+		st, err := ps.client.ForwardStream(ctx)
+		ch <- opened{st, err}
+	}()
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case o := <-ch:
+		if o.err != nil {
+			cancel()
+			return nil, nil, o.err
+		}
+		return o.st, cancel, nil
+	case <-t.C:
+		cancel() // ForwardStream returns; a stream it opened is ended
+		return nil, nil, errStreamOpen
+	}
 }
 
 func (ps *peerStream) recvLoop(st sluicev1.PeerService_ForwardStreamClient) {

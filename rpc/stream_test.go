@@ -206,3 +206,51 @@ func TestForwardStreamEndsOnDrain(t *testing.T) {
 		t.Fatal("the stream did not end within 10s of the drain")
 	}
 }
+
+// An owner whose connection never becomes ready (it accepts TCP and says
+// nothing, as a host behind a dropping firewall holds a connect): the
+// request fails by its deadline, not after gRPC's 20 s connect timeout,
+// and so do the requests queued behind the opening one.
+func TestPeerStreamOpenBoundedByDeadline(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	var held []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	ps := &peerStream{client: dialPeer(t, lis.Addr().String())}
+	defer ps.close()
+	start := time.Now()
+	first := startAndWait(ps, "first", start.Add(300*time.Millisecond))
+	second := make(chan streamReply, 1)
+	go func() { second <- <-startAndWait(ps, "second", start.Add(600*time.Millisecond)) }()
+	for name, ch := range map[string]<-chan streamReply{"first": first, "second": second} {
+		select {
+		case r := <-ch:
+			if status.Code(r.err) != codes.DeadlineExceeded {
+				t.Fatalf("%s: %+v, want DeadlineExceeded", name, r)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: no answer 10s after its deadline (gRPC's connect timeout is 20s)", name)
+		}
+	}
+}

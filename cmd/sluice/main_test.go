@@ -378,3 +378,21 @@ func TestKeygenAndGossipKeyFile(t *testing.T) {
 		t.Fatalf("a bad key file: exit %d %q", code, errOut)
 	}
 }
+
+// serve and bench set GOGC=400 only when the environment sets no GOGC.
+func TestDefaultGCPercentYieldsToGOGC(t *testing.T) {
+	env := func(m map[string]string) func(string) (string, bool) {
+		return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+	}
+	if gc, set := defaultGCPercent(env(nil)); !set || gc != 400 {
+		t.Fatalf("no GOGC: %d, %v; want 400, true", gc, set)
+	}
+	if gc, set := defaultGCPercent(env(map[string]string{"GOMEMLIMIT": "1GiB"})); !set || gc != 400 {
+		t.Fatalf("GOMEMLIMIT alone: %d, %v; want 400, true", gc, set)
+	}
+	for _, v := range []string{"100", "off"} {
+		if _, set := defaultGCPercent(env(map[string]string{"GOGC": v})); set {
+			t.Fatalf("GOGC=%s: the default was applied over it", v)
+		}
+	}
+}

@@ -344,8 +344,8 @@ func splitList(s string) []string {
 // under load: on the 2-core machine of BENCHMARKS.md, 400 cut the nodes'
 // CPU per check by about a fifth. The price is memory: the heap may grow to
 // five times what is live (about 100 MB live at the default --max-keys of
-// 1000000, with replicas), not two. GOGC (and GOMEMLIMIT) in the
-// environment take precedence, as everywhere in Go.
+// 1000000, with replicas), not two. GOGC in the environment takes
+// precedence, as everywhere in Go, and GOMEMLIMIT still caps the heap.
 const serveGCPercent = 400
 
 // defaultGCPercent returns serveGCPercent and true when getenv has no GOGC,
