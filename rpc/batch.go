@@ -110,7 +110,6 @@ type batcher struct {
 
 	launch chan []*pending // batches taken as a call ended; never blocks: it holds maxCalls
 	stop   chan struct{}   // closed by close
-	done   chan struct{}   // closed when the launcher has returned
 	once   sync.Once
 }
 
@@ -119,7 +118,6 @@ func newBatcher(p *peer, cfg BatchConfig, timeout time.Duration, sender string, 
 		p: p, cfg: cfg, timeout: timeout, sender: sender, stats: stats,
 		launch: make(chan []*pending, maxCalls),
 		stop:   make(chan struct{}),
-		done:   make(chan struct{}),
 	}
 	go b.launcher()
 	return b
@@ -210,7 +208,6 @@ func (b *batcher) wake(g uint64) {
 // launcher sends the batches taken as calls ended, until the batcher
 // stops; then it fails those it was handed and had not sent.
 func (b *batcher) launcher() {
-	defer close(b.done)
 	for {
 		select {
 		case batch := <-b.launch:
@@ -231,8 +228,10 @@ func (b *batcher) launcher() {
 }
 
 // close stops the batcher: queued checks are failed with
-// errBatcherStopped; calls in flight finish on their own. It is
-// idempotent and does not wait for calls in flight.
+// errBatcherStopped, and so are batches handed to the launcher and not yet
+// sent; calls in flight finish on their own. It is idempotent and waits
+// for neither the calls in flight nor the launcher (which may be in a Send
+// that flow control holds until the stream fails).
 func (b *batcher) close() {
 	b.once.Do(func() {
 		b.mu.Lock()
@@ -249,7 +248,6 @@ func (b *batcher) close() {
 		}
 		close(b.stop)
 	})
-	<-b.done
 }
 
 // errQueueDeadline fails the checks of a batch whose deadline passed before

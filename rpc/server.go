@@ -572,10 +572,10 @@ func (s *Server) Close() {
 	v := s.view.Load()
 	s.view.Store(&view{ring: v.ring, members: v.members, epoch: v.epoch})
 	for _, p := range v.peers {
-		p.batcher.close()
 		if p.stream != nil {
-			p.stream.close()
+			p.stream.close() // first: it also ends a Send the launcher is held in
 		}
+		p.batcher.close()
 		_ = p.conn.Close()
 	}
 	s.retiredMu.Lock()

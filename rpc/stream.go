@@ -25,7 +25,7 @@ import (
 // for it to end or for the drain.
 func (s *Server) ForwardStream(stream sluicev1.PeerService_ForwardStreamServer) error {
 	var (
-		mu      sync.Mutex // held while sending: the handler returns only between sends
+		mu      sync.Mutex // held from deciding a request to sending its answer: the handler returns only between requests
 		stopped bool
 	)
 	done := make(chan error, 1)
@@ -40,14 +40,16 @@ func (s *Server) ForwardStream(stream sluicev1.PeerService_ForwardStreamServer) 
 				done <- err
 				return
 			}
+			mu.Lock()
+			if stopped { // drained: the sender fails this request; nothing of it was counted
+				mu.Unlock()
+				return
+			}
+			// Decided here means counted: its answer is sent before the
+			// handler may return.
 			resp, err := s.Forward(stream.Context(), req)
 			if err != nil {
 				resp = &sluicev1.ForwardResponse{Error: status.Convert(err).Message()}
-			}
-			mu.Lock()
-			if stopped {
-				mu.Unlock()
-				return
 			}
 			err = stream.Send(resp)
 			mu.Unlock()
@@ -88,8 +90,9 @@ type peerStream struct {
 
 // streamWaiter is one request sent on the stream and not yet answered.
 type streamWaiter struct {
-	done  func(*sluicev1.ForwardResponse, error) // called once, with no lock held
-	timer *time.Timer                            // fails the stream at the request's deadline
+	done     func(*sluicev1.ForwardResponse, error) // called once, with no lock held
+	timer    *time.Timer                            // fails the stream at the request's deadline
+	answered bool                                   // its response came (guarded by peerStream.mu)
 }
 
 var errStreamClosed = errors.New("peer stream closed")
@@ -166,7 +169,7 @@ func (ps *peerStream) streamFor(w *streamWaiter, deadline time.Time) (sluicev1.P
 		go ps.recvLoop(st)
 	}
 	st := ps.stream
-	w.timer = time.AfterFunc(time.Until(deadline), func() { ps.fail(st, errStreamDeadline) })
+	w.timer = time.AfterFunc(time.Until(deadline), func() { ps.expire(st, w) })
 	ps.waiters = append(ps.waiters, w)
 	return st, nil
 }
@@ -221,6 +224,7 @@ func (ps *peerStream) recvLoop(st sluicev1.PeerService_ForwardStreamClient) {
 			return
 		}
 		w := ps.waiters[0]
+		w.answered = true
 		ps.waiters[0] = nil
 		ps.waiters = ps.waiters[1:]
 		ps.mu.Unlock()
@@ -233,10 +237,27 @@ func (ps *peerStream) recvLoop(st sluicev1.PeerService_ForwardStreamClient) {
 	}
 }
 
+// expire is w's timer: its deadline passed. Unless its response came
+// meanwhile, the owner is not answering: st is dropped.
+func (ps *peerStream) expire(st sluicev1.PeerService_ForwardStreamClient, w *streamWaiter) {
+	ps.mu.Lock()
+	if w.answered {
+		ps.mu.Unlock()
+		return
+	}
+	ps.failLocked(st, errStreamDeadline)
+}
+
 // fail drops st, if it is still the current stream, failing its waiters
 // with err.
 func (ps *peerStream) fail(st sluicev1.PeerService_ForwardStreamClient, err error) {
 	ps.mu.Lock()
+	ps.failLocked(st, err)
+}
+
+// failLocked is fail with mu held; it unlocks mu before it calls the
+// waiters.
+func (ps *peerStream) failLocked(st sluicev1.PeerService_ForwardStreamClient, err error) {
 	if ps.stream != st {
 		ps.mu.Unlock()
 		return

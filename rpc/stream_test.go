@@ -212,32 +212,7 @@ func TestForwardStreamEndsOnDrain(t *testing.T) {
 // request fails by its deadline, not after gRPC's 20 s connect timeout,
 // and so do the requests queued behind the opening one.
 func TestPeerStreamOpenBoundedByDeadline(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lis.Close()
-	var held []net.Conn
-	var mu sync.Mutex
-	go func() {
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			held = append(held, c)
-			mu.Unlock()
-		}
-	}()
-	defer func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range held {
-			c.Close()
-		}
-	}()
-	ps := &peerStream{client: dialPeer(t, lis.Addr().String())}
+	ps := &peerStream{client: dialPeer(t, silentListener(t))}
 	defer ps.close()
 	start := time.Now()
 	first := startAndWait(ps, "first", start.Add(300*time.Millisecond))
