@@ -307,3 +307,49 @@ func TestSilentOwnerAnsweredWithinForwardTimeout(t *testing.T) {
 		}
 	}
 }
+
+// A leaving node holds a check it sends on to the key's next owner until
+// its hand-off pass has ended (the next owner decides a reforwarded check
+// at once, so the key's state must be there first), and for at most half
+// the forward timeout. (e2e's TestScaleOutAndInKeepsCounts admitted 101
+// on a key before: a check reforwarded while the state was on its way.)
+func TestLeavingNodeHoldsReforwardsUntilHandedOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, err := NewServer(ServerConfig{
+			Name:           "node1",
+			Store:          window.NewStore(window.StoreConfig{Clock: windowClock(), MaxKeys: 1000}),
+			Logger:         testLogger(),
+			ForwardTimeout: 2 * time.Second,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		s.awaitLeaveHandOff(context.Background()) // not leaving: returns at once
+		handing := make(chan struct{})
+		s.handingOff.Store(&handing)
+		done := make(chan struct{})
+		go func() { s.awaitLeaveHandOff(context.Background()); close(done) }()
+		time.Sleep(500 * time.Millisecond)
+		synctest.Wait()
+		select {
+		case <-done:
+			t.Fatal("a reforward went on while the hand-off was still running")
+		default:
+		}
+		close(handing)
+		synctest.Wait()
+		select {
+		case <-done:
+		default:
+			t.Fatal("the reforward still held after the hand-off ended")
+		}
+		stuck := make(chan struct{})
+		s.handingOff.Store(&stuck)
+		start := time.Now()
+		s.awaitLeaveHandOff(context.Background())
+		if waited := time.Since(start); waited != time.Second {
+			t.Fatalf("held %s by a hand-off that never ends, want half the 2s forward timeout", waited)
+		}
+	})
+}

@@ -844,6 +844,10 @@ func (s *Server) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluicev1
 // says what was not). Call it once, before leaving the gossip.
 func (s *Server) Leave(ctx context.Context) error {
 	s.setMu.Lock()
+	handing := make(chan struct{})
+	if !s.handingOff.CompareAndSwap(nil, &handing) {
+		handing = make(chan struct{}) // called twice: the first pass's channel stays
+	}
 	s.leaving.Store(true)
 	old := s.view.Load()
 	var others []string
@@ -854,6 +858,7 @@ func (s *Server) Leave(ctx context.Context) error {
 	}
 	if len(others) == 0 {
 		s.setMu.Unlock()
+		close(handing)
 		if n := s.store.Len(); n > 0 {
 			s.log.Warn("last member leaving: its keys' state is lost", "keys", n)
 		}
@@ -862,12 +867,14 @@ func (s *Server) Leave(ctx context.Context) error {
 	r, err := ring.New(others, s.ringCfg)
 	if err != nil {
 		s.setMu.Unlock()
+		close(handing)
 		return fmt.Errorf("rpc: leave: %w", err)
 	}
 	v := &view{ring: r, members: old.members, peers: old.peers, epoch: old.epoch + 1}
 	s.view.Store(v)
 	s.setMu.Unlock()
 	s.log.Info("handing off before leaving", "keys", s.store.Len(), "fingerprint", r.Fingerprint())
+	defer close(handing)
 	return s.handOffAll(ctx)
 }
 

@@ -107,8 +107,14 @@ type Server struct {
 	setMu   sync.Mutex // serializes SetMembers
 
 	leaving atomic.Bool // set by Leave: the ring excludes this node
-	moving  atomic.Pointer[movingIn]
-	hmu     sync.Mutex // guards ho and the maps of moving
+	// holdMembers, set by tests that call SetMembers by hand, makes the
+	// node ignore gossip's member lists meanwhile.
+	holdMembers atomic.Bool
+	// handingOff is closed when Leave's first hand-off pass has ended (set
+	// by Leave before leaving is; nil before).
+	handingOff atomic.Pointer[chan struct{}]
+	moving     atomic.Pointer[movingIn]
+	hmu        sync.Mutex // guards ho and the maps of moving
 	// decideGate orders decisions of owned keys (read lock) against the
 	// hand-offs and pulls that take keys out of the store (write lock).
 	decideGate sync.RWMutex
@@ -954,6 +960,7 @@ func (s *Server) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sl
 // marked reforwarded so that it decides them whatever its ring says. When owner cannot be reached the
 // checks are answered per their on_owner_unavailable policy.
 func (s *Server) reforward(ctx context.Context, v *view, owner string, reqs []request, is []int, out []*sluicev1.Decision) {
+	s.awaitLeaveHandOff(ctx)
 	s.stats.reforwarded.Add(int64(len(is)))
 	req := &sluicev1.ForwardRequest{Sender: s.name, RingFingerprint: v.ring.Fingerprint(), RingEpoch: v.epoch,
 		Reforwarded: true, Checks: make([]*sluicev1.RateLimitCheck, len(is))}
@@ -992,6 +999,31 @@ func (s *Server) reforward(ctx context.Context, v *view, owner string, reqs []re
 		}
 		s.log.Debug("re-forward failed", "owner", owner, "error", err)
 		out[i] = s.unavailable(reqs[i], failure{index: i, owner: owner, err: err.Error()})
+	}
+}
+
+// awaitLeaveHandOff holds a check that a leaving node sends on to its
+// key's next owner until Leave's hand-off pass has ended, for at most half
+// the forward timeout: the next owner decides a reforwarded check at once,
+// so it must already hold the key's state, which is in this node's store or
+// on its way until the pass ends (else both counts would be merged there:
+// one hit admitted twice).
+func (s *Server) awaitLeaveHandOff(ctx context.Context) {
+	ch := s.handingOff.Load()
+	if ch == nil {
+		return
+	}
+	select {
+	case <-*ch:
+		return
+	default:
+	}
+	t := time.NewTimer(s.forwardTimeout / 2)
+	defer t.Stop()
+	select {
+	case <-*ch:
+	case <-t.C:
+	case <-ctx.Done():
 	}
 }
 
