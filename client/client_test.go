@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/internal/testcluster"
+	"github.com/sluicehq/sluice/internal/testnet"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 )
 
@@ -147,7 +148,7 @@ func TestCheckRefusesBadInput(t *testing.T) {
 // is tried once, then skipped for SkipFor, and tried again after it.
 func TestSpreadsAndSkipsDeadNodes(t *testing.T) {
 	a, b := startFake(t), startFake(t)
-	dead := testcluster.DeadAddr(t)
+	dead := testnet.DeadAddr(t)
 	var mu sync.Mutex
 	attempts := map[string]int{}
 	count := grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -195,7 +196,7 @@ func TestFailureModes(t *testing.T) {
 	var logs bytes.Buffer
 	var mu sync.Mutex
 	logger := slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, nil))
-	addrs := []string{testcluster.DeadAddr(t), testcluster.SilentAddr(t)}
+	addrs := []string{testnet.DeadAddr(t), testnet.SilentAddr(t)}
 	const timeout = 300 * time.Millisecond
 
 	open := newClient(t, client.Config{Addrs: addrs, Timeout: timeout, Logger: logger})

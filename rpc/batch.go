@@ -97,7 +97,6 @@ type batcher struct {
 	cfg     BatchConfig
 	timeout time.Duration
 	sender  string
-	stats   *peerStats
 
 	mu     sync.Mutex // guards the fields below
 	queue  []*pending
@@ -113,9 +112,9 @@ type batcher struct {
 	once   sync.Once
 }
 
-func newBatcher(p *peer, cfg BatchConfig, timeout time.Duration, sender string, stats *peerStats) *batcher {
+func newBatcher(p *peer, cfg BatchConfig, timeout time.Duration, sender string) *batcher {
 	b := &batcher{
-		p: p, cfg: cfg, timeout: timeout, sender: sender, stats: stats,
+		p: p, cfg: cfg, timeout: timeout, sender: sender,
 		launch: make(chan []*pending, maxCalls),
 		stop:   make(chan struct{}),
 	}
@@ -264,7 +263,7 @@ func (b *batcher) send(batches ...[]*pending) {
 		batches = batches[1:]
 		deadline := batch[0].deadline
 		if time.Until(deadline) <= 0 {
-			b.stats.errors.Add(1)
+			b.p.stats.errors.Add(1)
 			batches = append(batches, b.answer(batch, nil, fmt.Errorf("owner %s unavailable: %w", b.p.name, errQueueDeadline), false)...)
 			continue
 		}
@@ -276,8 +275,7 @@ func (b *batcher) send(batches ...[]*pending) {
 		for _, p := range batch {
 			req.Checks = append(req.Checks, p.checks...)
 		}
-		sent := batch
-		startCall(b.p, deadline, req, b.stats, func(ds []*sluicev1.Decision, err error) { b.answer(sent, ds, err, true) })
+		startCall(b.p, deadline, req, func(ds []*sluicev1.Decision, err error) { b.answer(batch, ds, err, true) })
 	}
 }
 
@@ -310,13 +308,13 @@ func (b *batcher) answer(batch []*pending, ds []*sluicev1.Decision, err error, l
 
 // startCall starts one Forward call to p, bounded by deadline, and calls
 // done exactly once with the call's decisions (one per check) or its error;
-// it counts the call in st. Over p's stream it returns once the request is
+// it counts the call in p.stats. Over p's stream it returns once the request is
 // written; without one (tests' fakes) the unary call runs in a goroutine of
 // its own.
-func startCall(p *peer, deadline time.Time, req *sluicev1.ForwardRequest, st *peerStats, done func([]*sluicev1.Decision, error)) {
+func startCall(p *peer, deadline time.Time, req *sluicev1.ForwardRequest, done func([]*sluicev1.Decision, error)) {
 	start := time.Now()
 	end := func(resp *sluicev1.ForwardResponse, err error) {
-		done(endCall(p, req, resp, err, time.Since(start), st))
+		done(endCall(p, req, resp, err, time.Since(start), p.stats))
 	}
 	if p.stream != nil {
 		p.stream.start(deadline, req, end)

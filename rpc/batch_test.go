@@ -63,7 +63,7 @@ func (f *fakePeer) sizes() []int {
 
 func newTestBatcher(f *fakePeer, cfg BatchConfig, timeout time.Duration) *batcher {
 	p := &peer{name: "fake", addr: "fake:1", client: f, stats: &peerStats{}}
-	return newBatcher(p, cfg.withDefaults(), timeout, "test", p.stats)
+	return newBatcher(p, cfg.withDefaults(), timeout, "test")
 }
 
 // enq queues c with no deadline of the caller's and returns its reply channel.
@@ -129,7 +129,7 @@ func TestBatcherAnswersInOrderUnderConcurrency(t *testing.T) {
 	if total != 2000 {
 		t.Fatalf("%d checks forwarded, want 2000", total)
 	}
-	if st := b.stats; st.checks.Load() != 2000 || st.batches.Load() != int64(len(f.sizes())) {
+	if st := b.p.stats; st.checks.Load() != 2000 || st.batches.Load() != int64(len(f.sizes())) {
 		t.Fatalf("stats: %d checks in %d batches", st.checks.Load(), st.batches.Load())
 	}
 }
@@ -304,7 +304,7 @@ func TestBatcherDeadPeerFailsWithinTimeout(t *testing.T) {
 		if waited := time.Since(start); waited != 2*time.Second {
 			t.Fatalf("failed after %s, want the 2s timeout from when they were queued", waited)
 		}
-		if st := b.stats; st.errors.Load() != 2 || st.checks.Load() != 5 {
+		if st := b.p.stats; st.errors.Load() != 2 || st.checks.Load() != 5 {
 			t.Fatalf("%d errors, %d checks counted; want 2 failed calls carrying 5 checks", st.errors.Load(), st.checks.Load())
 		}
 	})

@@ -101,17 +101,13 @@ var (
 // about 10 MB/s per stream, some 150000 forwarded checks a second.
 const flowWindow = 1 << 20
 
-// windowServerOptions and windowDialOptions set flowWindow on a node's
-// gRPC server and on its connections to peers.
-var (
-	windowServerOptions = []grpc.ServerOption{grpc.InitialWindowSize(flowWindow), grpc.InitialConnWindowSize(flowWindow)}
-	windowDialOptions   = WindowDialOptions()
-)
+// windowServerOptions set flowWindow on a node's gRPC server.
+var windowServerOptions = []grpc.ServerOption{grpc.InitialWindowSize(flowWindow), grpc.InitialConnWindowSize(flowWindow)}
 
 // WindowDialOptions returns the two dial options that give a client
 // connection a node's fixed flow-control window (1 MiB per stream and per
-// connection, no bandwidth-delay-product pings); `sluice bench` dials with
-// them.
+// connection, no bandwidth-delay-product pings): a node dials its peers
+// with them, and `sluice bench` the nodes.
 func WindowDialOptions() []grpc.DialOption {
 	return []grpc.DialOption{grpc.WithInitialWindowSize(flowWindow), grpc.WithInitialConnWindowSize(flowWindow)}
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"net"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -17,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/internal/testnet"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
@@ -100,7 +100,7 @@ func answerOf(req *sluicev1.ForwardRequest) *sluicev1.ForwardResponse {
 func newCtlBatcher(c *ctlClient, cfg BatchConfig, timeout time.Duration) *batcher {
 	p := &peer{name: "ctl", addr: "ctl:1", client: c, stats: &peerStats{}}
 	p.stream = &peerStream{client: c}
-	return newBatcher(p, cfg.withDefaults(), timeout, "test", p.stats)
+	return newBatcher(p, cfg.withDefaults(), timeout, "test")
 }
 
 // close does not wait for the launcher's Send that flow control holds
@@ -129,40 +129,10 @@ func TestBatcherCloseDoesNotWaitForABlockedSend(t *testing.T) {
 	})
 }
 
-// silentListener accepts TCP connections and never speaks HTTP/2.
-func silentListener(t *testing.T) string {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conns []net.Conn
-	var mu sync.Mutex
-	go func() {
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		lis.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
-	return lis.Addr().String()
-}
-
 // call gives up by its context's deadline while the stream is still being
 // opened to an owner whose connection never becomes ready.
 func TestPeerStreamCallHonoursCtxWhileOpening(t *testing.T) {
-	addr := silentListener(t)
+	addr := testnet.SilentAddr(t)
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -267,7 +237,7 @@ func TestForwardStreamDrainAnswersWhatItDecided(t *testing.T) {
 // handshake (a hung process, a proxy, a half-dead host): a check it owns
 // must be answered within the forward timeout (1s here).
 func TestSilentOwnerAnsweredWithinForwardTimeout(t *testing.T) {
-	addr := silentListener(t)
+	addr := testnet.SilentAddr(t)
 	s, err := NewServer(ServerConfig{
 		Name:           "node1",
 		Store:          window.NewStore(window.StoreConfig{Clock: windowClock(), MaxKeys: 10_000}),

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -366,7 +367,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	// as checks in flight: with one per CPU, most RPCs grew a stack (10 %
 	// of a node's CPU under spread load, 3 % with streamWorkers).
 	auth := &authenticator{mode: mode, tls: cs != nil, tokens: ts, isMember: srv.isMember}
-	sopts := append([]grpc.ServerOption{grpc.NumStreamWorkers(streamWorkers), codecServerOption, windowServerOptions[0], windowServerOptions[1]}, cfg.GRPC.serverOptions()...)
+	sopts := slices.Concat([]grpc.ServerOption{grpc.NumStreamWorkers(streamWorkers), codecServerOption}, windowServerOptions, cfg.GRPC.serverOptions())
 	if cs != nil {
 		ca := tls.VerifyClientCertIfGiven // token or either: a call may come without one
 		if mode == ClientAuthMTLS {

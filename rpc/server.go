@@ -395,7 +395,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		fallback: window.NewStore(window.StoreConfig{Clock: storeClock{cfg.Store}, MaxKeys: 100_000, OnKeyCap: window.KeyCapEvict}),
 		ho: handOffState{doneFrom: map[string]string{}, outgoing: map[string]chan struct{}{},
 			tombs: map[string]tomb{}, departed: map[string]time.Time{}, takenOver: map[string]takeover{}},
-		dialOpts:  append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), codecDialOption, windowDialOptions[0], windowDialOptions[1]}, cfg.DialOptions...),
+		dialOpts:  slices.Concat([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), codecDialOption}, WindowDialOptions(), cfg.DialOptions),
 		peerCreds: cfg.PeerCredentials,
 	}
 	s.members.Store(&map[string]string{cfg.Name: ""})
@@ -479,7 +479,7 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 		}
 		p := &peer{name: m.Name, addr: m.GRPCAddr, conn: conn, client: sluicev1.NewPeerServiceClient(conn), stats: s.statsFor(m.Name)}
 		p.stream = &peerStream{client: p.client}
-		p.batcher = newBatcher(p, s.batch, s.forwardTimeout, s.name, p.stats)
+		p.batcher = newBatcher(p, s.batch, s.forwardTimeout, s.name)
 		peers[m.Name] = p
 	}
 	changed := r.Fingerprint() != old.ring.Fingerprint()

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluicehq/sluice/internal/testnet"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 )
 
@@ -78,6 +79,22 @@ func startAndWait(ps *peerStream, key string, deadline time.Time) <-chan streamR
 	return ch
 }
 
+// wantDeadlineExceeded waits for each named reply (at most 10 s, far past
+// the tests' deadlines) and fails the test unless it is DeadlineExceeded.
+func wantDeadlineExceeded(t *testing.T, replies map[string]<-chan streamReply) {
+	t.Helper()
+	for name, ch := range replies {
+		select {
+		case r := <-ch:
+			if status.Code(r.err) != codes.DeadlineExceeded {
+				t.Fatalf("%s: %+v, want DeadlineExceeded", name, r)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: no answer 10s after its deadline", name)
+		}
+	}
+}
+
 // Requests started from many goroutines at once each get their own
 // response: the stream keeps the order of its waiters and its Sends.
 func TestPeerStreamAnswersEachRequestItsOwn(t *testing.T) {
@@ -113,16 +130,7 @@ func TestPeerStreamStalledOwnerFailsByDeadline(t *testing.T) {
 	start := time.Now()
 	first := startAndWait(ps, "first", start.Add(300*time.Millisecond))
 	second := startAndWait(ps, "second", start.Add(time.Hour))
-	for name, ch := range map[string]<-chan streamReply{"first": first, "second": second} {
-		select {
-		case r := <-ch:
-			if status.Code(r.err) != codes.DeadlineExceeded {
-				t.Fatalf("%s: %+v, want DeadlineExceeded", name, r)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("%s: no answer 10s after a 300ms deadline", name)
-		}
-	}
+	wantDeadlineExceeded(t, map[string]<-chan streamReply{"first": first, "second": second})
 	p.mu.Lock()
 	p.stall = false
 	p.mu.Unlock()
@@ -212,20 +220,11 @@ func TestForwardStreamEndsOnDrain(t *testing.T) {
 // request fails by its deadline, not after gRPC's 20 s connect timeout,
 // and so do the requests queued behind the opening one.
 func TestPeerStreamOpenBoundedByDeadline(t *testing.T) {
-	ps := &peerStream{client: dialPeer(t, silentListener(t))}
+	ps := &peerStream{client: dialPeer(t, testnet.SilentAddr(t))}
 	defer ps.close()
 	start := time.Now()
 	first := startAndWait(ps, "first", start.Add(300*time.Millisecond))
 	second := make(chan streamReply, 1)
 	go func() { second <- <-startAndWait(ps, "second", start.Add(600*time.Millisecond)) }()
-	for name, ch := range map[string]<-chan streamReply{"first": first, "second": second} {
-		select {
-		case r := <-ch:
-			if status.Code(r.err) != codes.DeadlineExceeded {
-				t.Fatalf("%s: %+v, want DeadlineExceeded", name, r)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("%s: no answer 10s after its deadline (gRPC's connect timeout is 20s)", name)
-		}
-	}
+	wantDeadlineExceeded(t, map[string]<-chan streamReply{"first": first, "second": second}) // not gRPC's 20s connect timeout
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/internal/syncbuf"
 	"github.com/sluicehq/sluice/internal/testcluster"
+	"github.com/sluicehq/sluice/internal/testnet"
 	"github.com/sluicehq/sluice/middleware"
 	"github.com/sluicehq/sluice/window"
 )
@@ -135,7 +136,7 @@ func body429(limit string, retry int) string {
 func failOpen(t *testing.T, s *seed, app *httptest.Server, timeout time.Duration, method, path string, headers ...string) string {
 	t.Helper()
 	var logs syncbuf.Buffer
-	base := s.proxyTimeout(t, app, []string{testcluster.DeadAddr(t), testcluster.SilentAddr(t)}, nil, &logs, true)
+	base := s.proxyTimeout(t, app, []string{testnet.DeadAddr(t), testnet.SilentAddr(t)}, nil, &logs, true)
 	for i := range 4 {
 		start := time.Now()
 		resp, body := send(t, method, base+path, "203.0.113.250", "", headers...)

@@ -8,9 +8,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -146,54 +144,4 @@ func KeyOwnedBy(t testing.TB, n *rpc.Node, name, prefix, owner string) string {
 	}
 	t.Fatalf("no key of %s is owned by %s", name, owner)
 	return ""
-}
-
-// DeadAddr returns a loopback host:port nothing listens on (a node that is
-// down: connections are refused).
-func DeadAddr(t testing.TB) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := lis.Addr().String()
-	lis.Close()
-	return addr
-}
-
-// SilentAddr returns a loopback host:port that accepts connections and
-// never answers (a hung node), until the test ends.
-func SilentAddr(t testing.TB) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		lis.Close()
-		<-done
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return lis.Addr().String()
 }
