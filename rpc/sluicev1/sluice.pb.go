@@ -100,7 +100,9 @@ const (
 	OwnerUnavailablePolicy_OWNER_UNAVAILABLE_LOCAL OwnerUnavailablePolicy = 1
 	// Allow the check (fail open); nothing is counted.
 	OwnerUnavailablePolicy_OWNER_UNAVAILABLE_ALLOW OwnerUnavailablePolicy = 2
-	// Deny the check (fail closed); nothing is counted.
+	// Deny the check (fail closed); nothing is counted, and no check that
+	// was sent toward the owner is applied later (see
+	// ForwardRequest.deadline_unix_ns).
 	OwnerUnavailablePolicy_OWNER_UNAVAILABLE_DENY OwnerUnavailablePolicy = 3
 )
 
@@ -181,8 +183,15 @@ type RateLimitCheck struct {
 	// What to answer when the key's owner cannot be reached within the
 	// forward timeout; unspecified means OWNER_UNAVAILABLE_LOCAL.
 	OnOwnerUnavailable OwnerUnavailablePolicy `protobuf:"varint,9,opt,name=on_owner_unavailable,json=onOwnerUnavailable,proto3,enum=sluice.v1.OwnerUnavailablePolicy" json:"on_owner_unavailable,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Peer use only (refused from clients): when > 0 this is not a check but
+	// a refund, sent by the node that forwarded it when another check of the
+	// same request was denied. It gives back the hits that the check's owner
+	// consumed at this Unix ns of its own clock (Decision.applied_at_ns), as
+	// window.Store.Refund does: only from the window they were counted in,
+	// never below zero.
+	RefundAtNs    int64 `protobuf:"varint,18,opt,name=refund_at_ns,json=refundAtNs,proto3" json:"refund_at_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RateLimitCheck) Reset() {
@@ -285,6 +294,13 @@ func (x *RateLimitCheck) GetOnOwnerUnavailable() OwnerUnavailablePolicy {
 	return OwnerUnavailablePolicy_OWNER_UNAVAILABLE_UNSPECIFIED
 }
 
+func (x *RateLimitCheck) GetRefundAtNs() int64 {
+	if x != nil {
+		return x.RefundAtNs
+	}
+	return 0
+}
+
 // Decision answers one check.
 type Decision struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -316,7 +332,11 @@ type Decision struct {
 	// per the check's on_owner_unavailable policy by the node named in owner:
 	// it may admit more than the limit (local, allow) or deny what the owner
 	// would admit (deny).
-	Degraded      bool `protobuf:"varint,9,opt,name=degraded,proto3" json:"degraded,omitempty"`
+	Degraded bool `protobuf:"varint,9,opt,name=degraded,proto3" json:"degraded,omitempty"`
+	// Peer use only (0 in Check answers): the owner's clock, Unix ns, at
+	// which it consumed this check's hits; 0 when it consumed none. A refund
+	// of the check names it (RateLimitCheck.refund_at_ns).
+	AppliedAtNs   int64 `protobuf:"varint,17,opt,name=applied_at_ns,json=appliedAtNs,proto3" json:"applied_at_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -419,6 +439,13 @@ func (x *Decision) GetDegraded() bool {
 		return x.Degraded
 	}
 	return false
+}
+
+func (x *Decision) GetAppliedAtNs() int64 {
+	if x != nil {
+		return x.AppliedAtNs
+	}
+	return 0
 }
 
 type CheckRequest struct {
@@ -526,9 +553,25 @@ type ForwardRequest struct {
 	// Set when the sender was not the node that routed the checks first: it
 	// received them as their owner but its own ring names another. The
 	// receiver then decides them whatever its ring says (never a third hop).
-	Reforwarded   bool `protobuf:"varint,5,opt,name=reforwarded,proto3" json:"reforwarded,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Reforwarded bool `protobuf:"varint,5,opt,name=reforwarded,proto3" json:"reforwarded,omitempty"`
+	// The Unix ns (sender's clock) after which the sender no longer waits
+	// for the answers: the receiver applies none of the checks after it (it
+	// answers them with error set), so a check answered degraded by the
+	// sender is never also counted late by the owner. 0 from older senders:
+	// no deadline. Nodes' clocks must agree to well within the forward
+	// timeout (NTP).
+	DeadlineUnixNs int64 `protobuf:"varint,6,opt,name=deadline_unix_ns,json=deadlineUnixNs,proto3" json:"deadline_unix_ns,omitempty"`
+	// Set when the sender could not reach the checks' owner (named in
+	// unreachable_owner) and sends them to the receiver, the next member of
+	// the ring after that owner (which holds the owner's copy of the keys),
+	// to decide in the owner's stead: the receiver decides each from its
+	// copy plus what it admitted so far in the owner's stead (counted, and
+	// handed to the owner once it is reachable or to whoever owns the key
+	// next), or as owner if its ring already gives it the key.
+	StandIn          bool   `protobuf:"varint,7,opt,name=stand_in,json=standIn,proto3" json:"stand_in,omitempty"`
+	UnreachableOwner string `protobuf:"bytes,8,opt,name=unreachable_owner,json=unreachableOwner,proto3" json:"unreachable_owner,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ForwardRequest) Reset() {
@@ -594,6 +637,27 @@ func (x *ForwardRequest) GetReforwarded() bool {
 		return x.Reforwarded
 	}
 	return false
+}
+
+func (x *ForwardRequest) GetDeadlineUnixNs() int64 {
+	if x != nil {
+		return x.DeadlineUnixNs
+	}
+	return 0
+}
+
+func (x *ForwardRequest) GetStandIn() bool {
+	if x != nil {
+		return x.StandIn
+	}
+	return false
+}
+
+func (x *ForwardRequest) GetUnreachableOwner() string {
+	if x != nil {
+		return x.UnreachableOwner
+	}
+	return ""
 }
 
 type ForwardResponse struct {
@@ -959,8 +1023,14 @@ type HandOffRequest struct {
 	// metadata): a done of a leaving sender takes the member out of the
 	// receiver's ring only if it is this instance.
 	SenderInstance string `protobuf:"bytes,7,opt,name=sender_instance,json=senderInstance,proto3" json:"sender_instance,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Set when states are hits the sender admitted while the keys' owner was
+	// unreachable (degraded answers, in the owner's stead or from its own
+	// fallback): the receiver adds them to its count of each key whatever
+	// its ring says (a key it does not own goes on with its next hand-off),
+	// and ring_fingerprint is not compared.
+	StandIn       bool `protobuf:"varint,8,opt,name=stand_in,json=standIn,proto3" json:"stand_in,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HandOffRequest) Reset() {
@@ -1040,6 +1110,13 @@ func (x *HandOffRequest) GetSenderInstance() string {
 		return x.SenderInstance
 	}
 	return ""
+}
+
+func (x *HandOffRequest) GetStandIn() bool {
+	if x != nil {
+		return x.StandIn
+	}
+	return false
 }
 
 type HandOffResponse struct {
@@ -1320,7 +1397,7 @@ var File_sluice_v1_sluice_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\n" +
-	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"\xe1\x02\n" +
+	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"\x83\x03\n" +
 	"\x0eRateLimitCheck\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x17\n" +
@@ -1332,8 +1409,10 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\vno_batching\x18\b \x01(\bR\n" +
 	"noBatching\x12\x14\n" +
 	"\x05named\x18\x11 \x01(\bR\x05named\x12S\n" +
-	"\x14on_owner_unavailable\x18\t \x01(\x0e2!.sluice.v1.OwnerUnavailablePolicyR\x12onOwnerUnavailableB\a\n" +
-	"\x05_hits\"\x8e\x02\n" +
+	"\x14on_owner_unavailable\x18\t \x01(\x0e2!.sluice.v1.OwnerUnavailablePolicyR\x12onOwnerUnavailable\x12 \n" +
+	"\frefund_at_ns\x18\x12 \x01(\x03R\n" +
+	"refundAtNsB\a\n" +
+	"\x05_hits\"\xb2\x02\n" +
 	"\bDecision\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
@@ -1346,18 +1425,22 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05delay\x18\a \x01(\x03R\x05delay\x12\x14\n" +
 	"\x05error\x18\b \x01(\tR\x05error\x12\x16\n" +
 	"\x06shadow\x18\x10 \x01(\bR\x06shadow\x12\x1a\n" +
-	"\bdegraded\x18\t \x01(\bR\bdegraded\"A\n" +
+	"\bdegraded\x18\t \x01(\bR\bdegraded\x12\"\n" +
+	"\rapplied_at_ns\x18\x11 \x01(\x03R\vappliedAtNs\"A\n" +
 	"\fCheckRequest\x121\n" +
 	"\x06checks\x18\x01 \x03(\v2\x19.sluice.v1.RateLimitCheckR\x06checks\"B\n" +
 	"\rCheckResponse\x121\n" +
-	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\"\xc7\x01\n" +
+	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\"\xb9\x02\n" +
 	"\x0eForwardRequest\x121\n" +
 	"\x06checks\x18\x01 \x03(\v2\x19.sluice.v1.RateLimitCheckR\x06checks\x12\x16\n" +
 	"\x06sender\x18\x02 \x01(\tR\x06sender\x12)\n" +
 	"\x10ring_fingerprint\x18\x03 \x01(\tR\x0fringFingerprint\x12\x1d\n" +
 	"\n" +
 	"ring_epoch\x18\x04 \x01(\x04R\tringEpoch\x12 \n" +
-	"\vreforwarded\x18\x05 \x01(\bR\vreforwarded\"Z\n" +
+	"\vreforwarded\x18\x05 \x01(\bR\vreforwarded\x12(\n" +
+	"\x10deadline_unix_ns\x18\x06 \x01(\x03R\x0edeadlineUnixNs\x12\x19\n" +
+	"\bstand_in\x18\a \x01(\bR\astandIn\x12+\n" +
+	"\x11unreachable_owner\x18\b \x01(\tR\x10unreachableOwner\"Z\n" +
 	"\x0fForwardResponse\x121\n" +
 	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\"\x10\n" +
@@ -1381,7 +1464,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\fR\x05state\x12\x14\n" +
 	"\x05owner\x18\x03 \x01(\tR\x05owner\x12%\n" +
-	"\x0eowner_instance\x18\x04 \x01(\tR\rownerInstance\"\x87\x02\n" +
+	"\x0eowner_instance\x18\x04 \x01(\tR\rownerInstance\"\xa2\x02\n" +
 	"\x0eHandOffRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12)\n" +
 	"\x10ring_fingerprint\x18\x02 \x01(\tR\x0fringFingerprint\x12+\n" +
@@ -1389,7 +1472,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x04done\x18\x04 \x01(\bR\x04done\x12!\n" +
 	"\ffrom_replica\x18\x05 \x01(\bR\vfromReplica\x12%\n" +
 	"\x0esender_leaving\x18\x06 \x01(\bR\rsenderLeaving\x12'\n" +
-	"\x0fsender_instance\x18\a \x01(\tR\x0esenderInstance\"?\n" +
+	"\x0fsender_instance\x18\a \x01(\tR\x0esenderInstance\x12\x19\n" +
+	"\bstand_in\x18\b \x01(\bR\astandIn\"?\n" +
 	"\x0fHandOffResponse\x12\x16\n" +
 	"\x06merged\x18\x01 \x01(\x03R\x06merged\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\"d\n" +

@@ -50,6 +50,13 @@ func (m *RateLimitCheck) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if m.RefundAtNs != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.RefundAtNs))
+		i--
+		dAtA[i] = 0x1
+		i--
+		dAtA[i] = 0x90
+	}
 	if m.Named {
 		i--
 		if m.Named {
@@ -148,6 +155,13 @@ func (m *Decision) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 	if m.unknownFields != nil {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
+	}
+	if m.AppliedAtNs != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.AppliedAtNs))
+		i--
+		dAtA[i] = 0x1
+		i--
+		dAtA[i] = 0x88
 	}
 	if m.Shadow {
 		i--
@@ -342,6 +356,28 @@ func (m *ForwardRequest) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 	if m.unknownFields != nil {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
+	}
+	if len(m.UnreachableOwner) > 0 {
+		i -= len(m.UnreachableOwner)
+		copy(dAtA[i:], m.UnreachableOwner)
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(len(m.UnreachableOwner)))
+		i--
+		dAtA[i] = 0x42
+	}
+	if m.StandIn {
+		i--
+		if m.StandIn {
+			dAtA[i] = 1
+		} else {
+			dAtA[i] = 0
+		}
+		i--
+		dAtA[i] = 0x38
+	}
+	if m.DeadlineUnixNs != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.DeadlineUnixNs))
+		i--
+		dAtA[i] = 0x30
 	}
 	if m.Reforwarded {
 		i--
@@ -708,6 +744,16 @@ func (m *HandOffRequest) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if m.StandIn {
+		i--
+		if m.StandIn {
+			dAtA[i] = 1
+		} else {
+			dAtA[i] = 0
+		}
+		i--
+		dAtA[i] = 0x40
+	}
 	if len(m.SenderInstance) > 0 {
 		i -= len(m.SenderInstance)
 		copy(dAtA[i:], m.SenderInstance)
@@ -1062,6 +1108,9 @@ func (m *RateLimitCheck) SizeVT() (n int) {
 	if m.Named {
 		n += 3
 	}
+	if m.RefundAtNs != 0 {
+		n += 2 + protohelpers.SizeOfVarint(uint64(m.RefundAtNs))
+	}
 	n += len(m.unknownFields)
 	return n
 }
@@ -1103,6 +1152,9 @@ func (m *Decision) SizeVT() (n int) {
 	}
 	if m.Shadow {
 		n += 3
+	}
+	if m.AppliedAtNs != 0 {
+		n += 2 + protohelpers.SizeOfVarint(uint64(m.AppliedAtNs))
 	}
 	n += len(m.unknownFields)
 	return n
@@ -1165,6 +1217,16 @@ func (m *ForwardRequest) SizeVT() (n int) {
 	}
 	if m.Reforwarded {
 		n += 2
+	}
+	if m.DeadlineUnixNs != 0 {
+		n += 1 + protohelpers.SizeOfVarint(uint64(m.DeadlineUnixNs))
+	}
+	if m.StandIn {
+		n += 2
+	}
+	l = len(m.UnreachableOwner)
+	if l > 0 {
+		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	n += len(m.unknownFields)
 	return n
@@ -1322,6 +1384,9 @@ func (m *HandOffRequest) SizeVT() (n int) {
 	l = len(m.SenderInstance)
 	if l > 0 {
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
+	}
+	if m.StandIn {
+		n += 2
 	}
 	n += len(m.unknownFields)
 	return n
@@ -1672,6 +1737,25 @@ func (m *RateLimitCheck) UnmarshalVT(dAtA []byte) error {
 				}
 			}
 			m.Named = bool(v != 0)
+		case 18:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field RefundAtNs", wireType)
+			}
+			m.RefundAtNs = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.RefundAtNs |= int64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
@@ -1942,6 +2026,25 @@ func (m *Decision) UnmarshalVT(dAtA []byte) error {
 				}
 			}
 			m.Shadow = bool(v != 0)
+		case 17:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field AppliedAtNs", wireType)
+			}
+			m.AppliedAtNs = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.AppliedAtNs |= int64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
@@ -2300,6 +2403,77 @@ func (m *ForwardRequest) UnmarshalVT(dAtA []byte) error {
 				}
 			}
 			m.Reforwarded = bool(v != 0)
+		case 6:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field DeadlineUnixNs", wireType)
+			}
+			m.DeadlineUnixNs = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.DeadlineUnixNs |= int64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+		case 7:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field StandIn", wireType)
+			}
+			var v int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				v |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			m.StandIn = bool(v != 0)
+		case 8:
+			if wireType != 2 {
+				return fmt.Errorf("proto: wrong wireType = %d for field UnreachableOwner", wireType)
+			}
+			var stringLen uint64
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				stringLen |= uint64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			intStringLen := int(stringLen)
+			if intStringLen < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			postIndex := iNdEx + intStringLen
+			if postIndex < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			if postIndex > l {
+				return io.ErrUnexpectedEOF
+			}
+			m.UnreachableOwner = string(dAtA[iNdEx:postIndex])
+			iNdEx = postIndex
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
@@ -3314,6 +3488,26 @@ func (m *HandOffRequest) UnmarshalVT(dAtA []byte) error {
 			}
 			m.SenderInstance = string(dAtA[iNdEx:postIndex])
 			iNdEx = postIndex
+		case 8:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field StandIn", wireType)
+			}
+			var v int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				v |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			m.StandIn = bool(v != 0)
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
