@@ -103,6 +103,10 @@ func parseCheck(pb *sluicev1.RateLimitCheck, set *limits.Set, fromPeer bool) (re
 		return request{}, &fieldError{"name", "must be valid UTF-8"}
 	case !utf8.ValidString(pb.Key):
 		return request{}, &fieldError{"key", "must be valid UTF-8"}
+	case !fromPeer && pb.RefundAtNs != 0:
+		return request{}, &fieldError{"refund_at_ns", fmt.Sprintf("is for nodes only (a refund of another check); must be 0 from a client, got %d", pb.RefundAtNs)}
+	case pb.RefundAtNs < 0:
+		return request{}, &fieldError{"refund_at_ns", fmt.Sprintf("must be >= 0, got %d", pb.RefundAtNs)}
 	}
 	var named, shadow bool
 	l, configured := set.Resolve(pb.Name, pb.Key)
