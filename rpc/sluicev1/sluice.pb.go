@@ -1243,7 +1243,11 @@ type PullResponse struct {
 	// Copies the receiver held as a replica of another owner (given up
 	// too): the sender uses one only when the key's previous owner has left
 	// its ring and no state came.
-	Replicas      []*KeyState `protobuf:"bytes,2,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	Replicas []*KeyState `protobuf:"bytes,2,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	// Hits the receiver admitted for the keys while their owner was
+	// unreachable (see HandOffRequest.stand_in), given up too: the sender
+	// adds them to its count whatever else came.
+	StandIn       []*KeyState `protobuf:"bytes,3,rep,name=stand_in,json=standIn,proto3" json:"stand_in,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1288,6 +1292,13 @@ func (x *PullResponse) GetStates() []*KeyState {
 func (x *PullResponse) GetReplicas() []*KeyState {
 	if x != nil {
 		return x.Replicas
+	}
+	return nil
+}
+
+func (x *PullResponse) GetStandIn() []*KeyState {
+	if x != nil {
+		return x.StandIn
 	}
 	return nil
 }
@@ -1480,10 +1491,11 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\vPullRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12)\n" +
 	"\x10ring_fingerprint\x18\x02 \x01(\tR\x0fringFingerprint\x12\x12\n" +
-	"\x04keys\x18\x03 \x03(\fR\x04keys\"l\n" +
+	"\x04keys\x18\x03 \x03(\fR\x04keys\"\x9c\x01\n" +
 	"\fPullResponse\x12+\n" +
 	"\x06states\x18\x01 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\x12/\n" +
-	"\breplicas\x18\x02 \x03(\v2\x13.sluice.v1.KeyStateR\breplicas\"\x80\x01\n" +
+	"\breplicas\x18\x02 \x03(\v2\x13.sluice.v1.KeyStateR\breplicas\x12.\n" +
+	"\bstand_in\x18\x03 \x03(\v2\x13.sluice.v1.KeyStateR\astandIn\"\x80\x01\n" +
 	"\x10ReplicateRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12+\n" +
 	"\x06states\x18\x02 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\x12'\n" +
@@ -1555,26 +1567,27 @@ var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	11, // 7: sluice.v1.HandOffRequest.states:type_name -> sluice.v1.KeyState
 	11, // 8: sluice.v1.PullResponse.states:type_name -> sluice.v1.KeyState
 	11, // 9: sluice.v1.PullResponse.replicas:type_name -> sluice.v1.KeyState
-	11, // 10: sluice.v1.ReplicateRequest.states:type_name -> sluice.v1.KeyState
-	4,  // 11: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
-	8,  // 12: sluice.v1.RateLimitService.Members:input_type -> sluice.v1.MembersRequest
-	6,  // 13: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
-	6,  // 14: sluice.v1.PeerService.ForwardStream:input_type -> sluice.v1.ForwardRequest
-	12, // 15: sluice.v1.PeerService.HandOff:input_type -> sluice.v1.HandOffRequest
-	14, // 16: sluice.v1.PeerService.Pull:input_type -> sluice.v1.PullRequest
-	16, // 17: sluice.v1.PeerService.Replicate:input_type -> sluice.v1.ReplicateRequest
-	5,  // 18: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
-	10, // 19: sluice.v1.RateLimitService.Members:output_type -> sluice.v1.MembersResponse
-	7,  // 20: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
-	7,  // 21: sluice.v1.PeerService.ForwardStream:output_type -> sluice.v1.ForwardResponse
-	13, // 22: sluice.v1.PeerService.HandOff:output_type -> sluice.v1.HandOffResponse
-	15, // 23: sluice.v1.PeerService.Pull:output_type -> sluice.v1.PullResponse
-	17, // 24: sluice.v1.PeerService.Replicate:output_type -> sluice.v1.ReplicateResponse
-	18, // [18:25] is the sub-list for method output_type
-	11, // [11:18] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	11, // 10: sluice.v1.PullResponse.stand_in:type_name -> sluice.v1.KeyState
+	11, // 11: sluice.v1.ReplicateRequest.states:type_name -> sluice.v1.KeyState
+	4,  // 12: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
+	8,  // 13: sluice.v1.RateLimitService.Members:input_type -> sluice.v1.MembersRequest
+	6,  // 14: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
+	6,  // 15: sluice.v1.PeerService.ForwardStream:input_type -> sluice.v1.ForwardRequest
+	12, // 16: sluice.v1.PeerService.HandOff:input_type -> sluice.v1.HandOffRequest
+	14, // 17: sluice.v1.PeerService.Pull:input_type -> sluice.v1.PullRequest
+	16, // 18: sluice.v1.PeerService.Replicate:input_type -> sluice.v1.ReplicateRequest
+	5,  // 19: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
+	10, // 20: sluice.v1.RateLimitService.Members:output_type -> sluice.v1.MembersResponse
+	7,  // 21: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
+	7,  // 22: sluice.v1.PeerService.ForwardStream:output_type -> sluice.v1.ForwardResponse
+	13, // 23: sluice.v1.PeerService.HandOff:output_type -> sluice.v1.HandOffResponse
+	15, // 24: sluice.v1.PeerService.Pull:output_type -> sluice.v1.PullResponse
+	17, // 25: sluice.v1.PeerService.Replicate:output_type -> sluice.v1.ReplicateResponse
+	19, // [19:26] is the sub-list for method output_type
+	12, // [12:19] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
