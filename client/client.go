@@ -14,9 +14,18 @@
 // the client never retries past it. When no node answers in time the
 // failure mode decides: [FailOpen] (the default) answers allowed and marks
 // the decision [Decision.Degraded]; [FailClosed] answers an error wrapping
-// [ErrUnavailable]. Failures are logged (event "rate_limit.unavailable")
-// with the limit's name, the node's address and the gRPC code only: never
-// the key, which may identify a person, nor error text.
+// [ErrUnavailable]. The failure mode also reaches the nodes: under
+// FailClosed every check asks the node to deny it when the key's owner
+// cannot be reached (OWNER_UNAVAILABLE_DENY, unless [Check.OnOwnerUnavailable]
+// says otherwise), and any answer a node marks degraded is that same error,
+// never an allowed decision. Failures are logged (event
+// "rate_limit.unavailable") with the limit's name, the node's address and
+// the gRPC code only: never the key, which may identify a person, nor
+// error text.
+//
+// [Client.CheckAll] sends several checks in one call, which the nodes
+// decide all or nothing: when one is denied, the others that were allowed
+// are given back ([Decision.Refunded]).
 //
 // A check moved to another node after a failed attempt may be counted
 // twice when the first node had counted it before failing (a node that
@@ -28,11 +37,13 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -68,11 +79,42 @@ type FailureMode int
 
 const (
 	// FailOpen answers allowed, with Decision.Degraded set and
-	// Decision.Cause saying why, and a nil error. The default.
+	// Decision.Cause saying why, and a nil error. The default. Checks
+	// are sent with the policy of Check.OnOwnerUnavailable (by default
+	// none: the node applies the named limit's, else local), and a
+	// decision a node marks degraded is returned as it is.
 	FailOpen FailureMode = iota
-	// FailClosed answers not allowed with an error wrapping ErrUnavailable.
+	// FailClosed answers not allowed with an error wrapping
+	// ErrUnavailable. Checks are sent with OWNER_UNAVAILABLE_DENY (unless
+	// Check.OnOwnerUnavailable sets a policy), and a decision a node marks
+	// degraded, allowed or not, is answered that same error.
 	FailClosed
 )
+
+// OwnerUnavailable is what a node answers a check whose key's owner it
+// cannot reach (the API's RateLimitCheck.on_owner_unavailable). Every
+// such answer is degraded.
+type OwnerUnavailable int
+
+// The policies.
+const (
+	// OwnerUnavailableDefault follows the client's failure mode: deny
+	// under FailClosed; under FailOpen none is sent, so the node applies
+	// the policy of the limit configured under the check's name
+	// (on_owner_unavailable in its limits file), else local.
+	OwnerUnavailableDefault OwnerUnavailable = iota
+	// OwnerUnavailableLocal decides from the answering node's copy of the
+	// key (it may admit beyond the limit).
+	OwnerUnavailableLocal
+	// OwnerUnavailableAllow allows the check, counting nothing.
+	OwnerUnavailableAllow
+	// OwnerUnavailableDeny denies the check, counting nothing.
+	OwnerUnavailableDeny
+)
+
+// MaxChecks is the most checks one CheckAll call may carry (the nodes'
+// bound on a request).
+const MaxChecks = 1000
 
 // String returns "open" or "closed".
 func (m FailureMode) String() string {
@@ -155,6 +197,13 @@ type Check struct {
 	// configured on the nodes (serve --limits): the check then sends no
 	// numbers at all (limit, window_ms, burst and algorithm unset).
 	Limit *Limit
+	// OnOwnerUnavailable is what the node answers when the key's owner
+	// cannot be reached. The default (zero) follows the failure mode
+	// (see OwnerUnavailableDefault). Under FailClosed a degraded answer
+	// is an error whatever the policy: there a policy of the check's own
+	// only changes what the node counts meanwhile (local counts the hit
+	// in its copy of the key). (Optional)
+	OnOwnerUnavailable OwnerUnavailable
 }
 
 // Decision answers one check.
@@ -182,8 +231,15 @@ type Decision struct {
 	Shadow bool
 	// Degraded is set when the decision is not the owner's normal answer:
 	// the client answered by its failure mode (Cause says why), or the
-	// node marked its answer degraded.
+	// node marked its answer degraded (under FailOpen only: under
+	// FailClosed such an answer is an error).
 	Degraded bool
+	// Refunded is set, with Allowed false, on a check of a CheckAll call
+	// that would have been allowed but was given back because another
+	// check of the call was denied: nothing of it is counted, and
+	// Remaining is what the key had before it. The denied check says
+	// when to retry.
+	Refunded bool
 	// Cause is why the client answered by its failure mode (it wraps
 	// ErrUnavailable); nil otherwise.
 	Cause error
@@ -198,8 +254,9 @@ type Config struct {
 	// Timeout bounds one Check, every attempt on every node included.
 	// Default 1 s. (Optional)
 	Timeout time.Duration
-	// FailureMode says what Check answers when no node does. Default
-	// FailOpen. (Optional)
+	// FailureMode says what Check answers when no node does, and what a
+	// node answers for the client when a key's owner cannot be reached
+	// (see FailClosed). Default FailOpen. (Optional)
 	FailureMode FailureMode
 	// SkipFor is how long a node whose call failed is tried only after
 	// the others. Default 2 s. (Optional)
@@ -225,6 +282,12 @@ type node struct {
 
 // Client sends checks to a sluice cluster. It is safe for concurrent use.
 type Client struct {
+	*shared
+	mode FailureMode
+}
+
+// shared is what the Clients of one New share (see WithFailureMode).
+type shared struct {
 	cfg    Config
 	nodes  []*node
 	next   atomic.Uint64
@@ -264,7 +327,7 @@ func New(cfg Config) (*Client, error) {
 	if len(opts) == 0 {
 		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	}
-	c := &Client{cfg: cfg, log: cfg.Logger.With("package", "client")}
+	c := &Client{shared: &shared{cfg: cfg, log: cfg.Logger.With("package", "client")}, mode: cfg.FailureMode}
 	for i, addr := range cfg.Addrs {
 		if addr == "" {
 			c.closeConns()
@@ -280,8 +343,9 @@ func New(cfg Config) (*Client, error) {
 	return c, nil
 }
 
-// Close closes the connections. It is idempotent; Check fails with
-// ErrClosed afterwards.
+// Close closes the connections (those of every Client WithFailureMode
+// made from the same New). It is idempotent; Check fails with ErrClosed
+// afterwards.
 func (c *Client) Close() error {
 	c.once.Do(func() {
 		c.closed.Store(true)
@@ -297,25 +361,54 @@ func (c *Client) closeConns() {
 }
 
 // FailureMode returns the client's failure mode.
-func (c *Client) FailureMode() FailureMode { return c.cfg.FailureMode }
+func (c *Client) FailureMode() FailureMode { return c.mode }
 
-// request validates ch and builds its wire form.
-func request(ch Check) (*sluicev1.RateLimitCheck, error) {
+// WithFailureMode returns a Client that answers by failure mode m and
+// shares everything else with c: its connections, its turn over the
+// nodes, the nodes it skips, and Close (closing either closes both). The
+// error names an unknown mode.
+func (c *Client) WithFailureMode(m FailureMode) (*Client, error) {
+	if m != FailOpen && m != FailClosed {
+		return nil, fmt.Errorf("client: WithFailureMode: unknown mode %d", m)
+	}
+	return &Client{shared: c.shared, mode: m}, nil
+}
+
+// request validates ch and builds its wire form; field prefixes the
+// names of bad fields in errors (e.g. "checks[2].").
+func (c *Client) request(ch Check, field string) (*sluicev1.RateLimitCheck, error) {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s%s", ErrInvalid, field, fmt.Sprintf(format, a...))
+	}
 	switch {
 	case ch.Name == "":
-		return nil, fmt.Errorf("%w: name: must not be empty", ErrInvalid)
+		return nil, bad("name: must not be empty")
 	case ch.Key == "":
-		return nil, fmt.Errorf("%w: key: must not be empty", ErrInvalid)
+		return nil, bad("key: must not be empty")
 	case !utf8.ValidString(ch.Name):
-		return nil, fmt.Errorf("%w: name: must be valid UTF-8", ErrInvalid)
+		return nil, bad("name: must be valid UTF-8")
 	case !utf8.ValidString(ch.Key):
 		// gRPC refuses such a string before any node sees it: sending it
 		// would look like an unavailable cluster and fail open.
-		return nil, fmt.Errorf("%w: key: must be valid UTF-8 (hash or hex-encode binary keys)", ErrInvalid)
+		return nil, bad("key: must be valid UTF-8 (hash or hex-encode binary keys)")
 	case ch.Hits < 0:
-		return nil, fmt.Errorf("%w: hits: must be >= 0, got %d", ErrInvalid, ch.Hits)
+		return nil, bad("hits: must be >= 0, got %d", ch.Hits)
 	}
 	rc := &sluicev1.RateLimitCheck{Name: ch.Name, Key: ch.Key}
+	switch ch.OnOwnerUnavailable {
+	case OwnerUnavailableDefault:
+		if c.mode == FailClosed {
+			rc.OnOwnerUnavailable = sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_DENY
+		}
+	case OwnerUnavailableLocal:
+		rc.OnOwnerUnavailable = sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_LOCAL
+	case OwnerUnavailableAllow:
+		rc.OnOwnerUnavailable = sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_ALLOW
+	case OwnerUnavailableDeny:
+		rc.OnOwnerUnavailable = sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_DENY
+	default:
+		return nil, bad("on_owner_unavailable: unknown policy %d", ch.OnOwnerUnavailable)
+	}
 	switch {
 	case ch.Peek:
 		rc.Hits = proto.Int64(0)
@@ -326,13 +419,13 @@ func request(ch Check) (*sluicev1.RateLimitCheck, error) {
 		alg, err := ParseAlgorithm(string(l.Algorithm))
 		switch {
 		case err != nil:
-			return nil, fmt.Errorf("%w: limit.algorithm: %v", ErrInvalid, err)
+			return nil, bad("limit.algorithm: %v", err)
 		case l.Limit <= 0:
-			return nil, fmt.Errorf("%w: limit.limit: must be > 0, got %d", ErrInvalid, l.Limit)
+			return nil, bad("limit.limit: must be > 0, got %d", l.Limit)
 		case l.Window <= 0 || l.Window%time.Millisecond != 0:
-			return nil, fmt.Errorf("%w: limit.window: must be a positive whole number of milliseconds, got %s", ErrInvalid, l.Window)
+			return nil, bad("limit.window: must be a positive whole number of milliseconds, got %s", l.Window)
 		case l.Burst < 0:
-			return nil, fmt.Errorf("%w: limit.burst: must be >= 0, got %d", ErrInvalid, l.Burst)
+			return nil, bad("limit.burst: must be >= 0, got %d", l.Burst)
 		}
 		rc.Limit, rc.WindowMs, rc.Burst, rc.Algorithm = l.Limit, l.Window.Milliseconds(), l.Burst, alg.proto()
 	}
@@ -342,20 +435,60 @@ func request(ch Check) (*sluicev1.RateLimitCheck, error) {
 // Check sends ch to a node and returns its decision. Attempts go to the
 // nodes in turn, skipping recently failed ones, until one answers or
 // Config.Timeout (or ctx) ends. Errors: ErrInvalid (the check is malformed;
-// no failure mode applies), ErrUnavailable (no answer and FailClosed; the
-// Decision is then not allowed and Degraded), ErrClosed, or ctx's error
-// when ctx ended before the timeout did.
+// no failure mode applies), ErrUnavailable (FailClosed, and no answer, the
+// key's owner unreachable, or an answer the node marked degraded; the
+// Decision is then not allowed and Degraded, with Cause set), ErrClosed,
+// or ctx's error when ctx ended before the timeout did.
 func (c *Client) Check(ctx context.Context, ch Check) (Decision, error) {
-	if c.closed.Load() {
-		return Decision{}, ErrClosed
-	}
-	rc, err := request(ch)
-	if err != nil {
+	ds, err := c.check(ctx, []Check{ch}, "")
+	if len(ds) != 1 {
 		return Decision{}, err
+	}
+	return ds[0], err
+}
+
+// CheckAll sends checks (1..MaxChecks) to a node in one call and returns
+// one decision per check, in order, as Check does for one. The node
+// decides the call all or nothing: when a check is denied (or cannot be
+// decided), the others that were allowed are given back and answered
+// Refunded, not allowed. Bad input is ErrInvalid naming the check, e.g.
+// "checks[1].key: must not be empty". When the call fails as a whole (no
+// answer) every decision is the failure mode's; under FailOpen a check
+// whose owner could not be reached is answered allowed and Degraded (with
+// Cause) and the others as the node answered them; under FailClosed any
+// such check, or any answer the node marked degraded, fails the whole
+// call with ErrUnavailable and every decision is not allowed and
+// Degraded.
+func (c *Client) CheckAll(ctx context.Context, checks []Check) ([]Decision, error) {
+	return c.check(ctx, checks, "checks")
+}
+
+// check is Check and CheckAll; field names the checks in errors ("":
+// one check, named by its fields alone).
+func (c *Client) check(ctx context.Context, chs []Check, field string) ([]Decision, error) {
+	if c.closed.Load() {
+		return nil, ErrClosed
+	}
+	switch {
+	case len(chs) == 0:
+		return nil, fmt.Errorf("%w: %s: at least one check is required", ErrInvalid, field)
+	case len(chs) > MaxChecks:
+		return nil, fmt.Errorf("%w: %s: at most %d per call, got %d", ErrInvalid, field, MaxChecks, len(chs))
+	}
+	req := &sluicev1.CheckRequest{Checks: make([]*sluicev1.RateLimitCheck, len(chs))}
+	for i, ch := range chs {
+		prefix := ""
+		if field != "" {
+			prefix = fmt.Sprintf("%s[%d].", field, i)
+		}
+		rc, err := c.request(ch, prefix)
+		if err != nil {
+			return nil, err
+		}
+		req.Checks[i] = rc
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
-	req := &sluicev1.CheckRequest{Checks: []*sluicev1.RateLimitCheck{rc}}
 
 	var last error
 	for _, n := range c.order() {
@@ -363,49 +496,94 @@ func (c *Client) Check(ctx context.Context, ch Check) (Decision, error) {
 			break
 		}
 		resp, err := n.api.Check(ctx, req)
-		if err == nil && len(resp.GetDecisions()) != 1 {
-			err = status.Errorf(codes.Internal, "%d decisions for 1 check", len(resp.GetDecisions()))
+		if err == nil && len(resp.GetDecisions()) != len(chs) {
+			err = status.Errorf(codes.Internal, "%d decisions for %d checks", len(resp.GetDecisions()), len(chs))
 		}
 		if err != nil {
 			code := status.Code(err)
 			if code == codes.InvalidArgument || (code == codes.Internal && strings.Contains(status.Convert(err).Message(), "invalid UTF-8")) {
-				return Decision{}, fmt.Errorf("%w: %s", ErrInvalid, status.Convert(err).Message())
+				return nil, fmt.Errorf("%w: %s", ErrInvalid, status.Convert(err).Message())
 			}
 			if code != codes.Canceled { // also a node that used up the whole timeout
 				n.downUntil.Store(c.cfg.Now().Add(c.cfg.SkipFor).UnixNano())
 			}
 			c.log.WarnContext(ctx, "rate limit check failed", "event", "rate_limit.unavailable",
-				"name", ch.Name, "addr", n.addr, "code", code.String())
+				"name", names(chs), "addr", n.addr, "code", code.String())
 			last = fmt.Errorf("%w: node %s: %s", ErrUnavailable, n.addr, code)
 			continue
 		}
-		d := resp.Decisions[0]
-		if d.Error != "" {
-			// The owner could not be reached; another entry node would
-			// forward to the same owner, so this is the answer.
-			c.log.WarnContext(ctx, "rate limit check failed", "event", "rate_limit.unavailable",
-				"name", ch.Name, "addr", n.addr, "owner", d.Owner, "code", "owner_unreachable")
-			return c.fail(fmt.Errorf("%w: owner %s unreachable", ErrUnavailable, d.Owner))
-		}
-		return decision(d), nil
+		return c.answer(ctx, n, chs, resp.Decisions)
 	}
 	if err := ctx.Err(); err != nil {
 		if errors.Is(err, context.Canceled) { // the caller gave up: no answer is wanted
-			return Decision{}, err
+			return nil, err
 		}
 		c.log.WarnContext(context.WithoutCancel(ctx), "rate limit check timed out", "event", "rate_limit.unavailable",
-			"name", ch.Name, "timeout", c.cfg.Timeout)
+			"name", names(chs), "timeout", c.cfg.Timeout)
 		last = fmt.Errorf("%w: no answer within %s", ErrUnavailable, c.cfg.Timeout)
 	}
-	return c.fail(last)
+	return c.fail(len(chs), last)
 }
 
-// fail answers by the failure mode; cause wraps ErrUnavailable.
-func (c *Client) fail(cause error) (Decision, error) {
-	if c.cfg.FailureMode == FailClosed {
-		return Decision{Degraded: true, Cause: cause}, cause
+// answer converts node n's decisions of chs, applying the failure mode to
+// those it could not make from the owner's count. Another entry node
+// would forward to the same owners, so this is the answer.
+func (c *Client) answer(ctx context.Context, n *node, chs []Check, ds []*sluicev1.Decision) ([]Decision, error) {
+	out := make([]Decision, len(ds))
+	var cause error // the first check that fails the call closed
+	for i, d := range ds {
+		switch {
+		case d.Error != "":
+			// The owner could not be reached and the node has no answer.
+			c.log.WarnContext(ctx, "rate limit check failed", "event", "rate_limit.unavailable",
+				"name", chs[i].Name, "addr", n.addr, "owner", d.Owner, "code", "owner_unreachable")
+			err := fmt.Errorf("%w: owner %s unreachable", ErrUnavailable, d.Owner)
+			if c.mode == FailClosed {
+				cause = cmp.Or(cause, err)
+				continue
+			}
+			out[i] = Decision{Allowed: true, Degraded: true, Cause: err}
+		case d.Degraded && c.mode == FailClosed:
+			// Answered by the node's policy (the owner could not be
+			// reached) or refused for want of room: not the owner's count.
+			c.log.WarnContext(ctx, "rate limit check answered degraded", "event", "rate_limit.unavailable",
+				"name", chs[i].Name, "addr", n.addr, "node", d.Owner, "code", "degraded")
+			cause = cmp.Or(cause, fmt.Errorf("%w: node %s answered degraded, not from the owner's count", ErrUnavailable, d.Owner))
+		default:
+			out[i] = decision(d)
+		}
 	}
-	return Decision{Allowed: true, Degraded: true, Cause: cause}, nil
+	if cause != nil {
+		return c.fail(len(ds), cause)
+	}
+	return out, nil
+}
+
+// names returns the names of chs for a log line: the name of one check,
+// else the distinct names joined by commas.
+func names(chs []Check) string {
+	if len(chs) == 1 {
+		return chs[0].Name
+	}
+	var out []string
+	for _, ch := range chs {
+		if !slices.Contains(out, ch.Name) {
+			out = append(out, ch.Name)
+		}
+	}
+	return strings.Join(out, ",")
+}
+
+// fail answers n checks by the failure mode; cause wraps ErrUnavailable.
+func (c *Client) fail(n int, cause error) ([]Decision, error) {
+	out := make([]Decision, n)
+	for i := range out {
+		out[i] = Decision{Allowed: c.mode == FailOpen, Degraded: true, Cause: cause}
+	}
+	if c.mode == FailClosed {
+		return out, cause
+	}
+	return out, nil
 }
 
 // order returns the nodes to try: from the next in turn, the healthy ones
@@ -443,6 +621,7 @@ func decision(d *sluicev1.Decision) Decision {
 		Owner:     d.Owner,
 		Shadow:    d.Shadow,
 		Degraded:  serverDegraded(d),
+		Refunded:  d.Refunded,
 	}
 	if d.RetryAfter < 0 {
 		out.RetryAfter = -1

@@ -89,14 +89,30 @@ func TestKubernetesManifests(t *testing.T) {
 		t.Errorf("terminationGracePeriodSeconds %d: must outlast the leave (5 s) and the hand-off (10 s)", g)
 	}
 	c := at(t, pod, "containers", 0)
-	for _, probe := range []string{"livenessProbe", "readinessProbe"} {
-		if at(t, c, probe, "grpc", "port") != 7070 {
-			t.Errorf("%s is not a gRPC health probe on 7070", probe)
-		}
+	// Readiness is gRPC health (SERVING once joined and settled);
+	// liveness must not be, or a node still joining would be restarted.
+	if at(t, c, "readinessProbe", "grpc", "port") != 7070 {
+		t.Error("readinessProbe is not a gRPC health probe on 7070")
+	}
+	if at(t, c, "livenessProbe", "grpc") != nil {
+		t.Error("livenessProbe is gRPC health, which is readiness: a node still joining would be killed")
+	}
+	if at(t, c, "livenessProbe", "httpGet", "path") != "/healthz" {
+		t.Error("livenessProbe is not GET /healthz")
+	}
+	ports := map[any]any{}
+	for _, p := range at(t, c, "ports").([]any) {
+		ports[at(t, p, "name")] = at(t, p, "containerPort")
+	}
+	if port := at(t, c, "livenessProbe", "httpGet", "port"); port != 7080 && ports[port] != 7080 {
+		t.Errorf("livenessProbe on port %v, want the HTTP port 7080", port)
 	}
 	env := map[string]any{}
 	for _, e := range at(t, c, "env").([]any) {
 		env[at(t, e, "name").(string)] = e
+	}
+	if v := at(t, env["SLUICE_HTTP_ADDR"], "value"); v != "0.0.0.0:7080" {
+		t.Errorf("SLUICE_HTTP_ADDR %v: the liveness probe needs HTTP on 0.0.0.0:7080", v)
 	}
 	for _, name := range []string{"SLUICE_NAME", "SLUICE_ADVERTISE_ADDR", "SLUICE_JOIN", "SLUICE_GRPC_ADDR", "SLUICE_GOSSIP_ADDR"} {
 		if env[name] == nil {

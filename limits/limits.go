@@ -20,6 +20,7 @@
 //	    limit: 5
 //	    window: 1h
 //	    shadow: true            # never denies; would-be denials are reported
+//	    on_owner_unavailable: deny # local, allow or deny: when the key's owner cannot be reached
 //
 // A [Source] holds the file's current [Set] and reloads it atomically: a
 // file that does not parse is refused with an error naming its line, and
@@ -54,6 +55,66 @@ type Limit struct {
 	Burst int64
 	// Shadow makes the limit report would-be denials without denying.
 	Shadow bool
+	// OnOwnerUnavailable is what a node answers a check of this limit
+	// whose key's owner it cannot reach, when the check does not say
+	// (on_owner_unavailable in the file; an override that leaves it out
+	// has its limit's own). OwnerUnavailableUnset when the file does not
+	// say either: the node's default, local.
+	OnOwnerUnavailable OwnerUnavailable
+}
+
+// OwnerUnavailable is a limit's policy for checks whose key's owner a
+// node cannot reach: the limits file's on_owner_unavailable, the API's
+// RateLimitCheck.on_owner_unavailable. Every such answer is marked
+// degraded.
+type OwnerUnavailable int
+
+// The policies. Their order is that of the API's OwnerUnavailablePolicy,
+// but convert them by name, not by number.
+const (
+	// OwnerUnavailableUnset: the file does not say; a check then gets the
+	// node's default, local.
+	OwnerUnavailableUnset OwnerUnavailable = iota
+	// OwnerUnavailableLocal decides from the answering node's copy of the
+	// key (on_owner_unavailable: local).
+	OwnerUnavailableLocal
+	// OwnerUnavailableAllow allows the check, counting nothing
+	// (on_owner_unavailable: allow; fail open).
+	OwnerUnavailableAllow
+	// OwnerUnavailableDeny denies the check, counting nothing
+	// (on_owner_unavailable: deny; fail closed).
+	OwnerUnavailableDeny
+)
+
+// ParseOwnerUnavailable returns the policy called s: "local", "allow" or
+// "deny" ("" is OwnerUnavailableUnset), or an error naming the valid ones.
+func ParseOwnerUnavailable(s string) (OwnerUnavailable, error) {
+	switch s {
+	case "":
+		return OwnerUnavailableUnset, nil
+	case "local":
+		return OwnerUnavailableLocal, nil
+	case "allow":
+		return OwnerUnavailableAllow, nil
+	case "deny":
+		return OwnerUnavailableDeny, nil
+	}
+	return OwnerUnavailableUnset, fmt.Errorf("must be local, allow or deny, got %q", s)
+}
+
+// String returns "local", "allow", "deny", or "" for OwnerUnavailableUnset.
+func (o OwnerUnavailable) String() string {
+	switch o {
+	case OwnerUnavailableLocal:
+		return "local"
+	case OwnerUnavailableAllow:
+		return "allow"
+	case OwnerUnavailableDeny:
+		return "deny"
+	case OwnerUnavailableUnset:
+		return ""
+	}
+	return fmt.Sprintf("OwnerUnavailable(%d)", int(o))
 }
 
 // Named is one configured limit: its own numbers and its overrides.
@@ -253,6 +314,7 @@ type fields struct {
 	window    *time.Duration
 	burst     *int64
 	shadow    *bool
+	onOwner   *OwnerUnavailable
 	line      int
 }
 
@@ -316,6 +378,16 @@ func (p *parser) field(k, v *yaml.Node, path string, f *fields) (bool, error) {
 			return true, err
 		}
 		f.shadow = &b
+	case "on_owner_unavailable":
+		var s string
+		if err := scalar(&s); err != nil {
+			return true, err
+		}
+		o, err := ParseOwnerUnavailable(s)
+		if err != nil || o == OwnerUnavailableUnset {
+			return true, p.errf(v, path, "must be local, allow or deny, got %q", s)
+		}
+		f.onOwner = &o
 	default:
 		return false, nil
 	}
@@ -343,6 +415,9 @@ func (p *parser) resolve(f fields, base Limit, n *yaml.Node, path string) (Limit
 	}
 	if f.shadow != nil {
 		l.Shadow = *f.shadow
+	}
+	if f.onOwner != nil {
+		l.OnOwnerUnavailable = *f.onOwner
 	}
 	if l.Algorithm == window.Unspecified {
 		l.Algorithm = window.FixedWindow
@@ -379,7 +454,7 @@ func (p *parser) named(name string, v *yaml.Node, path string) (*Named, error) {
 		}
 		ok, err := p.field(k, v, sub, &f)
 		if err == nil && !ok {
-			err = p.errf(k, sub, "unknown field (want limit, window, algorithm, burst, shadow or overrides)")
+			err = p.errf(k, sub, "unknown field (want limit, window, algorithm, burst, shadow, on_owner_unavailable or overrides)")
 		}
 		return err
 	}); err != nil {
@@ -412,7 +487,7 @@ func (p *parser) named(name string, v *yaml.Node, path string) (*Named, error) {
 			}
 			ok, err := p.field(k, v, sub, &of)
 			if err == nil && !ok {
-				err = p.errf(k, sub, "unknown field (want key_prefix, limit, window, algorithm, burst or shadow)")
+				err = p.errf(k, sub, "unknown field (want key_prefix, limit, window, algorithm, burst, shadow or on_owner_unavailable)")
 			}
 			return err
 		}); err != nil {

@@ -92,6 +92,9 @@ func (l *grpcLimiter) check(ctx context.Context, method string, setHeader func(m
 		return status.Error(codes.Internal, "rate limit: no key for the call")
 	}
 	d, err := l.cfg.Checker.Check(ctx, client.Check{Name: l.cfg.Name, Key: key, Limit: l.m.cfg.Limit})
+	if err == nil && d.Degraded && l.m.failsClosed {
+		err = errDegradedClosed
+	}
 	if err != nil {
 		l.m.log.ErrorContext(ctx, "rate limit check failed", "event", "rate_limit.error", "method", method, "err", err)
 		if errors.Is(err, client.ErrUnavailable) {

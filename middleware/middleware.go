@@ -15,7 +15,13 @@
 // Retry-After (delta seconds, rounded up, at least 1) and Cache-Control:
 // no-store. Fail-open answers (the cluster did not answer; see
 // client.FailOpen) pass with no rate-limit headers: their numbers are
-// unknown.
+// unknown. The failure mode is the Checker's: with a *client.Client
+// failing closed, the nodes are asked to deny a check whose key's owner
+// they cannot reach, and a degraded answer is client.ErrUnavailable, so
+// the request gets 503 (OnError), never through.
+//
+// A [Group] checks a request against several limits in one call, which
+// the nodes decide all or nothing.
 //
 // The package imports only package client and sluice's generated API
 // types, never the server.
@@ -38,12 +44,35 @@ import (
 )
 
 // Checker answers checks; *client.Client is one. It must be safe for
-// concurrent use.
+// concurrent use. A Checker that also has a FailureMode method (as
+// *client.Client does) and reports client.FailClosed never has a decision
+// it marks Degraded let a request through: the middleware answers it as
+// client.ErrUnavailable (503 by default).
 type Checker interface {
 	Check(ctx context.Context, c client.Check) (client.Decision, error)
 }
 
-var _ Checker = (*client.Client)(nil)
+// BatchChecker answers several checks in one call, one decision per
+// check, in order (see client.Client.CheckAll: the nodes decide them all
+// or nothing); *client.Client is one. It must be safe for concurrent use.
+type BatchChecker interface {
+	CheckAll(ctx context.Context, cs []client.Check) ([]client.Decision, error)
+}
+
+var (
+	_ Checker      = (*client.Client)(nil)
+	_ BatchChecker = (*client.Client)(nil)
+)
+
+// failsClosed reports whether c says it fails closed.
+func failsClosed(c any) bool {
+	fm, ok := c.(interface{ FailureMode() client.FailureMode })
+	return ok && fm.FailureMode() == client.FailClosed
+}
+
+// errDegradedClosed is the error of a degraded decision from a Checker
+// that fails closed.
+var errDegradedClosed = fmt.Errorf("%w: a degraded answer, and the checker fails closed", client.ErrUnavailable)
 
 // Config configures a Middleware.
 type Config struct {
@@ -84,8 +113,9 @@ type Config struct {
 	// session but may skip calling an upstream system). (Optional)
 	PassOverLimit bool
 	// OnError answers a request that could not be checked: err wraps
-	// client.ErrUnavailable (the cluster did not answer and the client
-	// fails closed), client.ErrInvalid, or a KeyFunc's error: ErrNoKey (no
+	// client.ErrUnavailable (the client fails closed, and the cluster did
+	// not answer or answered degraded: the key's owner unreachable),
+	// client.ErrInvalid, or a KeyFunc's error: ErrNoKey (no
 	// key and no fallback) or ErrBadRequest (a key that is not valid
 	// UTF-8 or longer than MaxKeyBytes, or an ambiguous body; such a key
 	// is never sent). Default: 400 for ErrNoKey and ErrBadRequest (431
@@ -103,9 +133,10 @@ type Config struct {
 // Middleware limits the requests through its Handler. It is safe for
 // concurrent use.
 type Middleware struct {
-	cfg    Config
-	exempt map[string]bool
-	log    *slog.Logger
+	cfg         Config
+	exempt      map[string]bool
+	log         *slog.Logger
+	failsClosed bool // the Checker fails closed: a degraded answer is ErrUnavailable
 }
 
 // New validates cfg and returns a Middleware; the error names the field.
@@ -145,7 +176,8 @@ func New(cfg Config) (*Middleware, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	m := &Middleware{cfg: cfg, exempt: map[string]bool{}, log: cfg.Logger.With("package", "middleware", "limit", cfg.Name)}
+	m := &Middleware{cfg: cfg, exempt: map[string]bool{}, log: cfg.Logger.With("package", "middleware", "limit", cfg.Name),
+		failsClosed: failsClosed(cfg.Checker)}
 	for _, meth := range cfg.ExemptMethods {
 		m.exempt[meth] = true
 	}
@@ -171,38 +203,66 @@ func DecisionFrom(ctx context.Context) (client.Decision, bool) {
 // by their key, and over the limit answered by OnLimited.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if m.exempt[r.Method] || m.cfg.Exempt != nil && m.cfg.Exempt(r) {
+		if m.exempts(r) {
 			next.ServeHTTP(w, r)
 			return
 		}
-		key, err := m.cfg.Key(r)
-		if err == nil {
-			err = checkKey(key)
-		}
-		if err != nil {
-			m.cfg.OnError(w, r, fmt.Errorf("middleware: key: %w", err))
-			return
-		}
-		d, err := m.cfg.Checker.Check(r.Context(), client.Check{Name: m.cfg.Name, Key: key, Limit: m.cfg.Limit})
+		ch, err := m.check(r)
 		if err != nil {
 			m.cfg.OnError(w, r, err)
 			return
 		}
-		r = r.WithContext(context.WithValue(r.Context(), decisionKey{}, d))
-		if d.Degraded && d.Cause != nil { // failed open: no numbers to tell
-			next.ServeHTTP(w, r)
+		d, err := m.cfg.Checker.Check(r.Context(), ch)
+		if err == nil && d.Degraded && m.failsClosed {
+			err = errDegradedClosed
+		}
+		if err != nil {
+			m.cfg.OnError(w, r, err)
 			return
 		}
-		m.setHeaders(w.Header(), d)
-		if d.Allowed || m.cfg.PassOverLimit {
+		if r, ok := m.apply(w, r, d); ok {
 			next.ServeHTTP(w, r)
-			return
 		}
-		h := w.Header()
-		h.Set("Retry-After", strconv.FormatInt(RetryAfterSeconds(d, m.cfg.Now()), 10))
-		h.Set("Cache-Control", "no-store")
-		m.cfg.OnLimited(w, r, d)
 	})
+}
+
+// exempts reports whether r passes unchecked.
+func (m *Middleware) exempts(r *http.Request) bool {
+	return m.exempt[r.Method] || m.cfg.Exempt != nil && m.cfg.Exempt(r)
+}
+
+// check returns the check of r, or the key's error (for OnError).
+func (m *Middleware) check(r *http.Request) (client.Check, error) {
+	key, err := m.cfg.Key(r)
+	if err == nil {
+		err = checkKey(key)
+	}
+	if err != nil {
+		return client.Check{}, fmt.Errorf("middleware: key: %w", err)
+	}
+	return client.Check{Name: m.cfg.Name, Key: key, Limit: m.cfg.Limit}, nil
+}
+
+// apply answers r by decision d: it puts d in r's context, sets the
+// rate-limit headers (none for a fail-open answer, whose numbers are
+// unknown) and, over the limit, answers 429 by OnLimited unless
+// PassOverLimit. It reports whether the request goes on, and returns it
+// with d in its context. A refunded decision (see client.CheckAll) is not
+// the denial: the request goes on to the check that denied it.
+func (m *Middleware) apply(w http.ResponseWriter, r *http.Request, d client.Decision) (*http.Request, bool) {
+	r = r.WithContext(context.WithValue(r.Context(), decisionKey{}, d))
+	if d.Degraded && d.Cause != nil { // failed open: no numbers to tell
+		return r, true
+	}
+	m.setHeaders(w.Header(), d)
+	if d.Allowed || d.Refunded || m.cfg.PassOverLimit {
+		return r, true
+	}
+	h := w.Header()
+	h.Set("Retry-After", strconv.FormatInt(RetryAfterSeconds(d, m.cfg.Now()), 10))
+	h.Set("Cache-Control", "no-store")
+	m.cfg.OnLimited(w, r, d)
+	return r, false
 }
 
 // ceilSeconds returns d in whole seconds, rounded up; 0 for d <= 0.

@@ -17,6 +17,8 @@ import (
 	"github.com/goccy/go-yaml"
 	"github.com/goccy/go-yaml/ast"
 	"github.com/goccy/go-yaml/parser"
+
+	"github.com/sluicehq/sluice/rpc/sluicev1"
 )
 
 // Limits of what a sluice check accepts (see rpc/wire.go); longer check
@@ -119,6 +121,20 @@ func (e *ConfigError) Error() string {
 type Config struct {
 	domains map[string]*node
 	files   []string
+	// onOwner is each domain's on_owner_unavailable (absent: unspecified).
+	onOwner map[string]sluicev1.OwnerUnavailablePolicy
+}
+
+// OnOwnerUnavailable returns the policy the checks of domain are sent
+// with: what a node answers for a descriptor whose key's owner it cannot
+// reach (the domain's on_owner_unavailable, a sluice extension of the
+// rule format). OWNER_UNAVAILABLE_UNSPECIFIED (the node's default, local)
+// when the file does not say, and for an unknown domain.
+func (c *Config) OnOwnerUnavailable(domain string) sluicev1.OwnerUnavailablePolicy {
+	if c == nil {
+		return sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_UNSPECIFIED
+	}
+	return c.onOwner[domain]
 }
 
 // Domains returns the configured domains, sorted.
@@ -165,6 +181,15 @@ func (n *node) hasChildren() bool { return len(n.exact)+len(n.wild)+len(n.byKey)
 type yamlRoot struct {
 	Domain      string           `yaml:"domain"`
 	Descriptors []yamlDescriptor `yaml:"descriptors"`
+	// OnOwnerUnavailable is sluice's own: local, allow or deny.
+	OnOwnerUnavailable *string `yaml:"on_owner_unavailable"`
+}
+
+// ownerPolicies are the values of on_owner_unavailable.
+var ownerPolicies = map[string]sluicev1.OwnerUnavailablePolicy{
+	"local": sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_LOCAL,
+	"allow": sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_ALLOW,
+	"deny":  sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_DENY,
 }
 
 type yamlDescriptor struct {
@@ -310,7 +335,7 @@ type builder struct {
 }
 
 func newBuilder() *builder {
-	return &builder{cfg: &Config{domains: map[string]*node{}}, domainFiles: map[string]string{}}
+	return &builder{cfg: &Config{domains: map[string]*node{}, onOwner: map[string]sluicev1.OwnerUnavailablePolicy{}}, domainFiles: map[string]string{}}
 }
 
 // add parses one file into b.cfg.
@@ -351,12 +376,22 @@ func (b *builder) add(file string, data []byte) (err error) {
 	if prev, ok := b.domainFiles[root.Domain]; ok {
 		return l.errorf(ypath{"domain"}, "domain", "duplicate domain %q (also in %s)", root.Domain, prev)
 	}
+	var policy sluicev1.OwnerUnavailablePolicy
+	if v := root.OnOwnerUnavailable; v != nil {
+		var ok bool
+		if policy, ok = ownerPolicies[*v]; !ok {
+			return l.errorf(ypath{"on_owner_unavailable"}, "on_owner_unavailable", "want local, allow or deny, got %q", *v)
+		}
+	}
 	dom := &node{id: "rls " + strconv.Quote(root.Domain)}
 	if err := l.loadLevel(dom, root.Domain, root.Domain, ypath{"descriptors"}, "descriptors", root.Descriptors); err != nil {
 		return err
 	}
 	b.domainFiles[root.Domain] = file
 	b.cfg.domains[root.Domain] = dom
+	if policy != sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_UNSPECIFIED {
+		b.cfg.onOwner[root.Domain] = policy
+	}
 	b.cfg.files = append(b.cfg.files, file)
 	return nil
 }

@@ -18,10 +18,19 @@
 // like any other check, so every node of the cluster answers with the same
 // counts.
 //
-// A request is charged to all its limited descriptors or to none: when it
-// has more than one (or a rule of requests_per_unit 0 refuses it),
-// [Service] first peeks at every one (hits 0; a fixed window's remaining
-// is exactly what is left) and charges them only if all would pass. A concurrent request can still take
-// the last hits between the peek and the charge; the descriptors already
-// charged then stay charged (counted in [Stats].PartialCharges).
+// A request is charged to all its limited descriptors or to none: its
+// enforcing descriptors go in one batch that consumes, and the nodes
+// decide a batch all or nothing (when one check is denied, the others
+// that were allowed are given back and answered refunded), so no peek
+// comes before the charge. A descriptor answered degraded (its owner
+// unreachable, policy local) is not given back: a refused request that
+// left one charged is counted in [Stats].PartialCharges. shadow_mode
+// descriptors, which never refuse a request, are each counted in a batch
+// of their own once the request is admitted, and only peeked at when it
+// is refused.
+//
+// A rule file may set on_owner_unavailable (local, allow or deny) next to
+// its domain, sluice's one addition to the format: every check of the
+// domain carries it, and a node answers by it for a descriptor whose key's
+// owner it cannot reach (deny: OVER_LIMIT).
 package rls

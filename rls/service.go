@@ -7,6 +7,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -57,10 +58,14 @@ type Stats struct {
 	Requests int64
 	// OverLimit is the number answered OVER_LIMIT.
 	OverLimit int64
-	// PartialCharges counts requests that passed the peek of all their
-	// descriptors but were then refused by at least one because a
-	// concurrent request took the last hits in between: the descriptors
-	// that were charged stay charged (the all-or-none gap).
+	// PartialCharges counts requests refused while at least one of their
+	// descriptors stayed charged: answered allowed, not refunded, in the
+	// call whose other check refused the request. A request's limited
+	// descriptors go in one call that the nodes decide all or nothing, so
+	// this is 0 unless a node answers a check degraded (its owner
+	// unreachable, policy local: such a check is not given back) or does
+	// not give back what a refused request consumed (nodes before sluice's
+	// all-or-nothing requests).
 	PartialCharges int64
 }
 
@@ -125,6 +130,7 @@ type item struct {
 	key    string
 	hits   int64
 	window time.Duration
+	policy sluicev1.OwnerUnavailablePolicy // the domain's on_owner_unavailable
 }
 
 // ShouldRateLimit answers one status per descriptor, in request order,
@@ -132,10 +138,13 @@ type item struct {
 // of an unknown domain or that match no rule are OK with no limit.
 // hits_addend 0 (or unset) means 1; a descriptor's own hits_addend wins
 // over the request's. The request is charged to all its limited
-// descriptors or to none (see the package doc for the one gap). Errors:
+// descriptors or to none: they go to the cluster in one call, which the
+// nodes decide all or nothing (see the package doc). Each check carries
+// the domain's on_owner_unavailable: a descriptor whose owner cannot be
+// reached is answered by it (deny: OVER_LIMIT). Errors:
 // INVALID_ARGUMENT naming the field for an empty domain, no descriptors,
 // more than MaxDescriptors or a limit override of unknown unit;
-// UNAVAILABLE when a descriptor's owner could not be reached (Envoy then
+// UNAVAILABLE when a descriptor could not be decided at all (Envoy then
 // applies its failure_mode_deny setting).
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	if req.GetDomain() == "" {
@@ -177,6 +186,7 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest) ([]item, error) {
 		reqHits = 1
 	}
 	_, knownDomain := s.cfg.domains[req.GetDomain()]
+	policy := s.cfg.OnOwnerUnavailable(req.GetDomain())
 	plan := make([]item, len(descs))
 	replacing := map[string]bool{}
 	for i, d := range descs {
@@ -195,6 +205,7 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest) ([]item, error) {
 			if err != nil {
 				return nil, err
 			}
+			it.policy = policy
 			plan[i] = it
 			continue
 		}
@@ -215,7 +226,7 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest) ([]item, error) {
 		case m.Rule.RequestsPerUnit == 0:
 			plan[i] = item{kind: kindZero, rule: m.Rule, window: m.Rule.Window}
 		default:
-			plan[i] = item{kind: kindCheck, rule: m.Rule, name: m.Name, key: m.Key, hits: hits, window: m.Rule.Window}
+			plan[i] = item{kind: kindCheck, rule: m.Rule, name: m.Name, key: m.Key, hits: hits, window: m.Rule.Window, policy: policy}
 		}
 	}
 	for i, it := range plan {
@@ -266,10 +277,22 @@ func overrideItem(domain string, i int, d *ratelimitv3.RateLimitDescriptor, hits
 }
 
 // decide runs the plan's checks, all or none, and builds the statuses.
+//
+// The enforcing descriptors (not shadow_mode) go in one call that
+// consumes: the nodes decide a request's checks all or nothing (when one
+// is denied, the others that were allowed are given back and answered
+// refunded), so no descriptor is charged for a refused request, with no
+// peek before the charge for a concurrent request to race. Shadow
+// descriptors never refuse the request, and a denial among other checks
+// would un-count them, so each goes in a call of its own after the
+// enforcing call has admitted the request (all at once), and is only
+// peeked at when the request is refused. A rule of requests_per_unit 0
+// refuses the request before anything is counted: the other descriptors
+// are then peeked at, in one call.
 func (s *Service) decide(ctx context.Context, plan []item) ([]*rlsv3.RateLimitResponse_DescriptorStatus, error) {
 	now := s.clock.Now()
 	out := make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(plan))
-	var idx []int
+	var enforce, shadow []int
 	blocked := false // a rule of requests_per_unit 0 refuses the request
 	for i, it := range plan {
 		switch it.kind {
@@ -281,51 +304,96 @@ func (s *Service) decide(ctx context.Context, plan []item) ([]*rlsv3.RateLimitRe
 			out[i] = limitStatus(it, false, 0, now)
 			blocked = blocked || !it.rule.ShadowMode
 		case kindCheck:
-			idx = append(idx, i)
+			if it.rule.ShadowMode {
+				shadow = append(shadow, i)
+			} else {
+				enforce = append(enforce, i)
+			}
 		}
 	}
-	if len(idx) == 0 {
-		return out, nil
+	if blocked {
+		return out, s.peek(ctx, plan, append(enforce, shadow...), now, out)
 	}
-	if len(idx) > 1 || blocked {
-		// Peek at every descriptor first; charge none if one would refuse.
-		peek, err := s.check(ctx, plan, idx, true)
+	refused := false
+	if len(enforce) > 0 {
+		ds, err := s.check(ctx, plan, enforce, false)
 		if err != nil {
 			return nil, err
 		}
 		// Descriptors that became the same check (the same rule and
-		// values, sent twice) need room for all their hits together.
-		need := make(map[string]int64, len(idx))
-		for _, i := range idx {
-			need[plan[i].name+"\x00"+plan[i].key] += plan[i].hits
-		}
-		for j, i := range idx {
-			if !passes(peek[j], need[plan[i].name+"\x00"+plan[i].key]) && !plan[i].rule.ShadowMode {
-				blocked = true
+		// values, sent twice) pass or fail together: the request needed
+		// room for all their hits.
+		denied := map[string]bool{}
+		for j, i := range enforce {
+			if !ds[j].GetAllowed() && !ds[j].GetRefunded() {
+				denied[checkKey(plan[i])] = true
+				refused = true
 			}
 		}
-		if blocked {
-			for j, i := range idx {
-				d := peek[j]
-				out[i] = limitStatus(plan[i], passes(d, need[plan[i].name+"\x00"+plan[i].key]), d.GetRemaining(), now)
-			}
-			return out, nil
+		charged := false
+		for j, i := range enforce {
+			d := ds[j]
+			charged = charged || d.GetAllowed()
+			out[i] = limitStatus(plan[i], (d.GetAllowed() || d.GetRefunded()) && !denied[checkKey(plan[i])], d.GetRemaining(), now)
+		}
+		if refused && charged {
+			s.partial.Add(1)
+			s.log.Warn("rls: a refused request left descriptors charged (a node did not give them back, e.g. answered degraded)")
 		}
 	}
-	ds, err := s.check(ctx, plan, idx, false)
-	if err != nil {
-		return nil, err
+	if len(shadow) == 0 {
+		return out, nil
 	}
-	refused := false
-	for j, i := range idx {
-		out[i] = limitStatus(plan[i], ds[j].GetAllowed(), ds[j].GetRemaining(), now)
-		refused = refused || (!ds[j].GetAllowed() && !plan[i].rule.ShadowMode)
+	if refused {
+		return out, s.peek(ctx, plan, shadow, now, out)
 	}
-	if refused && len(idx) > 1 {
-		s.partial.Add(1)
-		s.log.Warn("rls: a descriptor refused a request whose peek passed (a concurrent request took the last hits); the other descriptors stay charged")
+	var (
+		wg    sync.WaitGroup
+		errs  = make([]error, len(shadow))
+		shown = make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(shadow))
+	)
+	for j, i := range shadow {
+		wg.Go(func() {
+			ds, err := s.check(ctx, plan, []int{i}, false)
+			if err != nil {
+				errs[j] = err
+				return
+			}
+			shown[j] = limitStatus(plan[i], ds[0].GetAllowed(), ds[0].GetRemaining(), now)
+		})
+	}
+	wg.Wait()
+	for j, i := range shadow {
+		if errs[j] != nil {
+			return nil, errs[j]
+		}
+		out[i] = shown[j]
 	}
 	return out, nil
+}
+
+// checkKey identifies the sluice check of a planned descriptor.
+func checkKey(it item) string { return it.name + "\x00" + it.key }
+
+// peek fills out[i], i in idx, from one peek of those checks (nothing
+// counted): a descriptor passes when the room left holds the hits of all
+// the descriptors that are its same check.
+func (s *Service) peek(ctx context.Context, plan []item, idx []int, now time.Time, out []*rlsv3.RateLimitResponse_DescriptorStatus) error {
+	if len(idx) == 0 {
+		return nil
+	}
+	ds, err := s.check(ctx, plan, idx, true)
+	if err != nil {
+		return err
+	}
+	need := make(map[string]int64, len(idx))
+	for _, i := range idx {
+		need[checkKey(plan[i])] += plan[i].hits
+	}
+	for j, i := range idx {
+		out[i] = limitStatus(plan[i], passes(ds[j], need[checkKey(plan[i])]), ds[j].GetRemaining(), now)
+	}
+	return nil
 }
 
 // passes reports whether a peek's decision leaves room for hits (a fixed
@@ -335,9 +403,10 @@ func passes(d *sluicev1.Decision, hits int64) bool {
 	return d.GetError() == "" && d.GetRemaining() >= max(hits, 1)
 }
 
-// check sends the checks plan[i], i in idx, in one batch (peek: hits 0)
-// and returns their decisions in order, or UNAVAILABLE naming the first
-// descriptor that could not be decided.
+// check sends the checks plan[i], i in idx, in one batch (peek: hits 0),
+// each with its domain's on_owner_unavailable, and returns their
+// decisions in order, or UNAVAILABLE naming the first descriptor that
+// could not be decided.
 func (s *Service) check(ctx context.Context, plan []item, idx []int, peek bool) ([]*sluicev1.Decision, error) {
 	req := &sluicev1.CheckRequest{Checks: make([]*sluicev1.RateLimitCheck, len(idx))}
 	for j, i := range idx {
@@ -349,7 +418,8 @@ func (s *Service) check(ctx context.Context, plan []item, idx []int, peek bool) 
 		req.Checks[j] = &sluicev1.RateLimitCheck{
 			Name: it.name, Key: it.key, Hits: proto.Int64(hits),
 			Limit: int64(it.rule.RequestsPerUnit), WindowMs: it.window.Milliseconds(),
-			Algorithm: sluicev1.Algorithm_ALGORITHM_FIXED_WINDOW,
+			Algorithm:          sluicev1.Algorithm_ALGORITHM_FIXED_WINDOW,
+			OnOwnerUnavailable: it.policy,
 		}
 	}
 	if s.checker == nil {

@@ -25,15 +25,21 @@ import (
 var t0 = time.Unix(3600*500_000+20, 0)
 
 // storeChecker decides checks on one in-memory window store, as an owner
-// does; afterCall runs after each Check call (to interleave another
-// request), failKey makes checks of that key fail as an unreachable owner.
+// does, and a request of several checks all or nothing, as a node does:
+// when one is denied (or fails), the others that were allowed are given
+// back and answered refunded. afterCall runs after each Check call (to
+// interleave another request), failKey makes checks of that key fail as
+// an unreachable owner, degradedKey makes them answered allowed and
+// degraded (never given back, as a node's local policy answers them), or
+// per their on_owner_unavailable when it is allow or deny.
 type storeChecker struct {
-	store     *window.Store
-	clock     *window.ManualClock
-	mu        sync.Mutex
-	calls     []*sluicev1.CheckRequest
-	afterCall func(call int)
-	failKey   string
+	store       *window.Store
+	clock       *window.ManualClock
+	mu          sync.Mutex
+	calls       []*sluicev1.CheckRequest
+	afterCall   func(call int)
+	failKey     string
+	degradedKey string
 }
 
 func newStoreChecker() *storeChecker {
@@ -45,20 +51,54 @@ func (s *storeChecker) Check(_ context.Context, req *sluicev1.CheckRequest) (*sl
 	s.mu.Lock()
 	s.calls = append(s.calls, req)
 	n := len(s.calls)
-	s.mu.Unlock()
+	failKey, degradedKey := s.failKey, s.degradedKey
 	out := &sluicev1.CheckResponse{}
+	before := map[string]*window.State{} // each key's state before the request; nil: none
+	denied := false
+	now := s.clock.Now()
 	for _, c := range req.Checks {
-		if c.Key == s.failKey {
+		switch {
+		case c.Key == failKey:
 			out.Decisions = append(out.Decisions, &sluicev1.Decision{Error: "owner node9: no connection to it"})
+			denied = true
+			continue
+		case c.Key == degradedKey:
+			allowed := c.OnOwnerUnavailable != sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_DENY
+			out.Decisions = append(out.Decisions, &sluicev1.Decision{Allowed: allowed, Limit: c.Limit, Degraded: true})
+			denied = denied || !allowed
 			continue
 		}
-		d, err := s.store.Apply(c.Name+"\x00"+c.Key, window.Check{Algorithm: window.FixedWindow, Limit: c.Limit,
-			Window: time.Duration(c.WindowMs) * time.Millisecond, Hits: c.GetHits()}, s.clock.Now())
+		key := c.Name + "\x00" + c.Key
+		if _, seen := before[key]; !seen {
+			before[key] = nil
+			if st, ok := s.store.Get(key); ok {
+				before[key] = &st
+			}
+		}
+		d, err := s.store.Apply(key, window.Check{Algorithm: window.FixedWindow, Limit: c.Limit,
+			Window: time.Duration(c.WindowMs) * time.Millisecond, Hits: c.GetHits()}, now)
 		if err != nil {
+			s.mu.Unlock()
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
 		out.Decisions = append(out.Decisions, &sluicev1.Decision{Allowed: d.Allowed, Limit: c.Limit, Remaining: d.Remaining})
+		denied = denied || !d.Allowed
 	}
+	if denied && len(req.Checks) > 1 {
+		for key, st := range before {
+			s.store.Take(key)
+			if st != nil {
+				s.store.MergeState(key, *st, now)
+			}
+		}
+		for i, d := range out.Decisions {
+			if d.Allowed && !d.Degraded {
+				d.Allowed, d.Refunded = false, true
+				d.Remaining = min(d.Remaining+req.Checks[i].GetHits(), d.Limit)
+			}
+		}
+	}
+	s.mu.Unlock()
 	if s.afterCall != nil {
 		s.afterCall(n)
 	}
@@ -335,21 +375,59 @@ func TestServiceShadowMode(t *testing.T) {
 	}
 }
 
-// A concurrent request that takes the last hit between the peek and the
-// charge: the request is OVER_LIMIT, the other descriptor stays charged,
-// and it is counted.
-func TestServicePartialChargeIsCounted(t *testing.T) {
+// A request's limited descriptors go in one call that consumes (no peek
+// first), so a concurrent request can only come before or after it: the
+// request that comes after the last hit is refused whole, and nothing is
+// partially charged.
+func TestServiceOneConsumingCall(t *testing.T) {
 	s, ch := newService(t)
 	call(t, s, "shop", 0, desc("path", "/checkout"))
 	ch.afterCall = func(n int) {
-		if n == 2 { // right after the peek of the next request
+		if n == 2 { // right after the next request's call
 			ch.afterCall = nil
 			call(t, s, "shop", 0, desc("path", "/checkout"))
 		}
 	}
 	r := call(t, s, "shop", 0, desc("path", "/checkout"), desc("user", "p"))
-	if r.OverallCode != over || got(r.Statuses[0]).code != over || got(r.Statuses[1]).remaining != 2 {
-		t.Fatalf("raced: %s %+v %+v", r.OverallCode, got(r.Statuses[0]), got(r.Statuses[1]))
+	if r.OverallCode != ok || got(r.Statuses[0]) != (st{ok, 2, 0, 40 * time.Second}) || got(r.Statuses[1]) != (st{ok, 3, 2, 40 * time.Second}) {
+		t.Fatalf("first: %s %+v %+v", r.OverallCode, got(r.Statuses[0]), got(r.Statuses[1]))
+	}
+	ch.mu.Lock()
+	first := ch.calls[1]
+	ch.mu.Unlock()
+	if len(first.Checks) != 2 || first.Checks[0].GetHits() != 1 || first.Checks[1].GetHits() != 1 {
+		t.Fatalf("the request's call: %v, want its 2 checks, each consuming 1", first)
+	}
+	// The interleaved request came after the last /checkout hit.
+	r = call(t, s, "shop", 0, desc("path", "/checkout"), desc("user", "p"))
+	if r.OverallCode != over || got(r.Statuses[0]).code != over || got(r.Statuses[1]) != (st{ok, 3, 2, 40 * time.Second}) {
+		t.Fatalf("refused: %s %+v %+v", r.OverallCode, got(r.Statuses[0]), got(r.Statuses[1]))
+	}
+	if st := s.Stats(); st.PartialCharges != 0 {
+		t.Errorf("PartialCharges = %d, want 0", st.PartialCharges)
+	}
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	for i, c := range ch.calls {
+		for _, chk := range c.Checks {
+			if chk.GetHits() == 0 {
+				t.Errorf("call %d peeked: %v", i, c)
+			}
+		}
+	}
+}
+
+// A descriptor answered degraded (its owner unreachable, decided by the
+// node's local policy) is not given back when the request is refused:
+// the request counts as partially charged.
+func TestServicePartialChargeIsCounted(t *testing.T) {
+	s, ch := newService(t)
+	call(t, s, "shop", 0, desc("path", "/checkout"))
+	call(t, s, "shop", 0, desc("path", "/checkout"))
+	ch.degradedKey = `"d"`
+	r := call(t, s, "shop", 0, desc("path", "/checkout"), desc("user", "d"))
+	if r.OverallCode != over || got(r.Statuses[0]).code != over || got(r.Statuses[1]).code != ok {
+		t.Fatalf("refused: %s %+v %+v", r.OverallCode, got(r.Statuses[0]), got(r.Statuses[1]))
 	}
 	if st := s.Stats(); st.PartialCharges != 1 {
 		t.Errorf("PartialCharges = %d, want 1", st.PartialCharges)

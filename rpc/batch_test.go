@@ -27,6 +27,7 @@ type fakePeer struct {
 
 	mu      sync.Mutex
 	batches []int
+	reqs    []*sluicev1.ForwardRequest
 	at      []time.Time // when each call started
 	delay   time.Duration
 	block   bool
@@ -35,6 +36,7 @@ type fakePeer struct {
 func (f *fakePeer) Forward(ctx context.Context, in *sluicev1.ForwardRequest, _ ...grpc.CallOption) (*sluicev1.ForwardResponse, error) {
 	f.mu.Lock()
 	f.batches = append(f.batches, len(in.Checks))
+	f.reqs = append(f.reqs, in)
 	f.at = append(f.at, time.Now())
 	f.mu.Unlock()
 	if f.block {
@@ -59,6 +61,12 @@ func (f *fakePeer) sizes() []int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]int(nil), f.batches...)
+}
+
+func (f *fakePeer) requests() []*sluicev1.ForwardRequest {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]*sluicev1.ForwardRequest(nil), f.reqs...)
 }
 
 func newTestBatcher(f *fakePeer, cfg BatchConfig, timeout time.Duration) *batcher {

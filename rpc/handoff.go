@@ -272,6 +272,14 @@ func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, fr
 				s.store.MergeState(key, st, now)
 				found = true
 			}
+			for _, ks := range resp.StandIn {
+				// Hits the member admitted in the stead of the key's
+				// owner: they count whatever else came.
+				var st window.State
+				if err := st.UnmarshalBinary(ks.State); err == nil && string(ks.Key) == key {
+					s.store.MergeState(key, st, now)
+				}
+			}
 			for _, ks := range resp.Replicas {
 				var st window.State
 				if err := st.UnmarshalBinary(ks.State); err == nil && string(ks.Key) == key {
@@ -685,6 +693,8 @@ func (s *Server) HandOff(stream sluicev1.PeerService_HandOffServer) error {
 			resp.Error = fmt.Sprintf("states: at most %d per request, got %d", handOffBatch, len(req.States))
 		case req.Sender == "":
 			resp.Error = "sender: must not be empty"
+		case req.StandIn:
+			resp.Merged, resp.Error = s.mergeStandIns(stream.Context(), v, req)
 		case len(req.States) > 0 && !req.SenderLeaving && req.RingFingerprint != v.ring.Fingerprint():
 			// One of the two rings is behind: the keys may not be this
 			// node's. The sender keeps them and tries again.
@@ -818,7 +828,13 @@ func (s *Server) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluicev1
 		if ok {
 			st, _ = s.returnStateLocked(k, st, req.Sender)
 		}
-		if v.ring.Owner(kb) == s.name && req.Sender != s.name {
+		// This node may also be deciding the key in its dead owner's
+		// stead (stand-in checks of entry nodes whose rings are behind):
+		// from now on those go to the puller too (one being decided right
+		// now lands in a new fallback window, handed on later).
+		e, hadCopy := s.replicas.take(k)
+		d, hadStandIn := s.takeStandIn(k)
+		if req.Sender != s.name && (v.ring.Owner(kb) == s.name || hadCopy || hadStandIn) {
 			s.ho.tombs[k] = tomb{to: req.Sender, until: time.Now().Add(s.handOffTimeout)}
 			s.tombCount.Store(int64(len(s.ho.tombs)))
 		}
@@ -829,9 +845,14 @@ func (s *Server) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluicev1
 			resp.States = append(resp.States, &sluicev1.KeyState{Key: kb, State: b})
 			s.stats.handedOff.Add(1)
 		}
-		if e, ok := s.replicas.take(k); ok {
+		if hadCopy {
 			b, _ := e.st.AppendBinary(nil)
 			resp.Replicas = append(resp.Replicas, &sluicev1.KeyState{Key: kb, State: b, Owner: e.owner, OwnerInstance: e.instance})
+		}
+		if hadStandIn {
+			b, _ := d.AppendBinary(nil)
+			resp.StandIn = append(resp.StandIn, &sluicev1.KeyState{Key: kb, State: b})
+			s.stats.standInReturned.Add(1)
 		}
 	}
 	return resp, nil
@@ -924,6 +945,9 @@ func (s *Server) handOffAll(ctx context.Context) error {
 			}
 			v = &view{ring: r, members: v.members, peers: v.peers, epoch: v.epoch}
 		}
+		// What this node admitted in unreachable owners' stead goes to
+		// the keys' owners too (tried again on the next attempt).
+		s.flushStandIns(ctx)
 		var failed map[string]error
 		failed, lastErr = s.pushTargets(ctx, v)
 		if ctx.Err() != nil {

@@ -495,7 +495,7 @@ func TestFinishLeaveHandsOffLateKeys(t *testing.T) {
 	if fe != nil {
 		t.Fatal(fe)
 	}
-	if d := s.decide(ring.Key(nil, "handoff", key), reqs[0].check); !d.Allowed || d.Remaining != 99 {
+	if d := s.decide(ring.Key(nil, "handoff", key), &reqs[0]); !d.Allowed || d.Remaining != 99 {
 		t.Fatalf("the late hit: %+v", d)
 	}
 	if err := s.FinishLeave(ctx); err != nil {

@@ -125,8 +125,10 @@ type NodeConfig struct {
 	// InsecureWarnEvery and in the metric sluice_insecure. On loopback it
 	// changes nothing. (Optional)
 	Insecure bool
-	// SettleTime is how long membership must have been unchanged before
-	// the node reports ready on /readyz. Default 1 s. (Optional)
+	// SettleTime is how long membership must have been unchanged, once a
+	// node started with Join has joined, before it first reports ready
+	// (/readyz and gRPC health; see Node.Ready). A node started without
+	// Join is ready at once. Default 1 s. (Optional)
 	SettleTime time.Duration
 	// PeerIdentity returns the member name a peer call's caller proved
 	// (see ServerConfig.PeerIdentity); nil: none. (Optional)
@@ -207,9 +209,17 @@ type Node struct {
 	httpAddr string
 	log      *slog.Logger
 
-	joined     atomic.Bool  // the join (if any) has succeeded
 	draining   atomic.Bool  // Close has begun
 	lastChange atomic.Int64 // Unix ns of the last membership change seen
+
+	// Readiness (see joinedCluster and Ready). joinOK: cluster.Join
+	// returned success; joinApplied: the ring was rebuilt from a member
+	// list read after that; joined and ready latch the first true answer
+	// of joinedCluster and Ready.
+	joinOK, joinApplied, joined, ready atomic.Bool
+	joinDone                           chan struct{} // capacity 1: the join returned; rebuild the ring
+	healthNames                        []string      // the services gRPC health reports on
+	servingOnce                        sync.Once     // turns them SERVING
 
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
@@ -245,9 +255,12 @@ type verifyState struct {
 }
 
 // StartNode listens on cfg.GRPCAddr and cfg.GossipAddr, starts serving
-// sluice.v1, gRPC health (SERVING once started) and server reflection, and
-// starts joining cfg.Join in the background. It returns an error naming the
-// setting when cfg is invalid or an address cannot be bound.
+// sluice.v1, gRPC health and server reflection, and starts joining cfg.Join
+// in the background. gRPC health says NOT_SERVING until [Node.Ready] says
+// the node is ready (at once for a node started without Join: a cluster
+// of one), and client checks are refused with UNAVAILABLE until the node
+// has joined. It returns an error naming the setting when cfg is invalid
+// or an address cannot be bound.
 func StartNode(cfg NodeConfig) (*Node, error) {
 	if cfg.Name == "" {
 		return nil, errors.New("name: required (a unique, stable member name)")
@@ -380,15 +393,20 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	}
 	gs := grpc.NewServer(append(sopts, cfg.ServerOptions...)...)
 	hs := health.NewServer()
+	healthNames := []string{"", sluicev1.RateLimitService_ServiceDesc.ServiceName}
+	rh := &readyHealth{Server: hs}
 	sluicev1.RegisterRateLimitServiceServer(gs, srv)
 	sluicev1.RegisterPeerServiceServer(gs, srv)
-	healthpb.RegisterHealthServer(gs, hs)
+	healthpb.RegisterHealthServer(gs, rh)
 	var rlsSvc *rls.Service
 	if cfg.RLS != nil {
 		rlsSvc = rls.NewService(cfg.RLS, srv, rls.Options{Clock: cfg.Clock, Logger: log.With("component", "rls")})
 		rlsSvc.Register(gs)
 		metrics.AttachRLS(rlsSvc)
-		hs.SetServingStatus(rls.ServiceName, healthpb.HealthCheckResponse_SERVING)
+		healthNames = append(healthNames, rls.ServiceName)
+	}
+	for _, name := range healthNames { // health.NewServer starts "" at SERVING
+		hs.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
 	}
 	reflection.Register(gs)
 
@@ -396,8 +414,16 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	n := &Node{cfg: cfg, lis: lis, grpcAddr: advertised, grpc: gs, health: hs,
 		cluster: cl, server: srv, store: store, metrics: metrics, log: log, cancel: cancel, failed: make(chan error, 1),
 		publish: make(chan struct{}, 1), certs: cs, tokens: ts, auth: auth,
-		verified: map[string]memberKey{}, unverified: map[string]*verifyState{}, verifyKick: make(chan struct{}, 1), admit: make(chan struct{}, 1)}
+		verified: map[string]memberKey{}, unverified: map[string]*verifyState{}, verifyKick: make(chan struct{}, 1), admit: make(chan struct{}, 1),
+		joinDone: make(chan struct{}, 1), healthNames: healthNames}
 	n.lastChange.Store(time.Now().UnixNano())
+	if len(cfg.Join) == 0 {
+		n.joined.Store(true) // a cluster of one: nothing to join
+	}
+	// Set before anything serves: health asks Ready, and Check refuses
+	// client checks until the node has joined.
+	rh.sync = n.syncHealth
+	srv.joined = func() bool { return n.joinedCluster() == nil }
 	n.rls = rlsSvc
 	n.setMembers()
 	n.wg.Go(func() { n.watchMembers(ctx) })
@@ -445,7 +471,11 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	n.wg.Go(func() {
 		_, err := cl.Join(ctx, cfg.Join)
 		if err == nil {
-			n.joined.Store(true)
+			n.joinOK.Store(true)
+			select { // watchMembers rebuilds the ring from what the join merged
+			case n.joinDone <- struct{}{}:
+			default:
+			}
 		}
 		switch {
 		case errors.Is(err, cluster.ErrNameTaken):
@@ -465,8 +495,9 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 			log.Error("grpc server stopped", "error", err)
 		}
 	})
-	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	hs.SetServingStatus(sluicev1.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	if !n.syncHealth() { // a cluster of one serves at once
+		n.wg.Go(func() { n.serveWhenReady(ctx) })
+	}
 	log.Info("node started", "grpc_addr", advertised, "gossip_addr", cl.GossipAddr(), "http_addr", n.httpAddr, "region", cfg.Region)
 	return n, nil
 }
@@ -501,9 +532,15 @@ func (n *Node) watchMembers(ctx context.Context) {
 			return
 		case <-n.cluster.Changes():
 		case <-n.admit: // verifyLoop admitted a member
+		case <-n.joinDone: // the join returned: apply what it merged
 		}
+		afterJoin := n.joinOK.Load() // read before setMembers reads the members
 		n.lastChange.Store(time.Now().UnixNano())
 		n.setMembers()
+		if afterJoin {
+			n.joinApplied.Store(true)
+		}
+		n.syncHealth() // latches joinedCluster as soon as it holds
 	}
 }
 
@@ -546,20 +583,147 @@ func (n *Node) publishRing(ctx context.Context) {
 }
 
 // Ready returns nil when the node should take traffic, else why not: it
-// is leaving, it has not joined the cluster yet (when it was given members
-// to join), or membership changed less than SettleTime ago (the ring is
-// settling). It backs /readyz.
+// is leaving (Close has begun), the cluster refused it (its name is
+// taken), it has not joined the cluster yet (see joinedCluster), or, for
+// a node started with Join, membership changed less than SettleTime ago
+// (the ring is settling: the others are still learning of this node).
+// Once it has returned nil it does so until the node leaves: later
+// membership changes are the ring's to handle (hand-offs), not a reason
+// to send traffic elsewhere. It is the one test of readiness: /readyz
+// reports it, gRPC health (the overall service "" and every service the
+// node registers) says SERVING exactly when it returns nil, and a node
+// that has not joined refuses client checks.
 func (n *Node) Ready() error {
 	switch {
 	case n.draining.Load():
 		return errors.New("draining: the node is leaving")
-	case len(n.cfg.Join) > 0 && !n.joined.Load():
-		return errors.New("joining the cluster")
+	case n.refused.Load():
+		return errRefused
+	case n.ready.Load():
+		return nil
 	}
-	if since := time.Since(time.Unix(0, n.lastChange.Load())); since < n.cfg.SettleTime {
-		return fmt.Errorf("ring settling: membership changed %s ago", since.Round(time.Millisecond))
+	if err := n.joinedCluster(); err != nil {
+		return err
 	}
+	if len(n.cfg.Join) > 0 {
+		if since := time.Since(time.Unix(0, n.lastChange.Load())); since < n.cfg.SettleTime {
+			return fmt.Errorf("ring settling: membership changed %s ago", since.Round(time.Millisecond))
+		}
+	}
+	n.ready.Store(true)
 	return nil
+}
+
+// Reasons joinedCluster gives.
+var (
+	errJoining   = errors.New("joining the cluster")
+	errVerifying = errors.New("joining the cluster: checking members' certificates")
+	errRefused   = errors.New("refused by the cluster: its name is taken")
+)
+
+// joinedCluster returns nil once the node has joined its cluster, else
+// why not. A node started without Join is a cluster of one and has
+// joined from the start. One started with Join has joined once its ring
+// holds the membership it learned from another node: its join returned
+// and the ring was rebuilt from a member list read after it, or a member
+// joined through it (its ring holds another member); with TLS, also no
+// member that gossip lists is left out of the ring while its certificate
+// has not been checked yet. Until then the node would decide every key
+// as its owner from a fresh window, so Server.Check refuses client checks
+// (UNAVAILABLE: ask another node). Once nil, it stays nil; a node the
+// cluster refused never joins.
+func (n *Node) joinedCluster() error {
+	switch {
+	case n.refused.Load():
+		return errRefused
+	case n.joined.Load():
+		return nil
+	case !n.joinApplied.Load() && len(n.server.view.Load().members) < 2:
+		return errJoining
+	case n.certs != nil && n.verifying():
+		return errVerifying
+	}
+	n.joined.Store(true)
+	return nil
+}
+
+// verifying reports whether gossip lists a member that this node's ring
+// leaves out and whose current incarnation has not failed to verify yet:
+// its certificate is still to be checked (TLS; see verifyLoop).
+func (n *Node) verifying() bool {
+	inRing := map[string]bool{}
+	for _, m := range n.server.view.Load().members {
+		inRing[m.Name] = true
+	}
+	ms := n.cluster.Members()
+	n.verifyMu.Lock()
+	defer n.verifyMu.Unlock()
+	for _, m := range ms {
+		if inRing[m.Name] {
+			continue
+		}
+		if st := n.unverified[m.Name]; st == nil || st.key != (memberKey{m.Name, m.GRPCAddr, m.Instance}) {
+			return true
+		}
+	}
+	return false
+}
+
+// syncHealth turns every service gRPC health reports on SERVING once
+// Ready returns nil, and reports whether it does. Nothing here turns them
+// back: Close and a refusal do, through health.Server.Shutdown, which
+// also ignores a later SERVING.
+func (n *Node) syncHealth() bool {
+	if n.Ready() != nil {
+		return false
+	}
+	n.servingOnce.Do(func() {
+		for _, name := range n.healthNames {
+			n.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+		}
+	})
+	return true
+}
+
+// readyPoll is how often serveWhenReady asks Ready while the node is not
+// ready (it also asks after each membership change).
+const readyPoll = 50 * time.Millisecond
+
+// serveWhenReady asks Ready every readyPoll until it returns nil (gRPC
+// health then says SERVING) or ctx ends. It polls because a node can turn
+// ready with no membership change to wake watchMembers: its settle time
+// ends, or a member's certificate fails to verify (TLS).
+func (n *Node) serveWhenReady(ctx context.Context) {
+	tick := time.NewTicker(readyPoll)
+	defer tick.Stop()
+	for !n.syncHealth() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// readyHealth is a node's grpc.health.v1 service: health.Server's, with
+// a Check that answers from Node.Ready at the time of the call, so that
+// a probe and /readyz never disagree (Watch streams follow within
+// readyPoll).
+type readyHealth struct {
+	*health.Server
+	sync func() bool // Node.syncHealth
+}
+
+// Check implements grpc.health.v1.Health/Check: NOT_FOUND for a service
+// the node does not report on, else SERVING exactly when Node.Ready
+// returns nil.
+func (h *readyHealth) Check(ctx context.Context, req *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	ready := h.sync()
+	resp, err := h.Server.Check(ctx, req)
+	if err == nil && !ready {
+		resp = &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_NOT_SERVING}
+	}
+	return resp, err
 }
 
 // SetGossipKeys replaces the gossip keyring live (see cluster.SetKeys):

@@ -25,13 +25,16 @@ type answer struct {
 
 // Done when: an owner killed (SIGKILL: no hand-off, no leave message)
 // while a steady stream of checks runs. Fixed window 100 per hour on 50
-// keys, replication every 50 ms, policy deny (so that degraded answers
-// admit nothing and what is admitted measures the lost state). For each
-// key of the dead owner the hits admitted beyond 100 must not exceed the
-// hits the dead owner admitted for it in its last replication interval
-// plus one send (the documented bound; here 50 ms + 100 ms); keys of the
-// survivors admit exactly 100. Every answer comes within the forward
-// timeout, and every one that is not degraded is an owner's decision.
+// keys, replication every 50 ms, the default policy (local): every allowed
+// answer counts, degraded ones included. For each key of the dead owner
+// the hits admitted beyond 100 must not exceed the hits the dead owner
+// admitted for it in its last replication interval plus one send (the
+// documented bound; here 50 ms + 100 ms): while the survivors still route
+// to the dead owner, its stand-in holder decides its keys from its copy
+// plus what it admitted since, and that reaches the keys' new owners.
+// Keys of the survivors admit exactly 100. Every answer comes within the
+// forward timeout (three times it: a retry on a ring change, a stand-in
+// call), and every one that is not degraded is an owner's decision.
 func TestKilledOwnerLosesAtMostOneReplicationInterval(t *testing.T) {
 	const (
 		interval       = 50 * time.Millisecond
@@ -69,8 +72,7 @@ func TestKilledOwnerLosesAtMostOneReplicationInterval(t *testing.T) {
 		t.Fatal("the victim owns none of the keys")
 	}
 	rc := func(k string) *sluicev1.RateLimitCheck {
-		return &sluicev1.RateLimitCheck{Name: "kill", Key: k, Hits: proto.Int64(1), Limit: 100, WindowMs: 3_600_000,
-			OnOwnerUnavailable: sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_DENY}
+		return &sluicev1.RateLimitCheck{Name: "kill", Key: k, Hits: proto.Int64(1), Limit: 100, WindowMs: 3_600_000}
 	}
 	var (
 		mu      sync.Mutex
@@ -98,7 +100,7 @@ func TestKilledOwnerLosesAtMostOneReplicationInterval(t *testing.T) {
 					bad = append(bad, fmt.Sprintf("%s via %s: %v", k, via.Name(), err))
 				case resp.Decisions[0].Error != "":
 					bad = append(bad, fmt.Sprintf("%s via %s: %s", k, via.Name(), resp.Decisions[0].Error))
-				case at.Sub(sent) > 2*forwardTimeout+time.Second: // one retry when the ring changed
+				case at.Sub(sent) > 3*forwardTimeout+time.Second: // a retry when the ring changed, a stand-in call
 					bad = append(bad, fmt.Sprintf("%s via %s: answered after %s", k, via.Name(), at.Sub(sent)))
 				default:
 					d := resp.Decisions[0]
@@ -152,14 +154,15 @@ func TestKilledOwnerLosesAtMostOneReplicationInterval(t *testing.T) {
 	if len(bad) > 0 {
 		t.Fatalf("%d bad answers, e.g. %s", len(bad), bad[0])
 	}
-	allowed, nearKill, degradedFor, degraded := map[string]int{}, map[string]int{}, map[string]int{}, 0
+	allowed, nearKill, degradedFor, degraded, degradedAllowed := map[string]int{}, map[string]int{}, map[string]int{}, 0, 0
 	for _, a := range answers {
 		switch {
 		case a.degraded:
 			degraded++
 			degradedFor[a.key]++
 			if a.allowed {
-				t.Fatalf("a degraded answer under policy deny allowed: %+v", a)
+				allowed[a.key]++
+				degradedAllowed++
 			}
 		case a.allowed:
 			allowed[a.key]++
@@ -198,8 +201,8 @@ func TestKilledOwnerLosesAtMostOneReplicationInterval(t *testing.T) {
 	for _, n := range survivors {
 		takeovers += n.Server().Stats().ReplicaTakeovers
 	}
-	t.Logf("victim %s owned %d keys; over-admission per key: worst %d, total %d; %d degraded answers; %d replica takeovers; ring settled %s after the kill",
-		victim.Name(), victimKeys, worst, lostTotal, degraded, takeovers, settledAt.Sub(killedAt).Round(time.Millisecond))
+	t.Logf("victim %s owned %d keys; over-admission per key: worst %d, total %d; %d degraded answers (%d allowed, counted); %d replica takeovers; ring settled %s after the kill",
+		victim.Name(), victimKeys, worst, lostTotal, degraded, degradedAllowed, takeovers, settledAt.Sub(killedAt).Round(time.Millisecond))
 	if takeovers < int64(victimKeys) {
 		t.Errorf("%d replica takeovers for the dead owner's %d keys", takeovers, victimKeys)
 	}

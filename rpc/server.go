@@ -107,6 +107,9 @@ type Server struct {
 	setMu   sync.Mutex // serializes SetMembers
 
 	leaving atomic.Bool // set by Leave: the ring excludes this node
+	// joined, set by StartNode before serving, reports whether the node
+	// has joined its cluster (Node.joinedCluster); nil: always.
+	joined func() bool
 	// holdMembers, set by tests that call SetMembers by hand, makes the
 	// node ignore gossip's member lists meanwhile.
 	holdMembers atomic.Bool
@@ -123,13 +126,18 @@ type Server struct {
 	pushSignal chan struct{}
 	replicas   *replicaStore
 	dirty      *dirtySet
-	fallback   *window.Store          // windows of degraded (owner unavailable) decisions
-	mismatch   sync.Map               // member name -> fingerprint last warned about
-	instance   atomic.Pointer[string] // this node's gossiped instance id
-	lastInput  []cluster.Member       // the member list SetMembers was last given; guarded by setMu
-	departing  map[string]string      // member name -> instance that said it is leaving; guarded by setMu
-	bgCancel   context.CancelFunc
-	bg         sync.WaitGroup
+	fallback   *window.Store // windows of degraded (owner unavailable) decisions; see standin.go
+	fbMu       sync.Mutex    // guards fbBase and orders the fallback windows' changes
+	fbBase     map[string]window.State
+	fbKeys     atomic.Int64 // len(fbBase)
+	// standInSignal asks the stand-in loop to hand on stand-in hits now.
+	standInSignal chan struct{}
+	mismatch      sync.Map               // member name -> fingerprint last warned about
+	instance      atomic.Pointer[string] // this node's gossiped instance id
+	lastInput     []cluster.Member       // the member list SetMembers was last given; guarded by setMu
+	departing     map[string]string      // member name -> instance that said it is leaving; guarded by setMu
+	bgCancel      context.CancelFunc
+	bg            sync.WaitGroup
 
 	stats     counters
 	peerStats sync.Map // member name -> *peerStats
@@ -195,6 +203,7 @@ type counters struct {
 	degraded, movedWithoutState, ownerLost, replicaBehind, handOffTimeouts atomic.Int64
 	handedOff, receivedHandOff, handOffErrors, pulls, replicaTakeovers     atomic.Int64
 	replicated, handOffRefused, replicaReturned                            atomic.Int64
+	standInAdmitted, standInReturned, standInForwarded, expired, refunds   atomic.Int64
 }
 
 // PeerStats counts the Forward calls made to one peer.
@@ -293,6 +302,20 @@ type Stats struct {
 	// absurd or undecodable values; nothing of them was merged), and keys
 	// of pulls refused because their sender is not a member.
 	HandOffRefused int64
+	// StandInAdmitted: hits this node admitted in the stead of an
+	// unreachable owner (degraded answers under the local policy), each
+	// counted in its fallback window of the key; StandInForwarded: checks
+	// this node sent to an unreachable owner's stand-in holder;
+	// StandInReturned: keys whose stand-in hits went to their owner (or
+	// into this node's own window once it owned the key).
+	StandInAdmitted, StandInForwarded, StandInReturned int64
+	// Expired: forwarded checks this node, as owner, did not apply because
+	// they came after the sender's deadline (the sender answered them
+	// without it).
+	Expired int64
+	// Refunds: checks given back because another check of the same
+	// request was denied (all or nothing), applied here as owner.
+	Refunds int64
 }
 
 // Stats returns the routing counters.
@@ -327,6 +350,11 @@ func (s *Server) Stats() Stats {
 		ReplicaReturned:   s.stats.replicaReturned.Load(),
 		Replicated:        s.stats.replicated.Load(),
 		Replicas:          s.replicas.len(),
+		StandInAdmitted:   s.stats.standInAdmitted.Load(),
+		StandInForwarded:  s.stats.standInForwarded.Load(),
+		StandInReturned:   s.stats.standInReturned.Load(),
+		Expired:           s.stats.expired.Load(),
+		Refunds:           s.stats.refunds.Load(),
 	}
 	for _, p := range st.Peers {
 		st.ForwardRPCs += p.Batches
@@ -392,7 +420,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		dirty:          newDirtySet(),
 		// Degraded answers while an owner is unreachable: a fresh budget
 		// for an evicted key there is no worse than the degraded answer.
-		fallback: window.NewStore(window.StoreConfig{Clock: storeClock{cfg.Store}, MaxKeys: 100_000, OnKeyCap: window.KeyCapEvict}),
+		fallback:      window.NewStore(window.StoreConfig{Clock: storeClock{cfg.Store}, MaxKeys: 100_000, OnKeyCap: window.KeyCapEvict}),
+		fbBase:        map[string]window.State{},
+		standInSignal: make(chan struct{}, 1),
 		ho: handOffState{doneFrom: map[string]string{}, outgoing: map[string]chan struct{}{},
 			tombs: map[string]tomb{}, departed: map[string]time.Time{}, takenOver: map[string]takeover{}},
 		dialOpts:  slices.Concat([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), codecDialOption}, WindowDialOptions(), cfg.DialOptions),
@@ -407,6 +437,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.bgCancel = cancel
 	s.bg.Go(func() { s.pushLoop(ctx) })
+	s.bg.Go(func() { s.standInLoop(ctx) })
 	if s.replication.Factor > 0 {
 		s.bg.Go(func() { s.replicateLoop(ctx) })
 	}
@@ -522,6 +553,7 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 		if !leaving {
 			s.signalPush()
 		}
+		s.signalStandIn()
 	}
 	return nil
 }
@@ -606,6 +638,9 @@ func (s *Server) RingFingerprint() string { return s.view.Load().ring.Fingerprin
 // the checks this node owns, forwards the others to their owners (owners
 // in parallel; see forward) and answers in request order.
 func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (*sluicev1.CheckResponse, error) {
+	if s.joined != nil && !s.joined() { // alone, it would decide every key from a fresh window
+		return nil, status.Error(codes.Unavailable, "sluice: not joined yet; ask another node")
+	}
 	reqs, fe := parseChecks(req.GetChecks(), s.limits.Current(), false)
 	if fe != nil {
 		if s.obs != nil {
@@ -633,8 +668,8 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (*sluice
 		v := s.view.Load()
 		failed := s.route(ctx, v, reqs, pending, out)
 		if len(failed) == 0 || attempt == 1 || s.view.Load() == v {
-			for _, f := range failed {
-				out[f.index] = s.unavailable(reqs[f.index], f)
+			if len(failed) > 0 {
+				s.answerUnavailable(ctx, reqs, failed, out)
 			}
 			break
 		}
@@ -643,8 +678,12 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (*sluice
 			pending = append(pending, f.index)
 		}
 	}
+	if len(reqs) > 1 && req.GetAllOrNothing() {
+		s.allOrNothing(ctx, reqs, out)
+	}
 	for i, d := range out {
 		r := &reqs[i]
+		d.AppliedAtNs = 0 // for peers only
 		outcome := OutcomeAllowed
 		switch {
 		case d.Error != "":
@@ -790,6 +829,9 @@ func (s *Server) forward(ctx context.Context, p *peer, owner string, reqs []requ
 	req.RingFingerprint, req.RingEpoch = v.ring.Fingerprint(), v.epoch
 	cctx, cancel := context.WithTimeout(ctx, s.forwardTimeout)
 	defer cancel()
+	if d, ok := cctx.Deadline(); ok {
+		req.DeadlineUnixNs = d.UnixNano()
+	}
 	ds, err := forwardCall(cctx, p, req, p.stats)
 	if err != nil {
 		return fail(err)
@@ -818,12 +860,13 @@ func (s *Server) decideOwned(ctx context.Context, v *view, storeKey []byte, r re
 		if mi := s.awaiting(v, storeKey); mi != nil {
 			s.settle(ctx, v, mi, storeKey)
 		}
+		s.foldStandIn(storeKey)
 		s.decideGate.RLock()
 		now := s.view.Load()
 		moved := now.ring != v.ring
 		to := s.tombFor(storeKey)
 		if (!moved && to == "") || !reroute {
-			d := s.decide(storeKey, r.check)
+			d := s.decide(storeKey, &r)
 			s.decideGate.RUnlock()
 			if moved && now.ring.Owner(storeKey) != s.name {
 				s.signalPush() // the key is no longer this node's
@@ -852,8 +895,19 @@ var testHookDecideOwned func(s *Server, storeKey []byte)
 
 // decide applies one validated check to this node's store at the store's
 // clock, and marks the key for replication when it changed.
-func (s *Server) decide(storeKey []byte, c window.Check) *sluicev1.Decision {
-	d, err := s.store.ApplyNow(storeKey, c)
+func (s *Server) decide(storeKey []byte, r *request) *sluicev1.Decision {
+	c := r.check
+	if r.pb.RefundAtNs > 0 {
+		return s.refund(storeKey, r)
+	}
+	if r.deadline != 0 && time.Now().UnixNano() > r.deadline {
+		// The sender no longer waits for this answer (it answered the
+		// check without it): applying it would count it behind its back.
+		s.stats.expired.Add(1)
+		return &sluicev1.Decision{Limit: c.Limit, Owner: s.name, Error: errExpired}
+	}
+	now := s.store.Now()
+	d, err := s.store.ApplyBytes(storeKey, c, now)
 	if err != nil { // cannot happen: checks are validated on entry
 		return &sluicev1.Decision{Limit: c.Limit, Owner: s.name, Error: err.Error()}
 	}
@@ -861,38 +915,12 @@ func (s *Server) decide(storeKey []byte, c window.Check) *sluicev1.Decision {
 		s.dirty.add(storeKey)
 	}
 	pd := toProto(d, s.name)
+	if d.Allowed && c.Hits > 0 && !d.NoRoom {
+		pd.AppliedAtNs = now.UnixNano()
+	}
 	// A new key the store had no room for (key cap, or its name's share)
 	// was refused: not an answer of the key's window.
 	pd.Degraded = d.NoRoom
-	return pd
-}
-
-// unavailable answers a check whose owner could not be reached, per its
-// on_owner_unavailable policy; the decision is marked degraded.
-func (s *Server) unavailable(r request, f failure) *sluicev1.Decision {
-	s.stats.degraded.Add(1)
-	s.log.Debug("owner unavailable; degraded answer", "owner", f.owner, "error", f.err, "policy", r.pb.OnOwnerUnavailable)
-	switch r.pb.OnOwnerUnavailable {
-	case sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_ALLOW:
-		return &sluicev1.Decision{Allowed: true, Limit: r.check.Limit, Owner: s.name, Degraded: true}
-	case sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_DENY:
-		return &sluicev1.Decision{Allowed: false, Limit: r.check.Limit, Owner: s.name, Degraded: true}
-	}
-	// local: this node's replica of the key, if any, plus what it admitted
-	// while the owner was unreachable.
-	key := ring.Key(nil, r.name, r.key)
-	now := s.store.Now()
-	if _, ok := s.fallback.Get(string(key)); !ok {
-		if st, ok := s.replicas.get(string(key)); ok {
-			s.fallback.MergeState(string(key), st, now)
-		}
-	}
-	d, err := s.fallback.ApplyBytes(key, r.check, now)
-	if err != nil { // cannot happen: checks are validated on entry
-		return &sluicev1.Decision{Limit: r.check.Limit, Owner: f.owner, Error: f.err}
-	}
-	pd := toProto(d, s.name)
-	pd.Degraded = true
 	return pd
 }
 
@@ -921,6 +949,53 @@ func (s *Server) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sl
 		buf   []byte
 		moved map[string][]int // owner under this node's ring -> checks
 	)
+	if req.DeadlineUnixNs > 0 {
+		for i := range reqs {
+			reqs[i].deadline = req.DeadlineUnixNs
+		}
+	}
+	if req.StandIn {
+		// The sender could not reach the keys' owner: decide as owner
+		// where this node's ring already gives it the key, else in the
+		// owner's stead from this node's copy (never a further hop).
+		for i := range reqs {
+			r := &reqs[i]
+			buf = ring.Key(buf[:0], r.name, r.key)
+			owner := v.ring.Owner(buf)
+			to := ""
+			if owner != s.name {
+				// A member pulled the key from here as its new owner:
+				// its checks are that member's to decide now.
+				to = s.tombFor(buf)
+			}
+			switch {
+			case r.deadline != 0 && time.Now().UnixNano() > r.deadline:
+				s.stats.expired.Add(1)
+				out[i] = &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name, Error: errExpired}
+			case owner == s.name:
+				out[i] = s.decideOwned(ctx, v, buf, *r, false)
+			case r.pb.RefundAtNs != 0:
+				out[i] = &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name, Error: "a refund is its owner's to apply"}
+			case to != "" && !req.Reforwarded:
+				if moved == nil {
+					moved = map[string][]int{}
+				}
+				moved[to] = append(moved[to], i)
+			default:
+				// Also when this node's ring already gives the key to a
+				// third member (the owner's death reached it first): that
+				// member decides the key only once it has pulled it from
+				// here (copy and stand-in hits), so until then this node
+				// decides for it. (Sent there now, the check would be
+				// decided before the key's state had come.)
+				out[i] = s.standInDecide(buf, *r)
+			}
+		}
+		for owner, is := range moved {
+			s.reforward(ctx, v, owner, reqs, is, out)
+		}
+		return &sluicev1.ForwardResponse{Decisions: out}, nil
+	}
 	for i, r := range reqs {
 		buf = ring.Key(buf[:0], r.name, r.key)
 		owner := v.ring.Owner(buf)
@@ -938,7 +1013,7 @@ func (s *Server) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sl
 			// node): decide here, never a third hop. When the owner under
 			// this ring is a third member, hand the key to it.
 			s.stats.notOwnerApplied.Add(1)
-			out[i] = s.decide(buf, r.check)
+			out[i] = s.decide(buf, &r)
 			if owner != req.Sender {
 				s.signalPush()
 			}
@@ -972,6 +1047,9 @@ func (s *Server) reforward(ctx context.Context, v *view, owner string, reqs []re
 		err = fmt.Errorf("owner %s: no connection to it", owner)
 	} else {
 		cctx, cancel := context.WithTimeout(ctx, s.forwardTimeout)
+		if d, ok := cctx.Deadline(); ok {
+			req.DeadlineUnixNs = d.UnixNano()
+		}
 		var resp *sluicev1.ForwardResponse
 		resp, err = p.client.Forward(cctx, req)
 		cancel()
@@ -988,7 +1066,10 @@ func (s *Server) reforward(ctx context.Context, v *view, owner string, reqs []re
 	// The ring may have changed meanwhile (the owner left it, or this
 	// node now owns the key): decide here if so, else per the policy.
 	now := s.view.Load()
-	var buf []byte
+	var (
+		buf   []byte
+		fails []failure
+	)
 	for _, i := range is {
 		if now.ring.Fingerprint() != v.ring.Fingerprint() {
 			buf = ring.Key(buf[:0], reqs[i].name, reqs[i].key)
@@ -998,7 +1079,10 @@ func (s *Server) reforward(ctx context.Context, v *view, owner string, reqs []re
 			}
 		}
 		s.log.Debug("re-forward failed", "owner", owner, "error", err)
-		out[i] = s.unavailable(reqs[i], failure{index: i, owner: owner, err: err.Error()})
+		fails = append(fails, failure{index: i, owner: owner, err: err.Error()})
+	}
+	if len(fails) > 0 {
+		s.answerUnavailable(ctx, reqs, fails, out)
 	}
 }
 

@@ -58,6 +58,10 @@ type request struct {
 	pb        *sluicev1.RateLimitCheck // to forward: as received, or with a named limit's numbers filled in
 	named     bool                     // name is a configured limit (its numbers may be the check's own)
 	shadow    bool                     // the configured limit is in shadow mode
+	// deadline is the Unix ns after which the check's sender no longer
+	// waits for its answer (ForwardRequest.deadline_unix_ns); 0: none.
+	// A check is not applied after it.
+	deadline int64
 }
 
 // parseChecks validates a batch and converts it; a check without numbers
@@ -127,9 +131,35 @@ func parseCheck(pb *sluicev1.RateLimitCheck, set *limits.Set, fromPeer bool) (re
 	case noNumbers && pb.Name != "" && len(pb.Name) <= MaxNameBytes:
 		return request{}, &fieldError{"limit", fmt.Sprintf("must be > 0, got 0 (and no limit called %q is configured to take the numbers from)", pb.Name)}
 	}
+	copied := !fromPeer && configured && noNumbers // withNumbers made pb a copy
 	if !fromPeer && !noNumbers && pb.Named {
 		pb = proto.CloneOf(pb)
 		pb.Named = false // only nodes set it, on checks they filled in
+		copied = true
+	}
+	// A check under a configured name that leaves on_owner_unavailable
+	// unspecified takes the limit's policy (the key's override's, if
+	// any), with or without numbers of its own: the name says how its
+	// checks fail, and a caller that cares sends a policy. It is resolved
+	// here, on the node the client called (which answers when the owner
+	// cannot be reached), and forwarded in the check; a peer's check
+	// keeps what its sender resolved.
+	if !fromPeer && configured && pb.OnOwnerUnavailable == sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_UNSPECIFIED {
+		var policy sluicev1.OwnerUnavailablePolicy
+		switch l.OnOwnerUnavailable {
+		case limits.OwnerUnavailableLocal:
+			policy = sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_LOCAL
+		case limits.OwnerUnavailableAllow:
+			policy = sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_ALLOW
+		case limits.OwnerUnavailableDeny:
+			policy = sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_DENY
+		}
+		if policy != sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_UNSPECIFIED {
+			if !copied { // never change the caller's message
+				pb = proto.CloneOf(pb)
+			}
+			pb.OnOwnerUnavailable = policy
+		}
 	}
 	switch {
 	case pb.Name == "":

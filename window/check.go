@@ -87,7 +87,8 @@ var ErrInvalid = errors.New("window: invalid check")
 // FieldError refuses one field of a check. It wraps [ErrInvalid].
 type FieldError struct {
 	// Field is the snake_case name of the field, as on the wire: "limit",
-	// "window", "burst", "hits", "algorithm".
+	// "window", "burst", "hits", "algorithm" ([Store.Refund] also names
+	// its times: "applied_at", "now").
 	Field string
 	// Reason says what is wrong, e.g. "must be > 0, got -1".
 	Reason string

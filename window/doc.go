@@ -49,4 +49,32 @@
 //   - Time going backwards (a now earlier than the key's last update) is
 //     treated as no time passing: it never refills a bucket or reopens a
 //     window.
+//
+// # Refunds
+//
+// [Store.Refund] gives back the hits of an allowed check, for a request
+// whose checks must all be consumed or none: when one is denied, the
+// others are refunded. It names the check and the time it was applied at.
+// A refund never takes a count below zero, never creates state, leaves a
+// state built for another algorithm or window alone (the key started
+// afresh since), and never lets a key admit more than it would have had
+// the refunded check been refused; where it cannot tell how much of the
+// check is still counted, it gives back less.
+//
+//   - [FixedWindow]: the hits come off the count of the window they were
+//     applied in, if that window is still the current one; once it has
+//     ended, nothing (its count no longer matters).
+//   - [SlidingWindow]: off the current window's count if they were applied
+//     in it, off the previous window's if they were applied in that one (it
+//     still weighs in the estimate), nothing if earlier.
+//   - [TokenBucket], [LeakyBucket]: off the debt (hits consumed and not yet
+//     refilled, times W), h*W less what can have drained between the check
+//     and the key's last update, floored at 0: exact when the key was not
+//     updated after the check (in particular when the refund comes at once),
+//     less otherwise, as the store cannot tell whose hits the drain took.
+//
+// The windows' refunds are exact: the key ends as if the check had been
+// refused (every other check decided as it was), unless the clock went
+// backwards or the key was removed or reset in between. Refund a check
+// at most once: the store cannot tell a second refund from the first.
 package window

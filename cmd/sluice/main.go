@@ -4,7 +4,7 @@
 //	sluice check    send a check to a node
 //	sluice members  show the cluster as a node sees it
 //	sluice bench    load a cluster and measure it
-//	sluice healthcheck  exit 0 if a node serves (container health checks)
+//	sluice healthcheck  exit 0 if a node is ready (container health checks, readiness probes)
 //	sluice proxy    a reverse proxy that applies limits per route
 //	sluice keygen   print a new gossip encryption key
 //

@@ -167,7 +167,7 @@ type rulesFile struct {
 }
 
 // ruleSpec is one rule: a route and its check (limit, key, ...) or its
-// checks.
+// checks, and its failure mode (empty: the file's).
 type ruleSpec struct {
 	Match     string      `yaml:"match"`
 	Limit     string      `yaml:"limit"`
@@ -175,6 +175,7 @@ type ruleSpec struct {
 	OverLimit string      `yaml:"over_limit"`
 	Window    string      `yaml:"window"`
 	Checks    []checkSpec `yaml:"checks"`
+	Failure   string      `yaml:"failure"`
 }
 
 // checkSpec is one limit a request of a rule is checked against.
@@ -294,11 +295,14 @@ func (rs *rules) clock() time.Time {
 	return time.Now()
 }
 
-// rule is a route and the checks of the requests it matches.
+// rule is a route and the checks of the requests it matches, sent in
+// one call and answered by its failure mode.
 type rule struct {
 	route
-	line   int
-	checks []ruleCheck
+	line    int
+	failure client.FailureMode
+	checks  []ruleCheck
+	handler http.Handler // set by newProxyHandler: the checks, then the upstream
 }
 
 // ruleCheck is one compiled check of a rule.
@@ -306,7 +310,6 @@ type ruleCheck struct {
 	spec checkSpec
 	key  middleware.KeyFunc
 	win  time.Duration
-	mw   *middleware.Middleware // set by newProxyHandler
 }
 
 // loadRules reads and checks a rules file; getenv supplies the secrets.
@@ -351,11 +354,8 @@ func parseRules(file string, data []byte, getenv func(string) (string, bool)) (*
 		}
 		rs.timeout = d
 	}
-	switch spec.Failure {
-	case "", "open":
-	case "closed":
-		rs.failure = client.FailClosed
-	default:
+	var ok bool
+	if rs.failure, ok = parseFailure(spec.Failure, client.FailOpen); !ok {
 		return nil, errf(line("failure"), "failure", "want open or closed, got %q", spec.Failure)
 	}
 	switch spec.Reset {
@@ -441,6 +441,10 @@ func parseRules(file string, data []byte, getenv func(string) (string, bool)) (*
 		if r.route, err = parseRoute(rspec.Match, rs.fold); err != nil {
 			return nil, errf(lineOr(line("rules", i, "match"), r.line), fmt.Sprintf("rules[%d].match", i), "%v", err)
 		}
+		var ok bool
+		if r.failure, ok = parseFailure(rspec.Failure, rs.failure); !ok {
+			return nil, errf(lineOr(line("rules", i, "failure"), r.line), fmt.Sprintf("rules[%d].failure", i), "want open or closed, got %q", rspec.Failure)
+		}
 		checks, at := rspec.Checks, []any{"rules", i, "checks"}
 		if len(checks) == 0 {
 			checks, at = []checkSpec{{Limit: rspec.Limit, Key: rspec.Key, OverLimit: rspec.OverLimit, Window: rspec.Window}}, []any{"rules", i}
@@ -468,7 +472,14 @@ func parseRules(file string, data []byte, getenv func(string) (string, bool)) (*
 				return nil, fail("key", "%v", err)
 			}
 			switch cs.OverLimit {
-			case "", "deny", "forward":
+			case "", "deny":
+			case "forward":
+				if len(rspec.Checks) > 1 {
+					// The rule's checks are one request, counted all or
+					// nothing: over this limit, the others would not
+					// count the request that goes upstream.
+					return nil, fail("over_limit", "forward needs a rule of its own (one check): a rule's checks count all or nothing, so a request forwarded over %q would count against none of the rule's other limits", cs.Limit)
+				}
 			default:
 				return nil, fail("over_limit", "want deny or forward, got %q", cs.OverLimit)
 			}
@@ -484,6 +495,19 @@ func parseRules(file string, data []byte, getenv func(string) (string, bool)) (*
 		rs.rules = append(rs.rules, r)
 	}
 	return rs, nil
+}
+
+// parseFailure parses a failure mode: "" is def.
+func parseFailure(s string, def client.FailureMode) (client.FailureMode, bool) {
+	switch s {
+	case "":
+		return def, true
+	case "open":
+		return client.FailOpen, true
+	case "closed":
+		return client.FailClosed, true
+	}
+	return def, false
 }
 
 // keyFunc compiles a key source: parts joined by "+" make a composite
@@ -615,8 +639,9 @@ type proxyHandler struct {
 	upstream http.Handler
 }
 
-// newProxyHandler builds the proxy of rs in front of upstream.
-func newProxyHandler(rs *rules, upstream *url.URL, checker middleware.Checker, logger *slog.Logger) (http.Handler, error) {
+// newProxyHandler builds the proxy of rs in front of upstream, checking
+// through c (each rule by its own failure mode).
+func newProxyHandler(rs *rules, upstream *url.URL, c *client.Client, logger *slog.Logger) (http.Handler, error) {
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(upstream)
@@ -631,32 +656,53 @@ func newProxyHandler(rs *rules, upstream *url.URL, checker middleware.Checker, l
 	p := &proxyHandler{rules: rs, upstream: rp}
 	for i := range rs.rules {
 		r := &rs.rules[i]
-		for j := range r.checks {
-			c := &r.checks[j]
+		checker, err := c.WithFailureMode(r.failure)
+		if err != nil {
+			return nil, fmt.Errorf("%s:%d: rule: %w", rs.file, r.line, err)
+		}
+		var ms []*middleware.Middleware
+		next := http.Handler(rp)
+		for _, rc := range r.checks {
 			m, err := middleware.New(middleware.Config{
 				Checker:       checker,
-				Name:          c.spec.Limit,
-				Window:        c.win,
-				Key:           c.key,
+				Name:          rc.spec.Limit,
+				Window:        rc.win,
+				Key:           rc.key,
 				ExemptMethods: []string{}, // the proxy's exempt list decides
 				ResetDelta:    rs.reset == "delta",
-				PassOverLimit: c.spec.OverLimit == "forward",
+				PassOverLimit: rc.spec.OverLimit == "forward",
 				Now:           rs.clock,
 				Logger:        logger,
 			})
 			if err != nil {
 				return nil, fmt.Errorf("%s:%d: rule: %w", rs.file, r.line, err)
 			}
-			c.mw = m
+			ms = append(ms, m)
+			if rc.spec.OverLimit == "forward" { // the rule's only check
+				name := rc.spec.Limit
+				next = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+					if d, ok := middleware.DecisionFrom(req.Context()); ok && !d.Allowed {
+						req.Header.Add(overLimitHeader, name)
+					}
+					rp.ServeHTTP(w, req)
+				})
+			}
 		}
+		// All the rule's checks go in one call, which the nodes count
+		// all or nothing.
+		g, err := middleware.NewGroup(middleware.GroupConfig{Checker: checker, Limits: ms})
+		if err != nil {
+			return nil, fmt.Errorf("%s:%d: rule: %w", rs.file, r.line, err)
+		}
+		r.handler = g.Handler(next)
 	}
 	return p, nil
 }
 
 // ServeHTTP forwards exempt requests; others are checked against the
-// checks of the first rule that matches them (in file order), the first
-// check that denies answering; requests no rule matches are forwarded
-// unlimited.
+// checks of the first rule that matches them (in file order), all in one
+// call, the first check that denies answering; requests no rule matches
+// are forwarded unlimited.
 func (p *proxyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.Header.Del(overLimitHeader)
 	method, cpath := strings.ToUpper(r.Method), canonicalPath(r.URL.Path, p.rules.fold)
@@ -666,28 +712,13 @@ func (p *proxyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	h := p.upstream
-	for _, rule := range p.rules.rules {
-		if !rule.matches(method, cpath) {
-			continue
+	for i := range p.rules.rules {
+		if rule := &p.rules.rules[i]; rule.matches(method, cpath) {
+			rule.handler.ServeHTTP(w, r)
+			return
 		}
-		for i := len(rule.checks) - 1; i >= 0; i-- {
-			c := &rule.checks[i]
-			next := h
-			if c.spec.OverLimit == "forward" {
-				name, inner := c.spec.Limit, h
-				next = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-					if d, ok := middleware.DecisionFrom(r.Context()); ok && !d.Allowed {
-						r.Header.Add(overLimitHeader, name)
-					}
-					inner.ServeHTTP(w, r)
-				})
-			}
-			h = c.mw.Handler(next)
-		}
-		break
 	}
-	h.ServeHTTP(w, r)
+	p.upstream.ServeHTTP(w, r)
 }
 
 // maxBody answers 413 to a request whose declared body is over limit bytes,

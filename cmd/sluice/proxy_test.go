@@ -13,11 +13,16 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
 	"github.com/sluicehq/sluice/internal/syncbuf"
 	"github.com/sluicehq/sluice/internal/testcluster"
+	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -219,10 +224,13 @@ func TestProxyRules(t *testing.T) {
 			t.Fatalf("login %d: %d, want %d", i+1, resp.StatusCode, want)
 		}
 	}
-	// api is checked first (file order), so it counted all three logins:
-	// a GET is that IP's 4th api hit.
-	if resp, _ := send(t, "GET", base+"/api/x", "203.0.113.2", ""); resp.StatusCode != 429 {
-		t.Fatalf("api after logins: %d", resp.StatusCode)
+	// The rule's checks are one request, counted all or nothing: the
+	// refused third login counted against neither limit, so api has
+	// counted two logins and allows that IP one more hit.
+	for i, want := range []int{200, 429} {
+		if resp, _ := send(t, "GET", base+"/api/x", "203.0.113.2", ""); resp.StatusCode != want {
+			t.Fatalf("api after logins, request %d: %d, want %d", i+1, resp.StatusCode, want)
+		}
 	}
 	// over_limit: forward reaches the app, marked; a client's own mark is
 	// dropped.
@@ -311,6 +319,10 @@ func TestProxyRefusesBadRules(t *testing.T) {
 		{"rules: [\n", "proxy.yaml:1: did not find expected node content"},
 		{"exempt: [OPTIONS, \"get it\"]\nrules:\n  - match: /\n    limit: api\n    key: route\n", `proxy.yaml:1: exempt[1]: "get it" is no HTTP method`},
 		{"rules:\n  - match: P@ST /x\n    limit: api\n    key: route\n", `proxy.yaml:2: rules[0].match: "P@ST /x": "P@ST" is no HTTP method`},
+		{"rules:\n  - match: /\n    limit: api\n    key: route\n    failure: shut\n", `proxy.yaml:5: rules[0].failure: want open or closed, got "shut"`},
+		{"rules:\n  - match: /\n    checks:\n      - {limit: api, key: route}\n      - {limit: login, key: route, over_limit: forward}\n",
+			`proxy.yaml:5: rules[0].checks[1].over_limit: forward needs a rule of its own (one check)`},
+		{"rules:\n  - match: /\n    checks:\n      - {limit: api, key: route, failure: closed}\n", "proxy.yaml:4: field failure is not a setting of the rules file"},
 	} {
 		dir := writeFiles(t, map[string]string{"proxy.yaml": tc.file, "limits.yaml": proxyLimits})
 		_, err := loadRules(filepath.Join(dir, "proxy.yaml"), env)
@@ -343,5 +355,107 @@ func TestExampleRulesFileLoads(t *testing.T) {
 	}
 	if len(rs.rules) != 2 || rs.rules[0].checks[0].win != time.Hour || rs.rules[1].checks[0].win != time.Minute || rs.timeout != 500*time.Millisecond {
 		t.Fatalf("examples/proxy.yaml: %+v", rs)
+	}
+}
+
+// recordingNode is a stand-in cluster of one gRPC node that records every
+// Check request and answers each check allowed, and marked degraded when
+// its key holds "degraded" (as a node whose policy allowed it with the
+// key's owner unreachable).
+type recordingNode struct {
+	sluicev1.UnimplementedRateLimitServiceServer
+	addr string
+	mu   sync.Mutex
+	reqs []*sluicev1.CheckRequest
+}
+
+func (f *recordingNode) Check(_ context.Context, req *sluicev1.CheckRequest) (*sluicev1.CheckResponse, error) {
+	f.mu.Lock()
+	f.reqs = append(f.reqs, proto.CloneOf(req))
+	f.mu.Unlock()
+	resp := &sluicev1.CheckResponse{}
+	for _, c := range req.Checks {
+		resp.Decisions = append(resp.Decisions, &sluicev1.Decision{Allowed: true, Limit: 10, Remaining: 9, Owner: "node1",
+			Degraded: strings.Contains(c.Key, "degraded")})
+	}
+	return resp, nil
+}
+
+// take returns the requests recorded since the last take.
+func (f *recordingNode) take() []*sluicev1.CheckRequest {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := f.reqs
+	f.reqs = nil
+	return out
+}
+
+func startRecordingNode(t *testing.T) *recordingNode {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &recordingNode{addr: lis.Addr().String()}
+	s := grpc.NewServer()
+	sluicev1.RegisterRateLimitServiceServer(s, f)
+	go func() { _ = s.Serve(lis) }()
+	t.Cleanup(s.Stop)
+	return f
+}
+
+// failure: closed sends every check with OWNER_UNAVAILABLE_DENY and
+// answers a degraded answer (even an allowed one) 503; a rule's own
+// failure: open wins over the file's and lets it through, sending no
+// policy; a rule with several checks is one call carrying all of them.
+func TestProxyFailureModeReachesTheNodes(t *testing.T) {
+	node := startRecordingNode(t)
+	const rules = `
+timeout: 20s
+failure: closed
+rules:
+  - match: POST /login
+    checks:
+      - {limit: api, key: "header:X-K"}
+      - {limit: login, key: "route+header:X-K"}
+  - match: /open/
+    failure: open
+    limit: api
+    key: "header:X-K"
+  - match: /
+    limit: api
+    key: "header:X-K"
+`
+	dir := writeFiles(t, map[string]string{"proxy.yaml": rules})
+	base := startProxy(t, []string{"--upstream", upstream(t).URL, "--cluster", node.addr, "--rules", filepath.Join(dir, "proxy.yaml")}, nil)
+	deny, unspecified := sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_DENY, sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_UNSPECIFIED
+	for _, tc := range []struct {
+		method, path, key string
+		code              int
+		names             []string // the checks of the one request the node got
+		policy            sluicev1.OwnerUnavailablePolicy
+	}{
+		{"GET", "/items", "k1", 200, []string{"api"}, deny},
+		{"GET", "/items", "degraded-1", 503, []string{"api"}, deny},
+		{"GET", "/open/items", "degraded-2", 200, []string{"api"}, unspecified},
+		{"POST", "/login", "k3", 200, []string{"api", "login"}, deny},
+		{"POST", "/login", "degraded-4", 503, []string{"api", "login"}, deny},
+	} {
+		resp, body := send(t, tc.method, base+tc.path, "", "", "X-K", tc.key)
+		if resp.StatusCode != tc.code {
+			t.Fatalf("%s %s (key %s): %d %q, want %d", tc.method, tc.path, tc.key, resp.StatusCode, body, tc.code)
+		}
+		if tc.code == 200 && body != "upstream "+tc.method+" "+tc.path {
+			t.Fatalf("%s %s: body %q", tc.method, tc.path, body)
+		}
+		reqs := node.take()
+		if len(reqs) != 1 || len(reqs[0].Checks) != len(tc.names) {
+			t.Fatalf("%s %s: the node got %v, want one request of %d checks", tc.method, tc.path, reqs, len(tc.names))
+		}
+		for i, c := range reqs[0].Checks {
+			if c.Name != tc.names[i] || c.OnOwnerUnavailable != tc.policy {
+				t.Errorf("%s %s: checks[%d] = %s with %s, want %s with %s", tc.method, tc.path, i, c.Name, c.OnOwnerUnavailable, tc.names[i], tc.policy)
+			}
+		}
 	}
 }

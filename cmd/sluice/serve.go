@@ -29,7 +29,9 @@ func serveCommand(e env) *cli.Command {
 		Name:  "serve",
 		Usage: "run a sluice node",
 		Description: "Runs a node: it answers checks on --grpc-addr, gossips membership on --gossip-addr,\n" +
-			"and joins the members listed in --join (none: a cluster of one). SIGINT or SIGTERM\n" +
+			"and joins the members listed in --join (none: a cluster of one). With --join, until it\n" +
+			"has joined it refuses client checks (UNAVAILABLE: ask another node), and gRPC health says\n" +
+			"NOT_SERVING until it has joined and its ring has settled, as /readyz does. SIGINT or SIGTERM\n" +
 			"makes it leave gracefully: health goes NOT_SERVING, it stops taking checks, hands the\n" +
 			"state of all its keys to their next owners (bounded by --handoff-timeout), leaves the\n" +
 			"gossip and exits. SIGHUP reloads --limits, --gossip-key-file, the TLS files and --token-file.\n\n" +

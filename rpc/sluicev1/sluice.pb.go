@@ -336,7 +336,13 @@ type Decision struct {
 	// Peer use only (0 in Check answers): the owner's clock, Unix ns, at
 	// which it consumed this check's hits; 0 when it consumed none. A refund
 	// of the check names it (RateLimitCheck.refund_at_ns).
-	AppliedAtNs   int64 `protobuf:"varint,17,opt,name=applied_at_ns,json=appliedAtNs,proto3" json:"applied_at_ns,omitempty"`
+	AppliedAtNs int64 `protobuf:"varint,17,opt,name=applied_at_ns,json=appliedAtNs,proto3" json:"applied_at_ns,omitempty"`
+	// Set when this check was allowed but given back because another check
+	// of the same request was denied (or could not be decided): a request's
+	// checks consume all or none. allowed is then false, nothing of it is
+	// counted, remaining is what it was before the check, and retry_after is
+	// 0 (the check alone would pass; the denied one says when to retry).
+	Refunded      bool `protobuf:"varint,18,opt,name=refunded,proto3" json:"refunded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -448,10 +454,24 @@ func (x *Decision) GetAppliedAtNs() int64 {
 	return 0
 }
 
+func (x *Decision) GetRefunded() bool {
+	if x != nil {
+		return x.Refunded
+	}
+	return false
+}
+
 type CheckRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// 1..1000 checks.
-	Checks        []*RateLimitCheck `protobuf:"bytes,1,rep,name=checks,proto3" json:"checks,omitempty"`
+	Checks []*RateLimitCheck `protobuf:"bytes,1,rep,name=checks,proto3" json:"checks,omitempty"`
+	// Set when the checks are the limits of one request (e.g. per user and
+	// per IP for one login): they consume all or none. When one is denied
+	// (or cannot be decided), the others' hits are given back at their
+	// owners and they are answered refunded. Unset, each check is decided
+	// on its own, as a batch of independent checks (e.g. many users' checks
+	// sent together) must be.
+	AllOrNothing  bool `protobuf:"varint,2,opt,name=all_or_nothing,json=allOrNothing,proto3" json:"all_or_nothing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -491,6 +511,13 @@ func (x *CheckRequest) GetChecks() []*RateLimitCheck {
 		return x.Checks
 	}
 	return nil
+}
+
+func (x *CheckRequest) GetAllOrNothing() bool {
+	if x != nil {
+		return x.AllOrNothing
+	}
+	return false
 }
 
 type CheckResponse struct {
@@ -1423,7 +1450,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x14on_owner_unavailable\x18\t \x01(\x0e2!.sluice.v1.OwnerUnavailablePolicyR\x12onOwnerUnavailable\x12 \n" +
 	"\frefund_at_ns\x18\x12 \x01(\x03R\n" +
 	"refundAtNsB\a\n" +
-	"\x05_hits\"\xb2\x02\n" +
+	"\x05_hits\"\xce\x02\n" +
 	"\bDecision\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
@@ -1437,9 +1464,11 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05error\x18\b \x01(\tR\x05error\x12\x16\n" +
 	"\x06shadow\x18\x10 \x01(\bR\x06shadow\x12\x1a\n" +
 	"\bdegraded\x18\t \x01(\bR\bdegraded\x12\"\n" +
-	"\rapplied_at_ns\x18\x11 \x01(\x03R\vappliedAtNs\"A\n" +
+	"\rapplied_at_ns\x18\x11 \x01(\x03R\vappliedAtNs\x12\x1a\n" +
+	"\brefunded\x18\x12 \x01(\bR\brefunded\"g\n" +
 	"\fCheckRequest\x121\n" +
-	"\x06checks\x18\x01 \x03(\v2\x19.sluice.v1.RateLimitCheckR\x06checks\"B\n" +
+	"\x06checks\x18\x01 \x03(\v2\x19.sluice.v1.RateLimitCheckR\x06checks\x12$\n" +
+	"\x0eall_or_nothing\x18\x02 \x01(\bR\fallOrNothing\"B\n" +
 	"\rCheckResponse\x121\n" +
 	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\"\xb9\x02\n" +
 	"\x0eForwardRequest\x121\n" +

@@ -156,6 +156,18 @@ func (m *Decision) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if m.Refunded {
+		i--
+		if m.Refunded {
+			dAtA[i] = 1
+		} else {
+			dAtA[i] = 0
+		}
+		i--
+		dAtA[i] = 0x1
+		i--
+		dAtA[i] = 0x90
+	}
 	if m.AppliedAtNs != 0 {
 		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.AppliedAtNs))
 		i--
@@ -266,6 +278,16 @@ func (m *CheckRequest) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 	if m.unknownFields != nil {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
+	}
+	if m.AllOrNothing {
+		i--
+		if m.AllOrNothing {
+			dAtA[i] = 1
+		} else {
+			dAtA[i] = 0
+		}
+		i--
+		dAtA[i] = 0x10
 	}
 	if len(m.Checks) > 0 {
 		for iNdEx := len(m.Checks) - 1; iNdEx >= 0; iNdEx-- {
@@ -1168,6 +1190,9 @@ func (m *Decision) SizeVT() (n int) {
 	if m.AppliedAtNs != 0 {
 		n += 2 + protohelpers.SizeOfVarint(uint64(m.AppliedAtNs))
 	}
+	if m.Refunded {
+		n += 3
+	}
 	n += len(m.unknownFields)
 	return n
 }
@@ -1183,6 +1208,9 @@ func (m *CheckRequest) SizeVT() (n int) {
 			l = e.SizeVT()
 			n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 		}
+	}
+	if m.AllOrNothing {
+		n += 2
 	}
 	n += len(m.unknownFields)
 	return n
@@ -2063,6 +2091,26 @@ func (m *Decision) UnmarshalVT(dAtA []byte) error {
 					break
 				}
 			}
+		case 18:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field Refunded", wireType)
+			}
+			var v int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				v |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			m.Refunded = bool(v != 0)
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
@@ -2148,6 +2196,26 @@ func (m *CheckRequest) UnmarshalVT(dAtA []byte) error {
 				return err
 			}
 			iNdEx = postIndex
+		case 2:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field AllOrNothing", wireType)
+			}
+			var v int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				v |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			m.AllOrNothing = bool(v != 0)
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])

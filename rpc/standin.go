@@ -1,0 +1,453 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/rpc/sluicev1"
+	"github.com/sluicehq/sluice/window"
+)
+
+// Stand-in decisions: what a node admits for a key while the key's owner
+// cannot be reached counts.
+//
+// A check whose owner does not answer (policy local, the default) goes to
+// the owner's replica holder, the member after it on the ring, which holds
+// the owner's copy of the key: it decides the check in the owner's stead,
+// from that copy plus what it admitted so far in the owner's stead (its
+// fallback window of the key). Every entry node sends such checks to the
+// same member, so one window decides them, starting from the owner's last
+// copy: a crashed owner costs a key at most what it admitted after its last
+// replication send that reached the holder. When the holder cannot be
+// reached either (or replication is off), the entry node decides from its
+// own fallback window the same way.
+//
+// A fallback window starts from the copy this node holds of the key (its
+// base; none: from zero) and counts what it admits on top. Those hits (the
+// window minus its base, window.Subtract) go to the key's owner once it can
+// be reached, or to whoever owns the key after the ring changed (a
+// HandOff marked stand_in, merged there: counts add), every replication
+// interval and at once on a ring change; a member that pulls the key gets
+// them with the pull (PullResponse.stand_in); and when this node is the
+// owner by then, it adds them to its own window before it decides the key
+// again (foldStandIn).
+
+// standInDecide decides r (key is its store key) from this node's fallback
+// window of the key in the stead of its owner, and counts what it admits
+// there until it is handed to the owner. The window follows this node's
+// copy of the key: when a newer copy came since the window started, the
+// window becomes that copy plus what it admitted beyond the old one. The
+// decision is marked degraded.
+func (s *Server) standInDecide(key []byte, r request) *sluicev1.Decision {
+	k := string(key)
+	s.fbMu.Lock()
+	now := s.store.Now()
+	rep, hasRep := s.replicas.get(k)
+	base, ok := s.fbBase[k]
+	if ok && !base.IsZero() {
+		if _, held := s.fallback.Get(k); !held {
+			ok = false // evicted at the fallback store's key cap: start again
+		}
+	}
+	switch {
+	case !ok:
+		s.fallback.Take(k)
+		if hasRep {
+			s.fallback.MergeState(k, rep, now)
+		}
+		s.fbBase[k] = rep
+		s.fbKeys.Store(int64(len(s.fbBase)))
+	case hasRep && rep != base:
+		cur, _ := s.fallback.Take(k)
+		s.fallback.MergeState(k, window.Merge(rep, window.Subtract(cur, base)), now)
+		s.fbBase[k] = rep
+	}
+	d, err := s.fallback.ApplyBytes(key, r.check, now)
+	s.fbMu.Unlock()
+	if err != nil { // cannot happen: checks are validated on entry
+		return &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name, Error: err.Error(), Degraded: true}
+	}
+	if d.Allowed && r.check.Hits > 0 {
+		s.stats.standInAdmitted.Add(r.check.Hits)
+	}
+	pd := toProto(d, s.name)
+	pd.Degraded = true
+	return pd
+}
+
+// standInHits returns the hits key's fallback window admitted beyond its
+// base (window.Subtract), and false when there is no window of the key or
+// it has run out (then it is dropped: nothing of it counts any more).
+func (s *Server) standInHits(k string, now time.Time) (window.State, bool) {
+	s.fbMu.Lock()
+	defer s.fbMu.Unlock()
+	base, ok := s.fbBase[k]
+	if !ok {
+		return window.State{}, false
+	}
+	cur, held := s.fallback.Get(k)
+	if !held || !cur.Expires().After(now) {
+		delete(s.fbBase, k)
+		s.fallback.Take(k)
+		s.fbKeys.Store(int64(len(s.fbBase)))
+		return window.State{}, false
+	}
+	d := window.Subtract(cur, base)
+	return d, d.Expires().After(now)
+}
+
+// sentStandIn takes the hits d, handed on to the key's owner, out of key's
+// fallback window: it keeps deciding from its base plus what it admitted
+// since.
+func (s *Server) sentStandIn(k string, d window.State) {
+	s.fbMu.Lock()
+	defer s.fbMu.Unlock()
+	if _, ok := s.fbBase[k]; !ok {
+		return
+	}
+	if cur, ok := s.fallback.Take(k); ok {
+		s.fallback.MergeState(k, window.Subtract(cur, d), s.store.Now())
+	}
+}
+
+// takeStandIn removes key's fallback window and returns the hits it
+// admitted beyond its base, and whether any are left to count.
+func (s *Server) takeStandIn(k string) (window.State, bool) {
+	s.fbMu.Lock()
+	defer s.fbMu.Unlock()
+	base, ok := s.fbBase[k]
+	if !ok {
+		return window.State{}, false
+	}
+	delete(s.fbBase, k)
+	s.fbKeys.Store(int64(len(s.fbBase)))
+	st, ok := s.fallback.Take(k)
+	if !ok { // evicted from the fallback store (at its key cap)
+		return window.State{}, false
+	}
+	d := window.Subtract(st, base)
+	return d, d.Expires().After(s.store.Now())
+}
+
+// foldStandIn adds what this node admitted for key in its owner's stead to
+// its own window of key, which it now owns. It costs an atomic load when
+// this node has no fallback windows.
+func (s *Server) foldStandIn(key []byte) {
+	if s.fbKeys.Load() == 0 {
+		return
+	}
+	d, ok := s.takeStandIn(string(key))
+	if !ok {
+		return
+	}
+	s.store.MergeState(string(key), d, s.store.Now())
+	s.stats.standInReturned.Add(1)
+	if s.replication.Factor > 0 {
+		s.dirty.add(key)
+	}
+}
+
+// signalStandIn asks the stand-in loop to hand on what this node admitted
+// in unreachable owners' stead; signals coalesce.
+func (s *Server) signalStandIn() {
+	select {
+	case s.standInSignal <- struct{}{}:
+	default:
+	}
+}
+
+// standInLoop hands on this node's stand-in hits every replication
+// interval while it has any, and at once on a signal (a ring change).
+func (s *Server) standInLoop(ctx context.Context) {
+	t := time.NewTicker(s.replication.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-s.standInSignal:
+		}
+		if s.fbKeys.Load() == 0 {
+			continue
+		}
+		s.flushStandIns(ctx)
+	}
+}
+
+// flushStandIns hands each key's stand-in hits to the key's owner under
+// this node's current ring (adding them to its own window when that is
+// this node). The window keeps deciding with them until the owner has
+// them; a send that fails is tried again next time.
+func (s *Server) flushStandIns(ctx context.Context) {
+	v := s.view.Load()
+	s.fbMu.Lock()
+	keys := make([]string, 0, len(s.fbBase))
+	for k := range s.fbBase {
+		keys = append(keys, k)
+	}
+	s.fbMu.Unlock()
+	byOwner := map[string][]string{}
+	for _, k := range keys {
+		o := v.ring.Owner([]byte(k))
+		if o == s.name {
+			// Not while the key's state may still be on its way here:
+			// its next check folds them in once it has settled.
+			if !s.leaving.Load() && s.awaiting(v, []byte(k)) == nil {
+				s.foldStandIn([]byte(k))
+			}
+			continue
+		}
+		byOwner[o] = append(byOwner[o], k)
+	}
+	var wg sync.WaitGroup
+	for o, ks := range byOwner {
+		p := v.peers[o]
+		if p == nil {
+			continue
+		}
+		// In parallel: a silent owner holds its send up to the forward
+		// timeout, and must not hold the others'.
+		wg.Go(func() {
+			now := s.store.Now()
+			hits := map[string]window.State{}
+			for _, k := range ks {
+				if d, ok := s.standInHits(k, now); ok {
+					hits[k] = d
+				}
+			}
+			if len(hits) == 0 {
+				return
+			}
+			if err := s.sendStandIns(ctx, p, hits); err != nil {
+				s.log.Debug("stand-in hits not handed on yet; trying again", "owner", o, "keys", len(hits), "error", err)
+				return
+			}
+			for k, d := range hits {
+				s.sentStandIn(k, d)
+			}
+			s.stats.standInReturned.Add(int64(len(hits)))
+		})
+	}
+	wg.Wait()
+}
+
+// sendStandIns hands states to p in HandOff requests marked stand_in,
+// bounded by the forward timeout.
+func (s *Server) sendStandIns(ctx context.Context, p *peer, states map[string]window.State) error {
+	ctx, cancel := context.WithTimeout(ctx, s.forwardTimeout)
+	defer cancel()
+	st, err := p.client.HandOff(ctx)
+	if err != nil {
+		return err
+	}
+	req := &sluicev1.HandOffRequest{Sender: s.name, StandIn: true, RingFingerprint: s.view.Load().ring.Fingerprint()}
+	flush := func() error {
+		if len(req.States) == 0 {
+			return nil
+		}
+		if err := st.Send(req); err != nil {
+			return err
+		}
+		resp, err := st.Recv()
+		switch {
+		case err != nil:
+			return err
+		case resp.Error != "":
+			return errors.New(resp.Error)
+		}
+		req.States = req.States[:0]
+		return nil
+	}
+	for k, d := range states {
+		b, _ := d.AppendBinary(nil)
+		req.States = append(req.States, &sluicev1.KeyState{Key: []byte(k), State: b})
+		if len(req.States) == handOffBatch {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	if err := flush(); err != nil {
+		return err
+	}
+	if err := st.CloseSend(); err != nil {
+		return err
+	}
+	if _, err := st.Recv(); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	return nil
+}
+
+// standInHolder returns the member that decides the keys of owner in its
+// stead under v (the member after it on the ring, which holds its
+// copies), or "" when there is none (replication off, or no other member).
+func (s *Server) standInHolder(v *view, owner string) string {
+	if s.replication.Factor <= 0 {
+		return ""
+	}
+	succ := v.ring.SuccessorsOf(owner, 1)
+	if len(succ) == 0 || succ[0] == owner {
+		return ""
+	}
+	return succ[0]
+}
+
+// answerUnavailable answers the checks fs, whose owners could not be
+// reached, per each one's on_owner_unavailable policy, writing into out.
+// Under local (the default) the checks of each unreachable owner go, in
+// one call, to its stand-in holder (standInHolder), which decides them in
+// the owner's stead; those that cannot go there, or whose holder is this
+// node, are decided here (standInDecide).
+func (s *Server) answerUnavailable(ctx context.Context, reqs []request, fs []failure, out []*sluicev1.Decision) {
+	v := s.view.Load()
+	byHolder, byTomb := map[string][]int{}, map[string][]int{}
+	var buf []byte
+	for _, f := range fs {
+		r := reqs[f.index]
+		if r.pb.RefundAtNs != 0 { // a refund is the owner's to apply, or nobody's
+			out[f.index] = &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name, Error: "refund not delivered: " + f.err}
+			continue
+		}
+		s.stats.degraded.Add(1)
+		s.log.Debug("owner unavailable; degraded answer", "owner", f.owner, "error", f.err, "policy", r.pb.OnOwnerUnavailable)
+		switch r.pb.OnOwnerUnavailable {
+		case sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_ALLOW:
+			out[f.index] = &sluicev1.Decision{Allowed: true, Limit: r.check.Limit, Owner: s.name, Degraded: true}
+			continue
+		case sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_DENY:
+			out[f.index] = &sluicev1.Decision{Allowed: false, Limit: r.check.Limit, Owner: s.name, Degraded: true}
+			continue
+		}
+		buf = ring.Key(buf[:0], r.name, r.key)
+		if to := s.tombFor(buf); to != "" && to != f.owner && v.peers[to] != nil {
+			// The key's new owner pulled it from here (copy and stand-in
+			// hits): it decides the key now, although this node's ring
+			// still names the old owner.
+			byTomb[to] = append(byTomb[to], f.index)
+			continue
+		}
+		h := s.standInHolder(v, f.owner)
+		if h == "" || h == s.name || v.peers[h] == nil {
+			out[f.index] = s.standInDecide(buf, r)
+			continue
+		}
+		byHolder[h] = append(byHolder[h], f.index)
+	}
+	for h, is := range byHolder {
+		s.standInForward(ctx, v, h, reqs, is, fs, out)
+	}
+	for to, is := range byTomb {
+		s.reforward(ctx, v, to, reqs, is, out)
+	}
+}
+
+// standInForward sends the checks reqs[i], i in is, to the stand-in holder
+// h of their unreachable owner; whatever h does not answer is decided here.
+func (s *Server) standInForward(ctx context.Context, v *view, h string, reqs []request, is []int, fs []failure, out []*sluicev1.Decision) {
+	owner := ""
+	for _, f := range fs {
+		if f.index == is[0] {
+			owner = f.owner
+		}
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.forwardTimeout)
+	defer cancel()
+	deadline, _ := cctx.Deadline()
+	req := &sluicev1.ForwardRequest{Sender: s.name, RingFingerprint: v.ring.Fingerprint(), RingEpoch: v.epoch,
+		StandIn: true, UnreachableOwner: owner, DeadlineUnixNs: deadline.UnixNano(),
+		Checks: make([]*sluicev1.RateLimitCheck, len(is))}
+	for j, i := range is {
+		req.Checks[j] = reqs[i].pb
+	}
+	s.stats.standInForwarded.Add(int64(len(is)))
+	resp, err := v.peers[h].client.Forward(cctx, req)
+	if err == nil && len(resp.Decisions) != len(is) {
+		err = fmt.Errorf("stand-in %s answered %d decisions for %d checks", h, len(resp.Decisions), len(is))
+	}
+	var buf []byte
+	for j, i := range is {
+		if err == nil && resp.Decisions[j].Error == "" {
+			d := resp.Decisions[j]
+			d.Degraded = true
+			out[i] = d
+			continue
+		}
+		// The holder did not decide it (or its answer was lost: then
+		// both count it, and the key denies early): decide here.
+		buf = ring.Key(buf[:0], reqs[i].name, reqs[i].key)
+		out[i] = s.standInDecide(buf, reqs[i])
+	}
+	if err != nil {
+		s.log.Debug("stand-in holder unavailable too; decided here", "holder", h, "owner", owner, "error", err)
+	}
+}
+
+// mergeStandIns merges the states of a HandOff request marked stand_in:
+// hits its sender admitted while the keys' owner was unreachable. They add
+// to this node's count of each key, whatever its ring says (a key it does
+// not own goes on to its owner with the next hand-off), so the sender must
+// be a member and each state plausible; nothing of a refused state is
+// merged. It returns the states merged and, when the whole request is
+// refused, why.
+func (s *Server) mergeStandIns(ctx context.Context, v *view, req *sluicev1.HandOffRequest) (int64, string) {
+	if reason := s.vetSender(ctx, req.Sender); reason != "" {
+		s.stats.handOffRefused.Add(int64(len(req.States)))
+		return 0, reason
+	}
+	now := s.store.Now()
+	members := int64(len(v.ring.Members()) + 1)
+	var merged int64
+	for i, ks := range req.States {
+		var st window.State
+		reason := ""
+		switch {
+		case len(ks.GetKey()) == 0:
+			reason = fmt.Sprintf("states[%d].key: must not be empty", i)
+		case len(ks.GetKey()) > maxStoreKeyBytes:
+			reason = fmt.Sprintf("states[%d].key: at most %d bytes, got %d", i, maxStoreKeyBytes, len(ks.GetKey()))
+		}
+		if reason == "" {
+			if err := st.UnmarshalBinary(ks.GetState()); err != nil {
+				reason = fmt.Sprintf("states[%d].state: %v", i, err)
+			} else if err := st.Plausible(now, handOffClockSlack, window.MaxLimit*min(members, 1<<9)); err != nil {
+				reason = fmt.Sprintf("states[%d].state: %v", i, err)
+			}
+		}
+		if reason != "" {
+			s.stats.handOffRefused.Add(1)
+			s.log.Warn("stand-in state refused", "sender", req.Sender, "key", KeyFingerprint(ks.GetKey()), "reason", reason)
+			continue
+		}
+		s.addStandIn(string(ks.Key), st)
+		merged++
+	}
+	s.stats.receivedHandOff.Add(merged)
+	if merged > 0 {
+		s.signalStandIn()
+	}
+	return merged, ""
+}
+
+// addStandIn adds hits admitted elsewhere in an owner's stead to key's
+// fallback window here, beyond its base: they count in this node's
+// stand-in decisions of the key, and go on with its own stand-in hits (to
+// the key's owner, or into this node's window once it owns the key and
+// its state has settled: a key that moved here must not look as if its
+// state had come, or its replica could not stand in for it).
+func (s *Server) addStandIn(k string, st window.State) {
+	s.fbMu.Lock()
+	defer s.fbMu.Unlock()
+	if _, ok := s.fbBase[k]; !ok {
+		s.fallback.Take(k)
+		s.fbBase[k] = window.State{}
+		s.fbKeys.Store(int64(len(s.fbBase)))
+	}
+	s.fallback.MergeState(k, st, s.store.Now())
+}

@@ -1,0 +1,314 @@
+package rpc
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/rpc/sluicev1"
+)
+
+// byName returns the node called name.
+func byName(t *testing.T, nodes []*testNode, name string) *testNode {
+	t.Helper()
+	for _, n := range nodes {
+		if n.Name() == name {
+			return n
+		}
+	}
+	t.Fatalf("no node %s", name)
+	return nil
+}
+
+// A killed owner's key, under the default policy: the checks that come
+// while its death is not yet known are decided by its stand-in holder (the
+// member after it on the ring) from the copy plus what it admitted since,
+// whichever node they enter by, and what it admits reaches the key's next
+// owner: with the copy up to date, the key admits exactly its limit across
+// the crash, degraded answers included.
+func TestKilledOwnerStandInCountsWhatItAdmits(t *testing.T) {
+	clock := windowClock()
+	nodes := startReplicatedCluster(t, clock)
+	k := keyOwnedBy(t, nodes[0], "standin", "node2")
+	rc := &sluicev1.RateLimitCheck{Name: "standin", Key: k, Hits: proto.Int64(1), Limit: 10, WindowMs: 3_600_000}
+	allowed := 0
+	for range 6 {
+		if d := check(t, nodes[0].client, rc); !d.Allowed || d.Owner != "node2" || d.Degraded {
+			t.Fatalf("before the crash: %+v", d)
+		}
+		allowed++
+	}
+	key := string(ring.Key(nil, "standin", k))
+	holder := nodes[0].Server().standInHolder(nodes[0].Server().view.Load(), "node2")
+	if holder == "" || holder == "node2" {
+		t.Fatalf("stand-in holder of node2: %q", holder)
+	}
+	waitCopied(t, nodes[1], key, byName(t, nodes, holder))
+	nodes[1].Kill()
+	survivors := []*testNode{nodes[0], nodes[2]}
+	// Until the survivors drop node2 from their rings, every check is
+	// degraded and decided by the holder, through either survivor.
+	degraded := 0
+	for i := 0; i < 8; i++ {
+		d := check(t, survivors[i%2].client, rc)
+		if !d.Degraded {
+			break // the ring changed already
+		}
+		degraded++
+		if d.Owner != holder {
+			t.Fatalf("degraded answer %d decided by %s, want the stand-in holder %s: %+v", i, d.Owner, holder, d)
+		}
+		if d.Allowed {
+			allowed++
+		}
+	}
+	if degraded == 0 {
+		t.Skip("the survivors dropped node2 before a check was degraded (not the case under test)")
+	}
+	waitRingAgrees(t, survivors)
+	for i := range 10 {
+		if d := check(t, survivors[i%2].client, rc); d.Allowed {
+			allowed++
+		}
+	}
+	if allowed != 10 {
+		t.Fatalf("%d allowed across the crash (%d degraded answers), want exactly the limit 10", allowed, degraded)
+	}
+	var admitted int64
+	for _, n := range survivors {
+		admitted += n.Server().Stats().StandInAdmitted
+	}
+	if admitted == 0 {
+		t.Fatalf("no stand-in admissions counted")
+	}
+}
+
+// A stand-in decision for a live owner (an entry node could not reach it,
+// its holder can) goes to the owner: the owner's count holds it.
+func TestStandInHitsGoBackToALiveOwner(t *testing.T) {
+	clock := windowClock()
+	nodes := startReplicatedCluster(t, clock)
+	k := keyOwnedBy(t, nodes[0], "standin", "node2")
+	rc := &sluicev1.RateLimitCheck{Name: "standin", Key: k, Hits: proto.Int64(1), Limit: 10, WindowMs: 3_600_000}
+	for range 5 {
+		if d := check(t, nodes[0].client, rc); !d.Allowed || d.Degraded {
+			t.Fatalf("before: %+v", d)
+		}
+	}
+	key := string(ring.Key(nil, "standin", k))
+	s := nodes[0].Server()
+	holder := s.standInHolder(s.view.Load(), "node2")
+	waitCopied(t, nodes[1], key, byName(t, nodes, holder))
+	// As if node1's forwards to node2 had failed.
+	reqs, fe := parseChecks([]*sluicev1.RateLimitCheck{rc, rc, rc}, nil, false)
+	if fe != nil {
+		t.Fatal(fe)
+	}
+	out := make([]*sluicev1.Decision, 3)
+	fails := []failure{{0, "node2", "test"}, {1, "node2", "test"}, {2, "node2", "test"}}
+	s.answerUnavailable(context.Background(), reqs, fails, out)
+	for i, d := range out {
+		if !d.Allowed || !d.Degraded || d.Owner != holder {
+			t.Fatalf("stand-in answer %d: %+v, want allowed, degraded, by %s", i, d, holder)
+		}
+		if want := int64(10 - 5 - 1 - i); d.Remaining != want {
+			t.Fatalf("stand-in answer %d: remaining %d, want %d (the copy's 5 counted)", i, d.Remaining, want)
+		}
+	}
+	// The owner gets the 3 hits: 2 left.
+	eventually(t, "the stand-in hits to reach the owner", func() bool {
+		st, ok := nodes[1].Store().Get(key)
+		return ok && st.Expires().After(clock.Now()) && peekRemaining(t, nodes[1], rc) == 2
+	})
+	allowed := 0
+	for range 5 {
+		if d := check(t, nodes[2].client, rc); d.Allowed {
+			allowed++
+		}
+	}
+	if allowed != 2 {
+		t.Fatalf("%d allowed after the stand-in hits went back, want 2", allowed)
+	}
+}
+
+// peekRemaining peeks rc's key at n.
+func peekRemaining(t *testing.T, n *testNode, rc *sluicev1.RateLimitCheck) int64 {
+	t.Helper()
+	p := proto.CloneOf(rc)
+	p.Hits = proto.Int64(0)
+	return check(t, n.client, p).Remaining
+}
+
+// A forwarded check that reaches its owner after the sender's deadline is
+// not applied (the sender answered it without the owner); one within it
+// is.
+func TestForwardAfterItsDeadlineIsNotApplied(t *testing.T) {
+	clock := windowClock()
+	n := startNode(t, "node1", clock)
+	peer := dialPeer(t, n.GRPCAddr())
+	rc := &sluicev1.RateLimitCheck{Name: "late", Key: "k", Hits: proto.Int64(1), Limit: 10, WindowMs: 60_000}
+	resp, err := peer.Forward(context.Background(), &sluicev1.ForwardRequest{Sender: "node9", Checks: []*sluicev1.RateLimitCheck{rc},
+		DeadlineUnixNs: time.Now().Add(-time.Millisecond).UnixNano()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := resp.Decisions[0]; d.Allowed || d.Error != errExpired {
+		t.Fatalf("late check: %+v, want not applied (%q)", d, errExpired)
+	}
+	if _, ok := n.Store().Get(string(ring.Key(nil, "late", "k"))); ok {
+		t.Fatalf("the late check was counted")
+	}
+	if got := n.Server().Stats().Expired; got != 1 {
+		t.Fatalf("Expired = %d, want 1", got)
+	}
+	resp, err = peer.Forward(context.Background(), &sluicev1.ForwardRequest{Sender: "node9", Checks: []*sluicev1.RateLimitCheck{rc},
+		DeadlineUnixNs: time.Now().Add(time.Minute).UnixNano()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := resp.Decisions[0]; !d.Allowed || d.Remaining != 9 || d.AppliedAtNs != clock.Now().UnixNano() {
+		t.Fatalf("check in time: %+v, want allowed, 9 left, applied at the owner's clock", d)
+	}
+}
+
+// The batcher's requests carry their batch's deadline.
+func TestBatcherSendsItsDeadline(t *testing.T) {
+	f := &fakePeer{}
+	b := newTestBatcher(f, BatchConfig{}, 300*time.Millisecond)
+	defer b.close()
+	before := time.Now()
+	ch, err := enq(b, &sluicev1.RateLimitCheck{Name: "n", Key: "k", Limit: 1, WindowMs: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitReply(t, ch)
+	reqs := f.requests()
+	if len(reqs) != 1 {
+		t.Fatalf("%d requests", len(reqs))
+	}
+	dl := time.Unix(0, reqs[0].DeadlineUnixNs)
+	if dl.Before(before.Add(300*time.Millisecond)) || dl.After(time.Now().Add(300*time.Millisecond)) {
+		t.Fatalf("deadline %v, want enqueue time + 300 ms (enqueued at %v)", dl, before)
+	}
+}
+
+// A Check of several limits consumes all or none: with B used up, A is
+// given back (wherever the two keys' owners are), the answer says so, and
+// A's budget is whole afterwards.
+func TestCheckOfSeveralLimitsIsAllOrNothing(t *testing.T) {
+	clock := windowClock()
+	nodes := startCluster(t, 3, clock)
+	for _, sameOwner := range []bool{false, true} {
+		ka := keyOwnedBy(t, nodes[0], "wide", "node2")
+		owner := "node3"
+		if sameOwner {
+			owner = "node2"
+		}
+		kb := keyOwnedBy(t, nodes[0], "tight", owner)
+		a := &sluicev1.RateLimitCheck{Name: "wide", Key: ka, Hits: proto.Int64(2), Limit: 5, WindowMs: 60_000}
+		b := &sluicev1.RateLimitCheck{Name: "tight", Key: kb, Hits: proto.Int64(1), Limit: 1, WindowMs: 60_000}
+		if sameOwner { // other algorithms too: every one refunds
+			a.Key = keyOwnedBy(t, nodes[0], "wide", owner)
+			a.Algorithm = sluicev1.Algorithm_ALGORITHM_TOKEN_BUCKET
+			b.Algorithm = sluicev1.Algorithm_ALGORITHM_SLIDING_WINDOW
+		}
+		if d := check(t, nodes[0].client, b); !d.Allowed {
+			t.Fatalf("using up B: %+v", d)
+		}
+		for i, via := range nodes {
+			resp, err := via.client.Check(context.Background(), &sluicev1.CheckRequest{Checks: []*sluicev1.RateLimitCheck{a, b}, AllOrNothing: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			da, db := resp.Decisions[0], resp.Decisions[1]
+			if da.Allowed || !da.Refunded || da.Remaining != 5 || da.RetryAfter != 0 || da.AppliedAtNs != 0 {
+				t.Fatalf("same owner %v, try %d via %s: A answered %+v, want refunded, not allowed, 5 left", sameOwner, i, via.Name(), da)
+			}
+			if db.Allowed || db.Refunded {
+				t.Fatalf("B answered %+v, want denied", db)
+			}
+		}
+		if got := peekRemaining(t, nodes[1], a); got != 5 {
+			t.Fatalf("same owner %v: A has %d left after 3 refused requests, want 5 (untouched)", sameOwner, got)
+		}
+		var refunds int64
+		for _, n := range nodes {
+			refunds += n.Server().Stats().Refunds
+		}
+		if refunds == 0 {
+			t.Fatalf("no refund counted")
+		}
+	}
+}
+
+// 40 concurrent requests of [wide, tight]: exactly tight's limit of them
+// are allowed, and wide counts exactly those: a refused request charges
+// neither.
+func TestConcurrentSeveralLimitsChargeNoRefusedRequest(t *testing.T) {
+	clock := windowClock()
+	nodes := startCluster(t, 3, clock)
+	wide := &sluicev1.RateLimitCheck{Name: "wide", Key: keyOwnedBy(t, nodes[0], "wide", "node2"), Hits: proto.Int64(1), Limit: 1000, WindowMs: 60_000}
+	tight := &sluicev1.RateLimitCheck{Name: "tight", Key: keyOwnedBy(t, nodes[0], "tight", "node3"), Hits: proto.Int64(1), Limit: 10, WindowMs: 60_000}
+	results := make(chan bool, 40)
+	for i := range 40 {
+		go func() {
+			resp, err := nodes[i%3].client.Check(context.Background(), &sluicev1.CheckRequest{Checks: []*sluicev1.RateLimitCheck{wide, tight}, AllOrNothing: true})
+			if err != nil {
+				t.Error(err)
+				results <- false
+				return
+			}
+			ok := resp.Decisions[0].Allowed && resp.Decisions[1].Allowed
+			if !ok && resp.Decisions[0].Allowed != resp.Decisions[1].Allowed {
+				t.Errorf("half-allowed request: %+v", resp.Decisions)
+			}
+			results <- ok
+		}()
+	}
+	allowed := 0
+	for range 40 {
+		if <-results {
+			allowed++
+		}
+	}
+	if allowed != 10 {
+		t.Fatalf("%d requests allowed, want 10 (tight's limit)", allowed)
+	}
+	if got := peekRemaining(t, nodes[0], wide); got != 1000-10 {
+		t.Fatalf("wide has %d left, want %d: refused requests were charged", got, 1000-10)
+	}
+}
+
+// A client may not send a refund.
+func TestClientRefundIsRefused(t *testing.T) {
+	n := startNode(t, "node1", windowClock())
+	_, err := n.client.Check(context.Background(), &sluicev1.CheckRequest{Checks: []*sluicev1.RateLimitCheck{
+		{Name: "a", Key: "k", Limit: 1, WindowMs: 1000, RefundAtNs: 5}}})
+	if status.Code(err) != codes.InvalidArgument || !strings.HasPrefix(status.Convert(err).Message(), "checks[0].refund_at_ns:") {
+		t.Fatalf("err = %v, want INVALID_ARGUMENT naming checks[0].refund_at_ns", err)
+	}
+}
+
+// Without all_or_nothing a Check's checks are independent (a batch of
+// many callers' checks): B's denial leaves A counted.
+func TestCheckBatchWithoutAllOrNothingIsIndependent(t *testing.T) {
+	n := startNode(t, "node1", windowClock())
+	a := &sluicev1.RateLimitCheck{Name: "a", Key: "k", Hits: proto.Int64(1), Limit: 5, WindowMs: 60_000}
+	b := &sluicev1.RateLimitCheck{Name: "b", Key: "k", Hits: proto.Int64(2), Limit: 1, WindowMs: 60_000}
+	resp, err := n.client.Check(context.Background(), &sluicev1.CheckRequest{Checks: []*sluicev1.RateLimitCheck{a, b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := resp.Decisions[0]; !d.Allowed || d.Refunded || d.Remaining != 4 {
+		t.Fatalf("A: %+v, want allowed with 4 left", d)
+	}
+	if got := peekRemaining(t, n, a); got != 4 {
+		t.Fatalf("A has %d left, want 4", got)
+	}
+}
