@@ -447,11 +447,13 @@ func (c *Client) Check(ctx context.Context, ch Check) (Decision, error) {
 	return ds[0], err
 }
 
-// CheckAll sends checks (1..MaxChecks) to a node in one call and returns
-// one decision per check, in order, as Check does for one. The node
-// decides the call all or nothing: when a check is denied (or cannot be
+// CheckAll sends checks (1..MaxChecks), the limits of one request, to a
+// node in one call and returns one decision per check, in order, as Check
+// does for one. The call asks the node for all or nothing
+// (CheckRequest.all_or_nothing): when a check is denied (or cannot be
 // decided), the others that were allowed are given back and answered
-// Refunded, not allowed. Bad input is ErrInvalid naming the check, e.g.
+// Refunded, not allowed; a check answered degraded is not given back.
+// (To batch independent checks, e.g. many users', call Check for each.) Bad input is ErrInvalid naming the check, e.g.
 // "checks[1].key: must not be empty". When the call fails as a whole (no
 // answer) every decision is the failure mode's; under FailOpen a check
 // whose owner could not be reached is answered allowed and Degraded (with
@@ -475,7 +477,8 @@ func (c *Client) check(ctx context.Context, chs []Check, field string) ([]Decisi
 	case len(chs) > MaxChecks:
 		return nil, fmt.Errorf("%w: %s: at most %d per call, got %d", ErrInvalid, field, MaxChecks, len(chs))
 	}
-	req := &sluicev1.CheckRequest{Checks: make([]*sluicev1.RateLimitCheck, len(chs))}
+	// CheckAll's checks are one request's limits: all or nothing.
+	req := &sluicev1.CheckRequest{Checks: make([]*sluicev1.RateLimitCheck, len(chs)), AllOrNothing: field != ""}
 	for i, ch := range chs {
 		prefix := ""
 		if field != "" {

@@ -116,6 +116,9 @@ func TestFailClosedSendsDenyAndRefusesDegradedAnswers(t *testing.T) {
 	if err != nil || !d.Allowed || d.Degraded || d.Remaining != 9 {
 		t.Fatalf("a normal answer: %+v, %v", d, err)
 	}
+	if reqs := f.requests(); reqs[0].AllOrNothing {
+		t.Errorf("Check sent all_or_nothing")
+	}
 	if p := f.lastPolicies(t); len(p) != 1 || p[0] != polDeny {
 		t.Fatalf("sent on_owner_unavailable %v, want [DENY]", p)
 	}
@@ -196,8 +199,8 @@ func TestCheckAllIsOneCall(t *testing.T) {
 	if err != nil || len(ds) != 4 {
 		t.Fatalf("CheckAll: %v, %v", ds, err)
 	}
-	if reqs := f.requests(); len(reqs) != 1 || len(reqs[0].Checks) != 4 || reqs[0].Checks[1].GetHits() != 2 || reqs[0].Checks[2].Key != "over:1" {
-		t.Fatalf("requests: %v, want one with the 4 checks in order", reqs)
+	if reqs := f.requests(); len(reqs) != 1 || len(reqs[0].Checks) != 4 || reqs[0].Checks[1].GetHits() != 2 || reqs[0].Checks[2].Key != "over:1" || !reqs[0].AllOrNothing {
+		t.Fatalf("requests: %v, want one with the 4 checks in order, all or nothing", reqs)
 	}
 	switch {
 	case !ds[0].Allowed || ds[0].Remaining != 9:

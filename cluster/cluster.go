@@ -148,6 +148,14 @@ type Cluster struct {
 	// means this node is the newcomer (conflict holds the other's address).
 	joined   atomic.Bool
 	conflict atomic.Pointer[string]
+	// oldSelf is set when a join attempt was refused because another
+	// process of this name was alive or suspect (see NotifyMerge).
+	oldSelf atomic.Pointer[oldSelf]
+	// nameTakenAfter: how long another process of this name may stay alive
+	// (not suspect) in the cluster's view before Join gives up with
+	// ErrNameTaken: a crashed one turns suspect within a few probe
+	// intervals.
+	nameTakenAfter time.Duration
 
 	delegate delegate
 	metaMu   sync.Mutex // serializes SetRing
@@ -254,6 +262,7 @@ func New(cfg Config) (*Cluster, error) {
 	if cfg.tune != nil {
 		cfg.tune(mc)
 	}
+	c.nameTakenAfter = 5 * mc.ProbeInterval
 	list, err := memberlist.Create(mc)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: start gossip on %s: %w", cfg.BindAddr, err)
@@ -278,10 +287,33 @@ func (c *Cluster) Join(ctx context.Context, seeds []string) (int, error) {
 		return 0, nil
 	}
 	c.reconnect.setSeeds(seeds)
+	var aliveSince time.Time // when a join was first refused for an alive process of this name
 	for attempt := 1; ; attempt++ {
+		c.oldSelf.Store(nil)
 		n, err := c.list.Join(seeds)
 		if other := c.conflict.Load(); other != nil {
 			return 0, fmt.Errorf("%w: a member named %q is already alive at %s; every node needs a unique name", ErrNameTaken, c.name, *other)
+		}
+		if old := c.oldSelf.Load(); old != nil && n == 0 {
+			// A restart under this name: the old process crashed, and the
+			// cluster has not declared it dead yet. One that stays alive
+			// (answering probes) is another node of this name.
+			if old.state != "alive" {
+				aliveSince = time.Time{}
+			} else if aliveSince.IsZero() {
+				aliveSince = time.Now()
+			}
+			if !aliveSince.IsZero() && time.Since(aliveSince) >= c.nameTakenAfter {
+				return 0, fmt.Errorf("%w: a member named %q has been alive at %s for %s; every node needs a unique name", ErrNameTaken, c.name, old.addr, c.nameTakenAfter)
+			}
+			c.log.Warn("another process of this name is still in the cluster; waiting until it is declared dead before joining (a restart after a crash)",
+				"other_addr", old.addr, "other_state", old.state, "attempt", attempt)
+			select {
+			case <-ctx.Done():
+				return 0, fmt.Errorf("%w: %v (a process of this name is still %s at %s)", ErrJoin, ctx.Err(), old.state, old.addr)
+			case <-time.After(time.Second):
+			}
+			continue
 		}
 		if n > 0 {
 			c.joined.Store(true)
@@ -541,15 +573,39 @@ func (a *admission) admit(n *memberlist.Node) error {
 // NotifyAlive implements memberlist.AliveDelegate.
 func (a *admission) NotifyAlive(n *memberlist.Node) error { return a.admit(n) }
 
-// NotifyMerge implements memberlist.MergeDelegate.
+// NotifyMerge implements memberlist.MergeDelegate. Before this node has
+// joined, a member list that holds another process of this node's name
+// (another gossip address) that is still alive or suspect is refused: a
+// restarted node waits until the cluster has declared its old process
+// dead (Join retries meanwhile), so that two processes never decide the
+// same keys and the cluster never ignores a newcomer it thinks is the old
+// one (memberlist drops the alive messages of a name whose old address is
+// not yet dead).
 func (a *admission) NotifyMerge(peers []*memberlist.Node) error {
 	for _, n := range peers {
+		if n.Name == a.name && !a.joined.Load() && n.Address() != a.gossipAddr &&
+			(n.State == memberlist.StateAlive || n.State == memberlist.StateSuspect) {
+			st := "alive"
+			if n.State == memberlist.StateSuspect {
+				st = "suspect"
+			}
+			a.oldSelf.Store(&oldSelf{addr: n.Address(), state: st})
+			return fmt.Errorf("%w: another process of this name is %s at %s", errOldSelf, st, n.Address())
+		}
 		if err := a.admit(n); err != nil {
 			return fmt.Errorf("member %q: %w", n.Name, err)
 		}
 	}
 	return nil
 }
+
+// errOldSelf refuses a join while another process of this node's name is
+// alive or suspect in the cluster's view.
+var errOldSelf = errors.New("cluster: name still held")
+
+// oldSelf is the other process of this node's name that refused its last
+// join attempt, as the seed saw it.
+type oldSelf struct{ addr, state string }
 
 // Refused returns how many times a member's alive message or a member list
 // to merge was refused for a bad name or bad metadata.

@@ -403,12 +403,14 @@ func passes(d *sluicev1.Decision, hits int64) bool {
 	return d.GetError() == "" && d.GetRemaining() >= max(hits, 1)
 }
 
-// check sends the checks plan[i], i in idx, in one batch (peek: hits 0),
-// each with its domain's on_owner_unavailable, and returns their
-// decisions in order, or UNAVAILABLE naming the first descriptor that
-// could not be decided.
+// check sends the checks plan[i], i in idx, in one batch (peek: hits 0;
+// else all or nothing), each with its domain's on_owner_unavailable, and
+// returns their decisions in order, or UNAVAILABLE naming the first
+// descriptor that could not be decided.
 func (s *Service) check(ctx context.Context, plan []item, idx []int, peek bool) ([]*sluicev1.Decision, error) {
-	req := &sluicev1.CheckRequest{Checks: make([]*sluicev1.RateLimitCheck, len(idx))}
+	// The descriptors are one request's limits: a consuming batch asks
+	// the nodes for all or nothing (a peek consumes nothing to give back).
+	req := &sluicev1.CheckRequest{Checks: make([]*sluicev1.RateLimitCheck, len(idx)), AllOrNothing: !peek && len(idx) > 1}
 	for j, i := range idx {
 		it := plan[i]
 		hits := it.hits

@@ -25,7 +25,8 @@ import (
 var t0 = time.Unix(3600*500_000+20, 0)
 
 // storeChecker decides checks on one in-memory window store, as an owner
-// does, and a request of several checks all or nothing, as a node does:
+// does, and a request of several checks marked all_or_nothing all or
+// nothing, as a node does:
 // when one is denied (or fails), the others that were allowed are given
 // back and answered refunded. afterCall runs after each Check call (to
 // interleave another request), failKey makes checks of that key fail as
@@ -84,7 +85,7 @@ func (s *storeChecker) Check(_ context.Context, req *sluicev1.CheckRequest) (*sl
 		out.Decisions = append(out.Decisions, &sluicev1.Decision{Allowed: d.Allowed, Limit: c.Limit, Remaining: d.Remaining})
 		denied = denied || !d.Allowed
 	}
-	if denied && len(req.Checks) > 1 {
+	if denied && req.AllOrNothing && len(req.Checks) > 1 {
 		for key, st := range before {
 			s.store.Take(key)
 			if st != nil {
@@ -395,8 +396,8 @@ func TestServiceOneConsumingCall(t *testing.T) {
 	ch.mu.Lock()
 	first := ch.calls[1]
 	ch.mu.Unlock()
-	if len(first.Checks) != 2 || first.Checks[0].GetHits() != 1 || first.Checks[1].GetHits() != 1 {
-		t.Fatalf("the request's call: %v, want its 2 checks, each consuming 1", first)
+	if len(first.Checks) != 2 || first.Checks[0].GetHits() != 1 || first.Checks[1].GetHits() != 1 || !first.AllOrNothing {
+		t.Fatalf("the request's call: %v, want its 2 checks, each consuming 1, all or nothing", first)
 	}
 	// The interleaved request came after the last /checkout hit.
 	r = call(t, s, "shop", 0, desc("path", "/checkout"), desc("user", "p"))

@@ -456,7 +456,7 @@ func (s *Server) pushTargets(ctx context.Context, v *view) (map[string]error, er
 			byOwner[o] = append(byOwner[o], k)
 		}
 	}
-	replicasByOwner := s.replicas.orphans(v, s.departed)
+	replicasByOwner := s.replicas.orphans(v, s.departed, s.memberInstance)
 	now := s.store.Now()
 	for k, e := range replicasByOwner[s.name] { // this node is the new owner: take over
 		s.store.MergeState(k, e.st, now)

@@ -122,16 +122,27 @@ func (r *replicaStore) putBack(k string, e replicaEntry) {
 // this node's ring and left it), grouped by the key's owner under v.
 // Copies whose owner is in the ring but no longer owns the key are stale
 // (the key moved with its state): it drops them. Copies of an owner this
-// node's ring has not met yet (gossip still spreading) stay.
-func (r *replicaStore) orphans(v *view, departed func(string) bool) map[string]map[string]replicaEntry {
+// node's ring has not met yet (gossip still spreading) stay. A copy sent
+// by an earlier process of a member that is in the ring again under its
+// name (it crashed and restarted: instance, given a member's name, returns
+// its current instance id) goes back to that member: the new process
+// starts with nothing, and must not come back empty-handed.
+func (r *replicaStore) orphans(v *view, departed func(string) bool, instance func(string) string) map[string]map[string]replicaEntry {
 	out := map[string]map[string]replicaEntry{}
 	for i := range r.shards {
 		sh := &r.shards[i]
 		sh.mu.Lock()
 		for k, e := range sh.m {
 			if v.ring.Has(e.owner) {
-				if v.ring.Owner([]byte(k)) != e.owner {
+				switch cur := instance(e.owner); {
+				case v.ring.Owner([]byte(k)) != e.owner:
 					delete(sh.m, k) // the key moved with its state: this copy is stale
+				case e.instance != "" && cur != "" && cur != e.instance:
+					delete(sh.m, k)
+					if out[e.owner] == nil {
+						out[e.owner] = map[string]replicaEntry{}
+					}
+					out[e.owner][k] = *e
 				}
 				continue
 			}

@@ -312,3 +312,54 @@ func TestCheckBatchWithoutAllOrNothingIsIndependent(t *testing.T) {
 		t.Fatalf("A has %d left, want 4", got)
 	}
 }
+
+// A node killed and restarted under its name at new ports at once, while
+// the cluster still holds its old process alive or suspect: the new
+// process does not join (it is not serving, and refuses checks) until the
+// old one is declared dead, so two processes never decide one key; meanwhile
+// the old one's keys are decided by its stand-in holder, counted; once
+// joined the new process gets its keys' copies and the stand-in hits, so
+// the key admits exactly its limit across the crash and the restart.
+func TestRestartBeforeTheOldProcessIsDeclaredDead(t *testing.T) {
+	clock := windowClock()
+	nodes := startReplicatedCluster(t, clock)
+	k := keyOwnedBy(t, nodes[0], "restart", "node2")
+	rc := &sluicev1.RateLimitCheck{Name: "restart", Key: k, Hits: proto.Int64(1), Limit: 10, WindowMs: 3_600_000}
+	allowed := 0
+	for range 5 {
+		if d := check(t, nodes[0].client, rc); !d.Allowed || d.Owner != "node2" {
+			t.Fatalf("before the crash: %+v", d)
+		}
+		allowed++
+	}
+	key := string(ring.Key(nil, "restart", k))
+	waitCopied(t, nodes[1], key, nodes[0], nodes[2])
+	nodes[1].Kill()
+	back := startNodeWith(t, "node2", clock, fastReplication, nodes[0].GossipAddr())
+	if err := back.Ready(); err == nil {
+		t.Fatalf("the new node2 is ready while its old process is not yet declared dead")
+	}
+	if _, err := back.client.Check(context.Background(), &sluicev1.CheckRequest{Checks: []*sluicev1.RateLimitCheck{rc}}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("a check at the new node2 before it joined: %v, want UNAVAILABLE", err)
+	}
+	// Two hits while the new process waits: degraded, counted.
+	for i := range 2 {
+		d := check(t, nodes[i%2*2].client, rc)
+		if d.Allowed {
+			allowed++
+		}
+	}
+	all := []*testNode{nodes[0], back, nodes[2]}
+	waitRingAgrees(t, all)
+	eventually(t, "the new node2 to be ready", func() bool { return back.Ready() == nil })
+	for i := range 6 {
+		d := check(t, all[i%3].client, rc)
+		if d.Allowed {
+			allowed++
+		}
+	}
+	if allowed != 10 {
+		logStats(t, all)
+		t.Fatalf("%d allowed across the crash and the restart, want exactly the limit 10", allowed)
+	}
+}

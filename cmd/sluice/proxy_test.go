@@ -449,8 +449,8 @@ rules:
 			t.Fatalf("%s %s: body %q", tc.method, tc.path, body)
 		}
 		reqs := node.take()
-		if len(reqs) != 1 || len(reqs[0].Checks) != len(tc.names) {
-			t.Fatalf("%s %s: the node got %v, want one request of %d checks", tc.method, tc.path, reqs, len(tc.names))
+		if len(reqs) != 1 || len(reqs[0].Checks) != len(tc.names) || !reqs[0].AllOrNothing {
+			t.Fatalf("%s %s: the node got %v, want one all-or-nothing request of %d checks", tc.method, tc.path, reqs, len(tc.names))
 		}
 		for i, c := range reqs[0].Checks {
 			if c.Name != tc.names[i] || c.OnOwnerUnavailable != tc.policy {
