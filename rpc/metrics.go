@@ -154,7 +154,7 @@ var (
 	}
 	descReplicas   = prometheus.NewDesc("sluice_replicas", "Copies of other owners' keys held on this node.", nil, nil)
 	descRLS        = prometheus.NewDesc("sluice_rls_requests_total", "Envoy ShouldRateLimit requests answered, by overall code (ok, over_limit).", []string{"code"}, nil)
-	descRLSPartial = prometheus.NewDesc("sluice_rls_partial_charges_total", "Envoy requests refused by a descriptor after their peek passed (a concurrent request took the last hits): their other descriptors stay charged.", nil, nil)
+	descRLSPartial = prometheus.NewDesc("sluice_rls_partial_charges_total", "Envoy requests refused that left a descriptor charged (one answered degraded, which the node does not refund).", nil, nil)
 )
 
 // Describe implements prometheus.Collector.

@@ -109,6 +109,8 @@ func parseCheck(pb *sluicev1.RateLimitCheck, set *limits.Set, fromPeer bool) (re
 		return request{}, &fieldError{"key", "must be valid UTF-8"}
 	case !fromPeer && pb.RefundAtNs != 0:
 		return request{}, &fieldError{"refund_at_ns", fmt.Sprintf("is for nodes only (a refund of another check); must be 0 from a client, got %d", pb.RefundAtNs)}
+	case pb.OnOwnerUnavailable < 0 || pb.OnOwnerUnavailable > sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_DENY:
+		return request{}, &fieldError{"on_owner_unavailable", fmt.Sprintf("unknown policy %d (want 0..3: unspecified, local, allow, deny)", pb.OnOwnerUnavailable)}
 	case pb.RefundAtNs < 0:
 		return request{}, &fieldError{"refund_at_ns", fmt.Sprintf("must be >= 0, got %d", pb.RefundAtNs)}
 	}

@@ -181,7 +181,9 @@ type RateLimitCheck struct {
 	// Ignored from clients.
 	Named bool `protobuf:"varint,17,opt,name=named,proto3" json:"named,omitempty"`
 	// What to answer when the key's owner cannot be reached within the
-	// forward timeout; unspecified means OWNER_UNAVAILABLE_LOCAL.
+	// forward timeout. Unspecified: the policy of the limit configured under
+	// name (serve --limits, on_owner_unavailable), else
+	// OWNER_UNAVAILABLE_LOCAL; the node the client called resolves it.
 	OnOwnerUnavailable OwnerUnavailablePolicy `protobuf:"varint,9,opt,name=on_owner_unavailable,json=onOwnerUnavailable,proto3,enum=sluice.v1.OwnerUnavailablePolicy" json:"on_owner_unavailable,omitempty"`
 	// Peer use only (refused from clients): when > 0 this is not a check but
 	// a refund, sent by the node that forwarded it when another check of the
