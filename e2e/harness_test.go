@@ -3,12 +3,15 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -472,4 +475,103 @@ func (c *cluster) bench(d time.Duration, names ...string) (wait func() benchResu
 		done <- r
 	}()
 	return func() benchResult { return <-done }
+}
+
+// metrics reads a node's /metrics (over HTTPS, with the suite's client
+// certificate) and returns its sluice_ series summed over their labels,
+// by name.
+func (c *cluster) metrics(name string) (map[string]float64, error) {
+	cfg, err := client.TLSConfig(filepath.Join(pki, "ca", "ca.pem"), filepath.Join(pki, "client", "e2e.pem"), filepath.Join(pki, "client", "e2e-key.pem"))
+	if err != nil {
+		return nil, err
+	}
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
+	defer hc.CloseIdleConnections()
+	resp, err := hc.Get("https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(c.nodes[name].httpPort)) + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET /metrics of %s: %s", name, resp.Status)
+	}
+	m := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "sluice_") {
+			continue
+		}
+		sp := strings.LastIndexByte(line, ' ')
+		if sp < 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[sp+1:], 64)
+		if err != nil {
+			continue
+		}
+		series := line[:sp]
+		if i := strings.IndexByte(series, '{'); i >= 0 {
+			series = series[:i]
+		}
+		m[series] += v
+	}
+	return m, sc.Err()
+}
+
+// accountingSeries are the counters the suite reports around a ring
+// change: what can hand a client extra budget, or cost it some.
+var accountingSeries = []string{
+	"sluice_degraded_checks_total", "sluice_reforwarded_checks_total", "sluice_not_owner_applied_total",
+	"sluice_view_mismatch_total", "sluice_keys_moved_without_state_total", "sluice_keys_owner_lost_total",
+	"sluice_replica_takeovers_total", "sluice_replica_returned_total", "sluice_pulls_total",
+	"sluice_handoff_timeouts_total", "sluice_handoff_errors_total", "sluice_handoff_refused_total",
+}
+
+// accounting returns the accountingSeries of m, and every other series
+// whose name says stand-in or expired (metrics the nodes may add), that
+// moved between before and m.
+func accounting(before, m map[string]float64) map[string]float64 {
+	out := map[string]float64{}
+	for k, v := range m {
+		if !slices.Contains(accountingSeries, k) && !strings.Contains(k, "stand_in") && !strings.Contains(k, "standin") && !strings.Contains(k, "expired") {
+			continue
+		}
+		if d := v - before[k]; d != 0 {
+			out[k] = d
+		}
+	}
+	return out
+}
+
+// formatSeries formats a map of series as "name=value ..." in name order,
+// the sluice_ prefix and _total suffix left out.
+func formatSeries(m map[string]float64) string {
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		if b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%s=%g", strings.TrimSuffix(strings.TrimPrefix(k, "sluice_"), "_total"), m[k])
+	}
+	if b.Len() == 0 {
+		return "none"
+	}
+	return b.String()
+}
+
+// envInt reads a positive count from the environment variable key, or
+// returns def when it is unset.
+func envInt(t *testing.T, key string, def int) int {
+	t.Helper()
+	v := os.Getenv(key)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a count >= 1", key, v)
+	}
+	return n
 }

@@ -3,6 +3,13 @@
 package e2e
 
 import (
+	"cmp"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -11,53 +18,171 @@ import (
 var base = []string{"sluice1", "sluice2", "sluice3"}
 
 // checkBench fails the test if the background sluice bench failed or had
-// an error (a degraded answer is not one), and logs its numbers.
-func checkBench(t *testing.T, what string, r benchResult) {
+// an error (a degraded answer is not one), logs its numbers, and reports
+// whether it passed.
+func checkBench(t *testing.T, what string, r benchResult) bool {
 	t.Helper()
 	if r.err != nil {
 		t.Errorf("bench %s: %v", what, r.err)
-		return
+		return false
 	}
+	ok := true
 	if r.Errors != 0 || r.RPCs == 0 {
 		t.Errorf("bench %s: %d RPCs, %d errors; want some and none", what, r.RPCs, r.Errors)
+		ok = false
 	}
 	t.Logf("bench %s: %d RPCs, %d allowed, %d denied, %d errors", what, r.RPCs, r.Allowed, r.Denied, r.Errors)
+	return ok
 }
 
 // Issue 9: docker kill (SIGKILL) of a key's owner amid a steady stream of
 // checks. As TestKilledOwnerLosesAtMostOneReplicationInterval: 60 hits per
-// key through the survivors, then a round every 200 ms, the owner of
-// user:0 killed at about 80. Every key of the dead owner admits beyond the
-// limit at most what the dead owner admitted in its last replication
-// interval plus one send (bounded by the forward timeout) before the kill;
-// the survivors' keys admit exactly the limit (short by at most their
-// degraded answers). Every check is answered within twice the forward
-// timeout, owner-decided or degraded.
-func TestKilledOwnerUnderLoad(t *testing.T) { crashScenario(t, "kill") }
+// key through the survivors, then a round every 200 ms through every
+// survivor, the owner of user:0 killed at about 80. Under the default
+// policy the dead owner's keys get degraded answers from its stand-in
+// holder until the ring settles, and those count. Asserted per key, every
+// allowed answer counted, degraded or not:
+//   - a key of the dead owner admits beyond the limit at most what the dead
+//     owner admitted in its last replication interval plus one send
+//     (bounded by the forward timeout) before the kill: the answers it gave
+//     as owner, allowed, for checks sent in the replicationInterval +
+//     forwardTimeout before the kill;
+//   - a survivor's key admits at most the limit;
+//   - no key falls short of the limit by more than its degraded answers
+//     (an owner counted a check whose answer was lost: its stand-in counted
+//     it again);
+//   - every check is answered within twice the forward timeout;
+//   - once the survivors agree, one owner and one count per key, and no
+//     key admits anything more.
+//
+// The run is repeated SLUICE_E2E_KILL_RUNS times (default 1) for each
+// cluster size of SLUICE_E2E_KILL_NODES (3 and/or 5, comma-separated;
+// default 3, or 3,5 when SLUICE_E2E_KILL_RUNS is set), each on a fresh
+// cluster, and a table of every run's figures is logged at the end.
+func TestKilledOwnerUnderLoad(t *testing.T) {
+	runs := envInt(t, "SLUICE_E2E_KILL_RUNS", 1)
+	sizes := []int{3}
+	if os.Getenv("SLUICE_E2E_KILL_RUNS") != "" {
+		sizes = []int{3, 5}
+	}
+	if v := os.Getenv("SLUICE_E2E_KILL_NODES"); v != "" {
+		sizes = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || (n != 3 && n != 5) {
+				t.Fatalf("SLUICE_E2E_KILL_NODES=%q: want 3 and/or 5, comma-separated", v)
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	var figs []*crashFigures
+	for _, size := range sizes {
+		for run := 1; run <= runs; run++ {
+			f := &crashFigures{nodes: size, run: run}
+			figs = append(figs, f)
+			t.Run(fmt.Sprintf("nodes=%d/run=%02d", size, run), func(t *testing.T) {
+				crashScenario(t, "kill", f)
+				f.failed = t.Failed()
+			})
+		}
+	}
+	logCrashTable(t, figs)
+}
 
 // Issue 9: docker network disconnect of a key's owner (a partition) amid
 // the same stream, and reconnect once the majority has taken its keys
-// over and used them up. The accounting is the kill's; then every node
-// agrees on the ring of all three again within ringTimeout (the time is
-// logged), every node names one owner and one count for every key, and
-// no key admits anything more. The partition lasts partitionFor (35 s),
-// longer than memberlist gossips to members it declared dead (30 s on a
-// LAN): after that only sluice's reconnect loop (cluster/reconnect.go)
-// brings the sides together, so the heal tests it.
-func TestPartitionedOwnerHeals(t *testing.T) { crashScenario(t, "partition") }
+// over and used them up. The partition lasts partitionFor (35 s), longer
+// than memberlist gossips to members it declared dead (30 s on a LAN):
+// after that only sluice's reconnect loop (cluster/reconnect.go) brings
+// the sides together, so the heal tests it.
+//
+// What the README promises for a partition, and so what is asserted: each
+// side takes over the other's keys and may admit up to the limit for a key
+// (so no key admits more than twice the limit in all, its degraded allowed
+// answers counted); every check is answered within twice the forward
+// timeout; once reconnected, every node agrees on the ring of all three
+// within ringTimeout (the time is logged), names one owner and one count
+// for every key, and counts add, so no key admits anything more. The
+// victim is cut off from the test's clients too (its published ports go
+// with the network), so only the majority admits during the partition: the
+// kill's figures (over-admission against what the victim admitted in its
+// last replication interval) are logged for comparison, not asserted.
+func TestPartitionedOwnerHeals(t *testing.T) {
+	f := &crashFigures{nodes: 3, run: 1}
+	crashScenario(t, "partition", f)
+	f.failed = t.Failed()
+	logCrashTable(t, []*crashFigures{f})
+}
 
-func crashScenario(t *testing.T, scenario string) {
+// crashFigures are one kill or partition run's numbers.
+type crashFigures struct {
+	nodes, run int
+	victim     string
+	victimKeys int
+	// worst and total: admitted beyond the limit on the victim's keys
+	// (worst per key, total over them); overBound: keys beyond their bound.
+	worst, total, overBound int
+	// short: keys admitted less than the limit (each by at most its
+	// degraded answers, or it is a failure).
+	short int
+	// degraded answers, and those that allowed, over all keys and over the
+	// victim's keys.
+	degraded, degradedAllowed        int
+	victimDegraded, victimDegAllowed int
+	// lastSum and lastMax: what the victim admitted as owner for checks sent
+	// in its last replicationInterval+forwardTimeout before the cut, over
+	// its keys and worst per key: the bound.
+	lastSum, lastMax int
+	settle           time.Duration // until the survivors agreed without the victim
+	heal             time.Duration // partition: until all agreed after the reconnect
+	late             int           // answers after twice the forward timeout (+ margin)
+	errors           int           // checks answered with an error or not at all
+	wall             time.Duration
+	failed           bool
+}
+
+// logCrashTable logs one line per run of figs, for the note.
+func logCrashTable(t *testing.T, figs []*crashFigures) {
+	t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n%-5s %-3s %-7s %-5s %-5s %-5s %-8s %-5s %-8s %-8s %-8s %-8s %-8s %-8s %-5s %-5s %-6s %-6s %s",
+		"nodes", "run", "victim", "vkeys", "worst", "total", "overBnd", "short", "degr", "degrAllw", "vDegr", "vDegAllw",
+		"lastSum", "lastMax", "late", "errs", "settle", "wall", "result")
+	for _, f := range figs {
+		result := "ok"
+		if f.failed {
+			result = "FAIL"
+		}
+		settle := f.settle.Round(100 * time.Millisecond).String()
+		if f.heal > 0 {
+			settle += "/" + f.heal.Round(100*time.Millisecond).String()
+		}
+		fmt.Fprintf(&b, "\n%-5d %-3d %-7s %-5d %-5d %-5d %-8d %-5d %-8d %-8d %-8d %-8d %-8d %-8d %-5d %-5d %-6s %-6s %s",
+			f.nodes, f.run, f.victim, f.victimKeys, f.worst, f.total, f.overBound, f.short, f.degraded, f.degradedAllowed,
+			f.victimDegraded, f.victimDegAllowed, f.lastSum, f.lastMax, f.late, f.errors, settle, f.wall.Round(time.Second), result)
+	}
+	t.Logf("runs (worst/total: admitted beyond the limit on the victim's keys; lastSum/lastMax: what the victim admitted as owner in its last %s, the bound; degr/degrAllw: degraded answers and those allowed, all keys; vDegr/vDegAllw: the victim's keys):%s",
+		replicationInterval+forwardTimeout, b.String())
+}
+
+func crashScenario(t *testing.T, scenario string, f *crashFigures) {
 	began := time.Now()
-	c := newCluster(t, scenario)
-	c.waitRing(base...)
+	defer func() { f.wall = time.Since(began) }()
+	c := newCluster(t, fmt.Sprintf("%s%d", scenario, f.nodes))
+	all := base
+	if f.nodes == 5 {
+		all = allNodes
+		c.start("sluice4", "sluice5")
+	}
+	c.waitRing(all...)
 	l := newLedger(t, c, "e2e-"+scenario)
 	victim := l.ownerOf("sluice1", l.keys[0])
-	survivors := others(base, victim)
-	ownerBefore := l.peekAll(base...)
-	victimKeys := 0
+	f.victim = victim
+	survivors := others(all, victim)
+	ownerBefore := l.peekAll(all...)
 	for _, k := range l.keys {
 		if ownerBefore[k] == victim {
-			victimKeys++
+			f.victimKeys++
 		}
 	}
 	l.rounds(60, survivors...)
@@ -70,9 +195,9 @@ func crashScenario(t *testing.T, scenario string) {
 	} else {
 		c.kill(victim)
 	}
-	settle := c.waitRing(survivors...)
-	t.Logf("%s: %s owned %d of %d keys; the survivors agreed on a ring without it %s after the %s",
-		scenario, victim, victimKeys, numKeys, settle.Round(time.Millisecond), scenario)
+	f.settle = c.waitRing(survivors...)
+	t.Logf("%s: %s owned %d of %d keys; the %d survivors agreed on a ring without it %s after the %s",
+		scenario, victim, f.victimKeys, numKeys, len(survivors), f.settle.Round(time.Millisecond), scenario)
 	l.waitSaturated(s, time.Now())
 	live := survivors
 	if scenario == "partition" {
@@ -88,6 +213,7 @@ func crashScenario(t *testing.T, scenario string) {
 			t.Fatalf("after a partition of %s and the reconnect, the nodes did not agree on one ring within %s (split brain: %s alone, the others without it)",
 				lasted.Round(time.Millisecond), ringTimeout, victim)
 		}
+		f.heal = heal
 		t.Logf("partition of %s healed: all three agreed on one ring %s after the reconnect (bound %s)",
 			lasted.Round(time.Millisecond), heal.Round(time.Millisecond), ringTimeout)
 		live = base
@@ -96,6 +222,16 @@ func crashScenario(t *testing.T, scenario string) {
 	}
 	s.stop(t)
 	checkBench(t, "through the survivors", benchDone())
+	var moved []string
+	for _, name := range live {
+		m, err := c.metrics(name)
+		if err != nil {
+			t.Logf("metrics of %s: %v", name, err)
+			continue
+		}
+		moved = append(moved, name+": "+formatSeries(accounting(nil, m)))
+	}
+	t.Logf("%s: the nodes' accounting counters: %s", scenario, strings.Join(moved, "; "))
 
 	// One owner and one count per key, whichever node is asked (also with
 	// the CLI), then more hits: nothing is admitted any more.
@@ -111,8 +247,19 @@ func crashScenario(t *testing.T, scenario string) {
 	if tl.admitted != admitted {
 		t.Errorf("after the %s settled, %d more hits admitted, want none", scenario, tl.admitted-admitted)
 	}
+	l.mu.Lock()
+	f.errors = len(l.bad)
+	for _, b := range l.bad {
+		if strings.Contains(b, "answered after") {
+			f.late++
+			f.errors--
+		}
+	}
+	l.mu.Unlock()
 
-	// The bound, per key, as in rpc/replica_test.go.
+	// The bound, per key, as in rpc/replica_test.go: what the victim
+	// admitted as owner for checks sent from one replication interval
+	// plus one send (bounded by the forward timeout) before the cut.
 	since := cutAt.Add(-replicationInterval - forwardTimeout)
 	nearCut := map[string]int{}
 	l.mu.Lock()
@@ -125,29 +272,74 @@ func crashScenario(t *testing.T, scenario string) {
 		}
 	}
 	l.mu.Unlock()
-	worst, lost := 0, 0
+	f.degraded, f.degradedAllowed = tl.degraded, tl.degradedAllowed
+	var failing []string
 	for _, k := range l.keys {
-		over := tl.allowed[k] - limit
+		n, over := tl.allowed[k], tl.allowed[k]-limit
+		if n < limit {
+			f.short++
+		}
+		if ownerBefore[k] == victim {
+			f.worst, f.total = max(f.worst, over), f.total+max(over, 0)
+			f.lastSum, f.lastMax = f.lastSum+nearCut[k], max(f.lastMax, nearCut[k])
+			f.victimDegraded += tl.degradedFor[k]
+			f.victimDegAllowed += tl.degradedAllowFor[k]
+		}
+		if scenario == "partition" {
+			// Each side at most the limit: the README's promise.
+			if n > 2*limit {
+				t.Errorf("key %s (owner %s): %d admitted (%d of them degraded), more than the limit on each side of the partition (%d)",
+					k, ownerBefore[k], n, tl.degradedAllowFor[k], 2*limit)
+				failing = append(failing, k)
+			}
+			if ownerBefore[k] == victim && over > nearCut[k] {
+				f.overBound++
+				t.Logf("key %s (owner %s): %d admitted (%d of them degraded) beyond the crash bound %d + %d (not asserted for a partition)",
+					k, victim, n, tl.degradedAllowFor[k], limit, nearCut[k])
+			}
+			continue
+		}
 		bound := 0
 		if ownerBefore[k] == victim {
 			bound = nearCut[k]
-			worst, lost = max(worst, over), lost+max(over, 0)
 		}
-		if over > bound || over < -tl.degradedFor[k] {
-			t.Errorf("key %s (owner %s): %d admitted with %d degraded answers; the bound: %d + %d (what %s admitted in the %s before the %s)",
-				k, ownerBefore[k], tl.allowed[k], tl.degradedFor[k], limit, bound, victim, replicationInterval+forwardTimeout, scenario)
+		if over > bound {
+			f.overBound++
+			failing = append(failing, k)
+			t.Errorf("key %s (owner %s): %d admitted (%d of them degraded, %d degraded answers); the bound: %d + %d (what %s admitted as owner in the %s before the %s)",
+				k, ownerBefore[k], n, tl.degradedAllowFor[k], tl.degradedFor[k], limit, bound, victim, replicationInterval+forwardTimeout, scenario)
+		}
+		// An owner may have counted a check whose answer was lost; its
+		// stand-in (the entry node answered it degraded) counted it
+		// again: a key may fall short by at most its degraded answers.
+		if n < limit-tl.degradedFor[k] {
+			failing = append(failing, k)
+			t.Errorf("key %s (owner %s): %d admitted with %d degraded answers, want at least %d",
+				k, ownerBefore[k], n, tl.degradedFor[k], limit-tl.degradedFor[k])
 		}
 	}
-	t.Logf("%s: over-admission on %s's keys: worst %d, total %d (bound per key: what it admitted in its last %s)",
-		scenario, victim, worst, lost, replicationInterval+forwardTimeout)
-	tl.log(t, scenario, time.Since(began))
+	for i, k := range failing {
+		if i == 3 {
+			t.Logf("(%d more failing keys' answers left out)", len(failing)-3)
+			break
+		}
+		t.Logf("key %s: owner before %s, after %s; the victim admitted %d as owner in its last %s",
+			k, ownerBefore[k], owners[k], nearCut[k], replicationInterval+forwardTimeout)
+		tl.logKey(t, k)
+	}
+	t.Logf("%s: over-admission on %s's %d keys: worst %d, total %d; it admitted %d (worst %d per key) as owner in its last %s (the bound per key); %d degraded answers (%d allowed), %d of them (%d allowed) on its keys",
+		scenario, victim, f.victimKeys, f.worst, f.total, f.lastSum, f.lastMax, replicationInterval+forwardTimeout,
+		f.degraded, f.degradedAllowed, f.victimDegraded, f.victimDegAllowed)
+	tl.logDegraded(t, scenario, cutAt, map[string]time.Time{"the " + scenario: cutAt, "the survivors agreed": cutAt.Add(f.settle)})
+	tl.log(t, fmt.Sprintf("%s (%d nodes)", scenario, f.nodes), time.Since(began))
 }
 
 // Issue 9: docker stop (SIGTERM: hand-off, leave) and docker start of each
 // node in turn while the stream runs (20 hits per key first): exactly the
-// limit per key in all, every check answered within twice the forward
-// timeout (owner-decided or degraded), and a sluice bench against the two
-// other nodes without an error during each step.
+// limit per key in all, every allowed answer counted (degraded or not; a
+// key may fall short by at most its degraded answers, see wantExact),
+// every check answered within twice the forward timeout, and a sluice
+// bench against the two other nodes without an error during each step.
 func TestRollingRestartKeepsCounts(t *testing.T) {
 	began := time.Now()
 	c := newCluster(t, "rolling")
@@ -181,17 +373,203 @@ func TestRollingRestartKeepsCounts(t *testing.T) {
 	tl.log(t, "rolling restart", time.Since(began))
 }
 
+// churnLimit is the limit of the scale scenario's keys: high enough that
+// every key is still counting when sluice4 and sluice5 leave (the counts
+// at the joins and at the leave are logged), so both hand-offs move keys
+// that are being counted.
+const churnLimit = 200
+
 // Issue 9: scale from 3 to 5 nodes (compose services sluice4 and sluice5,
 // profile scale) and back to 3 (docker stop: graceful leave) while the
 // stream runs, through all five while they are there: exactly the limit
-// per key in all, and a sluice bench against sluice1..3 throughout
-// without an error.
+// per key in all, every allowed answer counted (degraded or not; a key may
+// fall short by at most its degraded answers, see wantExact), every check
+// answered within twice the forward timeout, and a sluice bench against
+// sluice1..3 throughout each cycle without an error.
+//
+// The cycle 3 -> 5 -> 3 runs SLUICE_E2E_CHURN_CYCLES times (default 1) on
+// one cluster, each cycle on keys of its own (a limit name per cycle), so
+// each cycle's keys are judged alone; a table of every cycle's figures is
+// logged at the end, and a cycle that fails logs its details: its answers
+// by entry node and deciding node, the nodes' accounting counters that
+// moved (re-forwards, degraded checks, hand-off errors; bench traffic
+// included), and its failing keys' answers.
 func TestScaleOutAndInKeepsCounts(t *testing.T) {
 	began := time.Now()
+	cycles := envInt(t, "SLUICE_E2E_CHURN_CYCLES", 1)
 	c := newCluster(t, "scale")
 	c.waitRing(base...)
-	l := newLedger(t, c, "e2e-scale")
+	var figs []*churnFigures
+	defer func() { logChurnTable(t, figs) }()
+	for i := 1; i <= cycles; i++ {
+		f := &churnFigures{cycle: i}
+		figs = append(figs, f)
+		churnCycle(t, c, f)
+	}
+	t.Logf("scale 3->5->3: %d cycles in %s", cycles, time.Since(began).Round(time.Second))
+}
+
+// churnFigures are one 3 -> 5 -> 3 cycle's numbers.
+type churnFigures struct {
+	cycle int
+	// out: from compose up until all five agreed; in: from the first stop
+	// until the three agreed.
+	out, in time.Duration
+	// the lowest and highest count of a key (allowed answers) when all
+	// five agreed, and when the leave began.
+	atOutLo, atOutHi, atInLo, atInHi int
+	degraded, degradedAllowed        int
+	exact, short, over               int // keys
+	late, errors                     int
+	reforwarded, notOwner, degradedN float64 // the nodes' counters (bench included)
+	ok                               bool
+}
+
+// logChurnTable logs one line per cycle of figs, for the note.
+func logChurnTable(t *testing.T, figs []*churnFigures) {
+	t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n%-5s %-6s %-6s %-9s %-9s %-5s %-8s %-5s %-5s %-4s %-4s %-4s %-5s %-7s %-8s %s",
+		"cycle", "out", "in", "atOut", "atIn", "degr", "degrAllw", "exact", "short", "over", "late", "errs",
+		"refwd", "notOwnr", "nodeDegr", "result")
+	for _, f := range figs {
+		result := "ok"
+		if !f.ok {
+			result = "FAIL"
+		}
+		fmt.Fprintf(&b, "\n%-5d %-6s %-6s %-9s %-9s %-5d %-8d %-5d %-5d %-4d %-4d %-4d %-5g %-7g %-8g %s",
+			f.cycle, f.out.Round(100*time.Millisecond), f.in.Round(100*time.Millisecond),
+			fmt.Sprintf("%d-%d", f.atOutLo, f.atOutHi), fmt.Sprintf("%d-%d", f.atInLo, f.atInHi),
+			f.degraded, f.degradedAllowed, f.exact, f.short, f.over, f.late, f.errors,
+			f.reforwarded, f.notOwner, f.degradedN, result)
+	}
+	t.Logf("cycles (limit %d per key; atOut/atIn: lowest-highest count of a key when the five agreed and when the leave began; degr/degrAllw: degraded answers and those allowed; refwd/notOwnr/nodeDegr: the nodes' reforwarded, not-owner-applied and degraded counters over the cycle, bench included):%s",
+		churnLimit, b.String())
+}
+
+// countRange returns the lowest and highest count of allowed answers of a
+// key of l so far.
+func (l *ledger) countRange() (lo, hi int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := map[string]int{}
+	for _, a := range l.answers {
+		if a.allowed {
+			n[a.key]++
+		}
+	}
+	lo = int(l.limit) * 10
+	for _, k := range l.keys {
+		lo, hi = min(lo, n[k]), max(hi, n[k])
+	}
+	return lo, hi
+}
+
+// byNode logs tl's answers by entry node and deciding node.
+func (tl tally) byNode(t *testing.T, what string) {
+	t.Helper()
+	type route struct{ via, owner string }
+	type counts struct{ allowed, denied, degAllowed, degDenied int }
+	m := map[route]*counts{}
+	for _, as := range tl.byKey {
+		for _, a := range as {
+			r := route{a.via, a.owner}
+			if m[r] == nil {
+				m[r] = &counts{}
+			}
+			switch {
+			case a.degraded && a.allowed:
+				m[r].degAllowed++
+			case a.degraded:
+				m[r].degDenied++
+			case a.allowed:
+				m[r].allowed++
+			default:
+				m[r].denied++
+			}
+		}
+	}
+	routes := slices.SortedFunc(maps.Keys(m), func(a, b route) int {
+		return cmp.Or(cmp.Compare(a.via, b.via), cmp.Compare(a.owner, b.owner))
+	})
+	var b strings.Builder
+	for _, r := range routes {
+		n := m[r]
+		fmt.Fprintf(&b, "\n  via %s decided by %s: allowed %d, denied %d, degraded allowed %d, degraded denied %d",
+			r.via, r.owner, n.allowed, n.denied, n.degAllowed, n.degDenied)
+	}
+	t.Logf("%s: answers by entry node and deciding node:%s", what, b.String())
+}
+
+// logDegraded logs tl's degraded answers grouped by entry node and
+// deciding node (the stand-in), with when their checks were sent relative
+// to the events given (by name).
+func (tl tally) logDegraded(t *testing.T, what string, ref time.Time, events map[string]time.Time) {
+	t.Helper()
+	if tl.degraded == 0 {
+		return
+	}
+	type route struct{ via, owner string }
+	type group struct {
+		n, allowed  int
+		first, last time.Time
+	}
+	m := map[route]*group{}
+	for _, as := range tl.byKey {
+		for _, a := range as {
+			if !a.degraded {
+				continue
+			}
+			r := route{a.via, a.owner}
+			g := m[r]
+			if g == nil {
+				g = &group{first: a.sent, last: a.sent}
+				m[r] = g
+			}
+			g.n++
+			if a.allowed {
+				g.allowed++
+			}
+			if a.sent.Before(g.first) {
+				g.first = a.sent
+			}
+			if a.sent.After(g.last) {
+				g.last = a.sent
+			}
+		}
+	}
+	var b strings.Builder
+	for _, name := range slices.Sorted(maps.Keys(events)) {
+		fmt.Fprintf(&b, " %s at %s;", name, events[name].Sub(ref).Round(time.Millisecond))
+	}
+	for _, r := range slices.SortedFunc(maps.Keys(m), func(a, b route) int {
+		return cmp.Or(cmp.Compare(a.via, b.via), cmp.Compare(a.owner, b.owner))
+	}) {
+		g := m[r]
+		fmt.Fprintf(&b, "\n  via %s decided by %s: %d (%d allowed), sent from %s to %s",
+			r.via, r.owner, g.n, g.allowed, g.first.Sub(ref).Round(time.Millisecond), g.last.Sub(ref).Round(time.Millisecond))
+	}
+	t.Logf("%s: %d degraded answers (%d allowed, counted); times from the start:%s", what, tl.degraded, tl.degradedAllowed, b.String())
+}
+
+// churnCycle runs one 3 -> 5 -> 3 cycle on c with keys of its own.
+func churnCycle(t *testing.T, c *cluster, f *churnFigures) {
+	what := fmt.Sprintf("cycle %d", f.cycle)
 	five := append(append([]string(nil), base...), "sluice4", "sluice5")
+	scrape := func(names ...string) map[string]map[string]float64 {
+		ms := map[string]map[string]float64{}
+		for _, name := range names {
+			m, err := c.metrics(name)
+			if err != nil {
+				t.Logf("%s: metrics of %s: %v", what, name, err)
+			}
+			ms[name] = m
+		}
+		return ms
+	}
+	before := scrape(base...)
+	l := newLedger(t, c, fmt.Sprintf("e2e-scale-c%02d", f.cycle))
+	l.limit = churnLimit
 	l.rounds(20, base...)
 	benchDone := c.bench(40*time.Second, base...)
 	s := l.stream(base...)
@@ -199,22 +577,71 @@ func TestScaleOutAndInKeepsCounts(t *testing.T) {
 	startAt := time.Now()
 	c.start("sluice4", "sluice5")
 	c.waitRing(five...)
-	t.Logf("scale: sluice4 and sluice5 healthy and all five agreed %s after compose up", time.Since(startAt).Round(time.Millisecond))
+	f.out = time.Since(startAt)
+	f.atOutLo, f.atOutHi = l.countRange()
 	s.setVias(five...)
 	s.waitRounds(t, 20)
 	s.setVias(base...)
 	s.waitRounds(t, 1) // no round in flight enters by sluice4 or sluice5
+	// sluice4 and sluice5 started in this cycle: their counters are the
+	// cycle's (up to their leave).
+	joined := scrape("sluice4", "sluice5")
+	f.atInLo, f.atInHi = l.countRange()
 	leaveAt := time.Now()
 	c.stop("sluice4")
 	c.stop("sluice5")
 	c.waitRing(base...)
-	t.Logf("scale: sluice4 and sluice5 stopped and the three agreed %s after the first stop", time.Since(leaveAt).Round(time.Millisecond))
+	f.in = time.Since(leaveAt)
 	l.waitSaturated(s, time.Now())
 	s.stop(t)
-	checkBench(t, "through sluice1..3", benchDone())
+	benchOK := checkBench(t, what+": through sluice1..3", benchDone())
 	l.peekAll(base...)
 	l.rounds(20, base...)
 	tl := l.tally()
-	tl.wantExact(t, "after 3 -> 5 -> 3 nodes")
-	tl.log(t, "scale 3->5->3", time.Since(began))
+	exact := tl.wantExact(t, what+": after 3 -> 5 -> 3 nodes")
+	after := scrape(base...)
+
+	moved := map[string]map[string]float64{}
+	for _, name := range base {
+		moved[name] = accounting(before[name], after[name])
+	}
+	for _, name := range []string{"sluice4", "sluice5"} {
+		moved[name] = accounting(nil, joined[name])
+	}
+	for _, m := range moved {
+		f.reforwarded += m["sluice_reforwarded_checks_total"]
+		f.notOwner += m["sluice_not_owner_applied_total"]
+		f.degradedN += m["sluice_degraded_checks_total"]
+	}
+	f.degraded, f.degradedAllowed = tl.degraded, tl.degradedAllowed
+	for _, k := range l.keys {
+		switch n := tl.allowed[k]; {
+		case n == tl.limit:
+			f.exact++
+		case n < tl.limit:
+			f.short++
+		default:
+			f.over++
+		}
+	}
+	l.mu.Lock()
+	for _, b := range l.bad {
+		if strings.Contains(b, "answered after") {
+			f.late++
+		} else {
+			f.errors++
+		}
+	}
+	l.mu.Unlock()
+	f.ok = exact && benchOK && f.late == 0 && f.errors == 0
+	t.Logf("%s: sluice4 and sluice5 joined and all five agreed %s after compose up (keys at %d..%d of %d); left, and the three agreed %s after the first stop (keys at %d..%d)",
+		what, f.out.Round(time.Millisecond), f.atOutLo, f.atOutHi, tl.limit, f.in.Round(time.Millisecond), f.atInLo, f.atInHi)
+	tl.logDegraded(t, what, startAt, map[string]time.Time{"compose up": startAt, "the leave": leaveAt})
+	if !f.ok {
+		tl.byNode(t, what)
+		for _, name := range five {
+			t.Logf("%s: %s's accounting counters over the cycle: %s", what, name, formatSeries(moved[name]))
+		}
+	}
+	tl.log(t, what+": scale 3->5->3", time.Since(startAt))
 }

@@ -133,7 +133,12 @@ var (
 		desc *prometheus.Desc
 		get  func(Stats) int64
 	}{
-		{prometheus.NewDesc("sluice_degraded_checks_total", "Checks answered per on_owner_unavailable because their owner could not be reached (each may admit beyond the limit).", nil, nil), func(st Stats) int64 { return st.Degraded }},
+		{prometheus.NewDesc("sluice_degraded_checks_total", "Checks answered per on_owner_unavailable because their owner could not be reached (under local, decided by the owner's stand-in holder and counted).", nil, nil), func(st Stats) int64 { return st.Degraded }},
+		{prometheus.NewDesc("sluice_stand_in_admitted_hits_total", "Hits this node admitted in the stead of an unreachable owner (counted in its fallback window of the key, handed to the key's owner).", nil, nil), func(st Stats) int64 { return st.StandInAdmitted }},
+		{prometheus.NewDesc("sluice_stand_in_forwarded_checks_total", "Checks this node sent to an unreachable owner's stand-in holder.", nil, nil), func(st Stats) int64 { return st.StandInForwarded }},
+		{prometheus.NewDesc("sluice_stand_in_returned_keys_total", "Keys whose stand-in hits went to their owner (or into this node's window once it owned the key).", nil, nil), func(st Stats) int64 { return st.StandInReturned }},
+		{prometheus.NewDesc("sluice_expired_checks_total", "Forwarded checks not applied because they reached this node, their owner, after the sender's deadline (the sender answered them without it).", nil, nil), func(st Stats) int64 { return st.Expired }},
+		{prometheus.NewDesc("sluice_refunds_total", "Checks given back here, as owner, because another check of the same all-or-nothing request was denied.", nil, nil), func(st Stats) int64 { return st.Refunds }},
 		{prometheus.NewDesc("sluice_keys_moved_without_state_total", "Keys that changed owner without their state (a pull or hand-off failed or timed out): each may start afresh.", nil, nil), func(st Stats) int64 { return st.MovedWithoutState }},
 		{prometheus.NewDesc("sluice_keys_owner_lost_total", "Keys first touched here as new owner whose previous owner left without a hand-off and with no replica: they start afresh.", nil, nil), func(st Stats) int64 { return st.OwnerLost }},
 		{prometheus.NewDesc("sluice_replica_behind_total", "Key copies a replication send failed to deliver (sent again next interval).", nil, nil), func(st Stats) int64 { return st.ReplicaBehind }},
