@@ -315,6 +315,18 @@ func (s *Server) answerUnavailable(ctx context.Context, reqs []request, fs []fai
 			out[f.index] = &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name, Error: "refund not delivered: " + f.err}
 			continue
 		}
+		buf = ring.Key(buf[:0], r.name, r.key)
+		if !v.ring.Has(f.owner) {
+			// The owner left the ring meanwhile (it left or was declared
+			// dead): the key has a new owner, which decides it.
+			if o := v.ring.Owner(buf); o == s.name {
+				out[f.index] = s.decideOwned(ctx, v, buf, r, true)
+				continue
+			} else if v.peers[o] != nil {
+				byTomb[o] = append(byTomb[o], f.index)
+				continue
+			}
+		}
 		s.stats.degraded.Add(1)
 		s.log.Debug("owner unavailable; degraded answer", "owner", f.owner, "error", f.err, "policy", r.pb.OnOwnerUnavailable)
 		switch r.pb.OnOwnerUnavailable {
@@ -325,7 +337,6 @@ func (s *Server) answerUnavailable(ctx context.Context, reqs []request, fs []fai
 			out[f.index] = &sluicev1.Decision{Allowed: false, Limit: r.check.Limit, Owner: s.name, Degraded: true}
 			continue
 		}
-		buf = ring.Key(buf[:0], r.name, r.key)
 		if to := s.tombFor(buf); to != "" && to != f.owner && v.peers[to] != nil {
 			// The key's new owner pulled it from here (copy and stand-in
 			// hits): it decides the key now, although this node's ring
