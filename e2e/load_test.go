@@ -61,6 +61,10 @@ type ledger struct {
 	answers     []answer
 	bad         []string
 	badReported int // of bad, already reported by tally
+	// slowest answer, and how many took longer than twice the forward
+	// timeout plus the margin (within answerBound: not bad).
+	slowest time.Duration
+	past2FT int
 }
 
 func newLedger(t *testing.T, c *cluster, name string) *ledger {
@@ -80,8 +84,7 @@ func (l *ledger) request(key string, hits int64) *sluicev1.CheckRequest {
 
 // round sends one hit on every key, entering by vias round-robin (offset
 // by r), 10 at a time. An error or an answer with an error is bad (and
-// admitted nothing); an answer later than twice the forward timeout (one
-// retry when the ring changed) plus the client's margin is bad too, and is
+// admitted nothing); an answer later than answerBound is bad too, and is
 // kept in the ledger all the same: what it allowed was admitted.
 func (l *ledger) round(vias []string, r int) {
 	var wg sync.WaitGroup
@@ -92,7 +95,7 @@ func (l *ledger) round(vias []string, r int) {
 		wg.Go(func() {
 			defer func() { <-sem }()
 			sent := time.Now()
-			ctx, cancel := context.WithTimeout(context.Background(), 3*forwardTimeout+2*answerMargin)
+			ctx, cancel := context.WithTimeout(context.Background(), answerBound+answerMargin)
 			resp, err := l.c.nodes[via].rateLimit.Check(ctx, l.request(k, 1))
 			cancel()
 			at := time.Now()
@@ -106,9 +109,14 @@ func (l *ledger) round(vias []string, r int) {
 				l.bad = append(l.bad, fmt.Sprintf("%s via %s: %s", k, via, resp.Decisions[0].Error))
 			default:
 				d := resp.Decisions[0]
-				if at.Sub(sent) > 2*forwardTimeout+answerMargin {
+				took := at.Sub(sent)
+				l.slowest = max(l.slowest, took)
+				if took > 2*forwardTimeout+answerMargin {
+					l.past2FT++
+				}
+				if took > answerBound {
 					l.bad = append(l.bad, fmt.Sprintf("%s via %s: answered after %s (owner %s allowed %v degraded %v)",
-						k, via, at.Sub(sent), d.Owner, d.Allowed, d.Degraded))
+						k, via, took, d.Owner, d.Allowed, d.Degraded))
 				}
 				l.answers = append(l.answers, answer{key: k, via: via, owner: d.Owner, allowed: d.Allowed,
 					degraded: d.Degraded, remaining: d.Remaining, resetTime: d.ResetTime, sent: sent, at: at})
@@ -219,6 +227,8 @@ type tally struct {
 	degraded, degradedAllowed              int
 	allowed, degradedFor, degradedAllowFor map[string]int
 	byKey                                  map[string][]answer // in the order answered
+	slowest                                time.Duration
+	past2FT                                int
 }
 
 // tally fails the test on bad answers (each reported once) or on owners'
@@ -234,7 +244,7 @@ func (l *ledger) tally() tally {
 		}
 		l.badReported = len(l.bad)
 	}
-	tl := tally{limit: int(l.limit), sent: l.sent, answered: len(l.answers), allowed: map[string]int{},
+	tl := tally{limit: int(l.limit), sent: l.sent, answered: len(l.answers), slowest: l.slowest, past2FT: l.past2FT, allowed: map[string]int{},
 		degradedFor: map[string]int{}, degradedAllowFor: map[string]int{}, byKey: map[string][]answer{}}
 	resets := map[int64]bool{}
 	for _, a := range l.answers {
@@ -271,9 +281,9 @@ func (tl tally) log(t *testing.T, scenario string, took time.Duration) {
 			exact++
 		}
 	}
-	t.Logf("%s: %d checks sent, %d answered (%d degraded, %d of them allowed), %d admitted (degraded included) on %d keys against a limit of %d each (%d): per key min %d max %d, %d keys exactly %d; wall time %s",
-		scenario, tl.sent, tl.answered, tl.degraded, tl.degradedAllowed, tl.admitted, len(tl.allowed), tl.limit, tl.limit*numKeys,
-		lo, hi, exact, tl.limit, took.Round(time.Second))
+	t.Logf("%s: %d checks sent, %d answered (%d degraded, %d of them allowed; slowest %s, %d after %s), %d admitted (degraded included) on %d keys against a limit of %d each (%d): per key min %d max %d, %d keys exactly %d; wall time %s",
+		scenario, tl.sent, tl.answered, tl.degraded, tl.degradedAllowed, tl.slowest.Round(time.Millisecond), tl.past2FT, 2*forwardTimeout+answerMargin,
+		tl.admitted, len(tl.allowed), tl.limit, tl.limit*numKeys, lo, hi, exact, tl.limit, took.Round(time.Second))
 }
 
 // wantExact fails unless every key was admitted exactly the limit, its

@@ -49,7 +49,10 @@ func (s *Server) allOrNothing(ctx context.Context, reqs []request, out []*sluice
 		idx     []int
 	)
 	for i, d := range out {
-		if !d.Allowed || d.Shadow {
+		if !d.Allowed || d.Shadow || d.Degraded {
+			// A degraded answer's hits were counted without the owner
+			// (or by a stand-in): they stay counted, and it stays
+			// allowed; the request is refused by the other check.
 			continue
 		}
 		r := reqs[i]

@@ -129,10 +129,20 @@ func newBatcher(p *peer, cfg BatchConfig, timeout time.Duration, sender string) 
 // once, enqueue sends it before it returns (it does not wait for the
 // answer). It fails at once if the batcher has stopped or ctx has ended.
 func (b *batcher) enqueue(ctx context.Context, checks ...*sluicev1.RateLimitCheck) (*pending, error) {
+	return b.enqueueBy(ctx, time.Time{}, checks...)
+}
+
+// enqueueBy is enqueue with a deadline of the caller's (zero: none) that
+// the checks' own deadline (now plus the forward timeout) may not pass.
+func (b *batcher) enqueueBy(ctx context.Context, by time.Time, checks ...*sluicev1.RateLimitCheck) (*pending, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	p := &pending{checks: checks, deadline: time.Now().Add(b.timeout), reply: make(chan reply, 1)}
+	deadline := time.Now().Add(b.timeout)
+	if !by.IsZero() && by.Before(deadline) {
+		deadline = by
+	}
+	p := &pending{checks: checks, deadline: deadline, reply: make(chan reply, 1)}
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -262,6 +272,11 @@ func (b *batcher) send(batches ...[]*pending) {
 		batch := batches[0]
 		batches = batches[1:]
 		deadline := batch[0].deadline
+		for _, p := range batch[1:] {
+			if p.deadline.Before(deadline) {
+				deadline = p.deadline // callers' deadlines may cut theirs short
+			}
+		}
 		if time.Until(deadline) <= 0 {
 			b.p.stats.errors.Add(1)
 			batches = append(batches, b.answer(batch, nil, fmt.Errorf("owner %s unavailable: %w", b.p.name, errQueueDeadline), false)...)
@@ -275,6 +290,7 @@ func (b *batcher) send(batches ...[]*pending) {
 		for _, p := range batch {
 			req.Checks = append(req.Checks, p.checks...)
 		}
+		req.SentUnixNs = time.Now().UnixNano()
 		startCall(b.p, deadline, req, func(ds []*sluicev1.Decision, err error) { b.answer(batch, ds, err, true) })
 	}
 }

@@ -276,7 +276,8 @@ func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, fr
 				// Hits the member admitted in the stead of the key's
 				// owner: they count whatever else came.
 				var st window.State
-				if err := st.UnmarshalBinary(ks.State); err == nil && string(ks.Key) == key {
+				if err := st.UnmarshalBinary(ks.State); err == nil && string(ks.Key) == key &&
+					st.Plausible(now, handOffClockSlack, window.MaxLimit*min(int64(len(v.ring.Members())+1), 1<<9)) == nil {
 					s.store.MergeState(key, st, now)
 				}
 			}
@@ -911,7 +912,7 @@ func (s *Server) FinishLeave(ctx context.Context) error {
 		return errors.New("rpc: finish leave: Leave was not called")
 	}
 	n := s.store.Len()
-	if n == 0 || s.view.Load().ring.Has(s.name) {
+	if (n == 0 && s.fbKeys.Load() == 0) || s.view.Load().ring.Has(s.name) {
 		return nil // nothing late, or this node was the last member: none to take them
 	}
 	s.log.Warn("keys decided after the hand-off; handing them off", "keys", n)
@@ -954,8 +955,15 @@ func (s *Server) handOffAll(ctx context.Context) error {
 			break
 		}
 		if lastErr == nil {
-			if s.store.Len() == 0 {
+			if s.store.Len() == 0 && s.fbKeys.Load() == 0 {
 				break
+			}
+			if s.store.Len() == 0 {
+				// Stand-in hits not handed on yet: try again shortly.
+				select {
+				case <-ctx.Done():
+				case <-time.After(50 * time.Millisecond):
+				}
 			}
 			// A check that was being decided as the ring switched landed
 			// after its key was handed off: hand it off too.

@@ -127,9 +127,11 @@ type Server struct {
 	replicas   *replicaStore
 	dirty      *dirtySet
 	fallback   *window.Store // windows of degraded (owner unavailable) decisions; see standin.go
-	fbMu       sync.Mutex    // guards fbBase and orders the fallback windows' changes
-	fbBase     map[string]window.State
+	fbMu       sync.Mutex    // guards fbBase and fbGen, and orders the fallback windows' changes
+	fbBase     map[string]*standInEntry
+	fbGen      uint64
 	fbKeys     atomic.Int64 // len(fbBase)
+	flushMu    sync.Mutex   // one flushStandIns at a time
 	// standInSignal asks the stand-in loop to hand on stand-in hits now.
 	standInSignal chan struct{}
 	mismatch      sync.Map               // member name -> fingerprint last warned about
@@ -150,6 +152,9 @@ type Server struct {
 	retired   map[*peer]*time.Timer // peers left the ring, connection closing after a grace; nil once closed
 
 	peerIdentity func(context.Context) (string, bool)
+	// senderClocks: member name -> *senderClock, the estimate of its clock
+	// that forwarded deadlines are read on (see deadlineHere).
+	senderClocks sync.Map
 	ringHist     []pastRing // rings before the current one, oldest first; guarded by hmu
 	ringChanged  time.Time  // when the ring last changed (zero: never); guarded by hmu
 }
@@ -421,7 +426,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		// Degraded answers while an owner is unreachable: a fresh budget
 		// for an evicted key there is no worse than the degraded answer.
 		fallback:      window.NewStore(window.StoreConfig{Clock: storeClock{cfg.Store}, MaxKeys: 100_000, OnKeyCap: window.KeyCapEvict}),
-		fbBase:        map[string]window.State{},
+		fbBase:        map[string]*standInEntry{},
 		standInSignal: make(chan struct{}, 1),
 		ho: handOffState{doneFrom: map[string]string{}, outgoing: map[string]chan struct{}{},
 			tombs: map[string]tomb{}, departed: map[string]time.Time{}, takenOver: map[string]takeover{}},
@@ -456,8 +461,13 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 	old := s.view.Load()
 	s.lastInput = slices.Clone(members)
 	set := map[string]string{s.name: s.instanceID()}
+	restarted := false // a member is back under its name as another process
+	prevSet := *s.members.Load()
 	for _, m := range members {
 		set[m.Name] = m.Instance
+		if was := prevSet[m.Name]; was != "" && m.Instance != "" && was != m.Instance {
+			restarted = true
+		}
 	}
 	s.members.Store(&set)
 	// A member that said it is leaving (its hand-off done) is out of the
@@ -554,6 +564,11 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 			s.signalPush()
 		}
 		s.signalStandIn()
+	}
+	if restarted && !changed && !leaving {
+		// Its old process's copies here go to the new one (orphans),
+		// also when the ring did not change on the way.
+		s.signalPush()
 	}
 	return nil
 }
@@ -688,6 +703,8 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (*sluice
 		switch {
 		case d.Error != "":
 			outcome = OutcomeError
+		case d.Refunded:
+			outcome = OutcomeDenied // another check of the request denied it
 		case !d.Allowed && r.shadow:
 			// Shadow mode: report the would-be denial, deny nothing.
 			d.Allowed, d.Shadow, d.RetryAfter = true, true, 0
@@ -799,8 +816,21 @@ func (s *Server) forward(ctx context.Context, p *peer, owner string, reqs []requ
 		checks[j] = reqs[i].pb
 		batch = batch && !reqs[i].pb.NoBatching
 	}
+	// The owner gets at most the forward timeout, and at most half the
+	// time the caller has left: the other half is for a stand-in's answer
+	// should the owner not answer, so that no check is counted for an
+	// answer the caller no longer waits for.
+	by := time.Now().Add(s.forwardTimeout)
+	if d, ok := ctx.Deadline(); ok {
+		if half := time.Now().Add(time.Until(d) / 2); half.Before(by) {
+			by = half
+		}
+	}
+	if dl := minDeadline(reqs, is); dl != 0 && time.Unix(0, dl).Before(by) {
+		by = time.Unix(0, dl)
+	}
 	if batch {
-		q, err := p.batcher.enqueue(ctx, checks...)
+		q, err := p.batcher.enqueueBy(ctx, by, checks...)
 		if err != nil {
 			return fail(fmt.Errorf("owner %s: %w", owner, err))
 		}
@@ -814,10 +844,7 @@ func (s *Server) forward(ctx context.Context, p *peer, owner string, reqs []requ
 			if r.err != nil {
 				return fail(r.err)
 			}
-			for j, i := range is {
-				out[i] = r.ds[j]
-			}
-			return nil
+			return s.answered(owner, is, r.ds, out)
 		case <-t.C:
 			return fail(fmt.Errorf("owner %s: no answer within the forward timeout", owner))
 		case <-ctx.Done():
@@ -827,19 +854,42 @@ func (s *Server) forward(ctx context.Context, p *peer, owner string, reqs []requ
 	req := &sluicev1.ForwardRequest{Sender: s.name, Checks: checks}
 	v := s.view.Load()
 	req.RingFingerprint, req.RingEpoch = v.ring.Fingerprint(), v.epoch
-	cctx, cancel := context.WithTimeout(ctx, s.forwardTimeout)
+	cctx, cancel := context.WithDeadline(ctx, by)
 	defer cancel()
-	if d, ok := cctx.Deadline(); ok {
-		req.DeadlineUnixNs = d.UnixNano()
-	}
+	req.DeadlineUnixNs, req.SentUnixNs = by.UnixNano(), time.Now().UnixNano()
 	ds, err := forwardCall(cctx, p, req, p.stats)
 	if err != nil {
 		return fail(err)
 	}
+	return s.answered(owner, is, ds, out)
+}
+
+// answered writes the owner's decisions ds of the checks reqs[i], i in is,
+// into out, and returns those the owner did not apply because they reached
+// it after their deadline: to the sender they are checks whose owner could
+// not be reached.
+func (s *Server) answered(owner string, is []int, ds []*sluicev1.Decision, out []*sluicev1.Decision) []failure {
+	var late []failure
 	for j, i := range is {
+		if ds[j].Error == errExpired {
+			late = append(late, failure{index: i, owner: owner, err: "owner " + owner + ": " + errExpired})
+			continue
+		}
 		out[i] = ds[j]
 	}
-	return nil
+	return late
+}
+
+// minDeadline returns the earliest deadline (this node's clock, Unix ns) of
+// the checks reqs[i], i in is, that came from a peer with one; 0: none.
+func minDeadline(reqs []request, is []int) int64 {
+	var dl int64
+	for _, i := range is {
+		if d := reqs[i].deadline; d != 0 && (dl == 0 || d < dl) {
+			dl = d
+		}
+	}
+	return dl
 }
 
 // decideOwned decides a check of a key this node owns under v: when the
@@ -949,9 +999,9 @@ func (s *Server) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sl
 		buf   []byte
 		moved map[string][]int // owner under this node's ring -> checks
 	)
-	if req.DeadlineUnixNs > 0 {
+	if dl := s.deadlineHere(req.Sender, req.DeadlineUnixNs, req.SentUnixNs, time.Now()); dl > 0 {
 		for i := range reqs {
-			reqs[i].deadline = req.DeadlineUnixNs
+			reqs[i].deadline = dl
 		}
 	}
 	if req.StandIn {
@@ -962,25 +1012,26 @@ func (s *Server) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sl
 			r := &reqs[i]
 			buf = ring.Key(buf[:0], r.name, r.key)
 			owner := v.ring.Owner(buf)
-			to := ""
-			if owner != s.name {
-				// A member pulled the key from here as its new owner:
-				// its checks are that member's to decide now.
-				to = s.tombFor(buf)
-			}
+			// A member pulled the key from here (as its new owner, or
+			// this node's copy and stand-in hits): its checks are that
+			// member's to decide now.
+			to := s.tombFor(buf)
 			switch {
+			case s.leaving.Load():
+				// Its windows are being handed off: the sender decides.
+				out[i] = &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name, Error: errLeaving.Error()}
 			case r.deadline != 0 && time.Now().UnixNano() > r.deadline:
 				s.stats.expired.Add(1)
 				out[i] = &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name, Error: errExpired}
-			case owner == s.name:
-				out[i] = s.decideOwned(ctx, v, buf, *r, false)
-			case r.pb.RefundAtNs != 0:
-				out[i] = &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name, Error: "a refund is its owner's to apply"}
 			case to != "" && !req.Reforwarded:
 				if moved == nil {
 					moved = map[string][]int{}
 				}
 				moved[to] = append(moved[to], i)
+			case owner == s.name:
+				out[i] = s.decideOwned(ctx, v, buf, *r, false)
+			case r.pb.RefundAtNs != 0:
+				out[i] = &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name, Error: "a refund is its owner's to apply"}
 			default:
 				// Also when this node's ring already gives the key to a
 				// third member (the owner's death reached it first): that
@@ -1046,10 +1097,12 @@ func (s *Server) reforward(ctx context.Context, v *view, owner string, reqs []re
 	if p := v.peers[owner]; p == nil {
 		err = fmt.Errorf("owner %s: no connection to it", owner)
 	} else {
-		cctx, cancel := context.WithTimeout(ctx, s.forwardTimeout)
-		if d, ok := cctx.Deadline(); ok {
-			req.DeadlineUnixNs = d.UnixNano()
+		by := time.Now().Add(s.forwardTimeout)
+		if dl := minDeadline(reqs, is); dl != 0 && time.Unix(0, dl).Before(by) {
+			by = time.Unix(0, dl) // the first sender's: it waits no longer
 		}
+		cctx, cancel := context.WithDeadline(ctx, by)
+		req.DeadlineUnixNs, req.SentUnixNs = by.UnixNano(), time.Now().UnixNano()
 		var resp *sluicev1.ForwardResponse
 		resp, err = p.client.Forward(cctx, req)
 		cancel()
@@ -1057,8 +1110,8 @@ func (s *Server) reforward(ctx context.Context, v *view, owner string, reqs []re
 			err = fmt.Errorf("owner %s answered %d decisions for %d checks", owner, len(resp.Decisions), len(is))
 		}
 		if err == nil {
-			for j, i := range is {
-				out[i] = resp.Decisions[j]
+			if late := s.answered(owner, is, resp.Decisions, out); len(late) > 0 {
+				s.answerUnavailable(ctx, reqs, late, out)
 			}
 			return
 		}
@@ -1071,7 +1124,9 @@ func (s *Server) reforward(ctx context.Context, v *view, owner string, reqs []re
 		fails []failure
 	)
 	for _, i := range is {
-		if now.ring.Fingerprint() != v.ring.Fingerprint() {
+		// A refund is never applied here: the owner may have applied it
+		// with only its answer lost.
+		if now.ring.Fingerprint() != v.ring.Fingerprint() && reqs[i].pb.RefundAtNs == 0 {
 			buf = ring.Key(buf[:0], reqs[i].name, reqs[i].key)
 			if now.ring.Owner(buf) == s.name && s.tombFor(buf) == "" {
 				out[i] = s.decideOwned(ctx, now, buf, reqs[i], false)

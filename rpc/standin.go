@@ -37,6 +37,31 @@ import (
 // owner by then, it adds them to its own window before it decides the key
 // again (foldStandIn).
 
+// standInEntry is the bookkeeping of one key's fallback window: the copy
+// it started from (its base; zero: none), a generation (a window taken and
+// started again is another one), and when its hits were last handed on.
+type standInEntry struct {
+	base window.State
+	gen  uint64
+	sent time.Time
+}
+
+// newEntryLocked starts key's bookkeeping with base. Requires fbMu held.
+func (s *Server) newEntryLocked(k string, base window.State) *standInEntry {
+	s.fbGen++
+	e := &standInEntry{base: base, gen: s.fbGen}
+	s.fbBase[k] = e
+	s.fbKeys.Store(int64(len(s.fbBase)))
+	return e
+}
+
+// dropEntryLocked forgets key's fallback window. Requires fbMu held.
+func (s *Server) dropEntryLocked(k string) {
+	delete(s.fbBase, k)
+	s.fallback.Take(k)
+	s.fbKeys.Store(int64(len(s.fbBase)))
+}
+
 // standInDecide decides r (key is its store key) from this node's fallback
 // window of the key in the stead of its owner, and counts what it admits
 // there until it is handed to the owner. The window follows this node's
@@ -48,8 +73,8 @@ func (s *Server) standInDecide(key []byte, r request) *sluicev1.Decision {
 	s.fbMu.Lock()
 	now := s.store.Now()
 	rep, hasRep := s.replicas.get(k)
-	base, ok := s.fbBase[k]
-	if ok && !base.IsZero() {
+	e, ok := s.fbBase[k]
+	if ok && !e.base.IsZero() {
 		if _, held := s.fallback.Get(k); !held {
 			ok = false // evicted at the fallback store's key cap: start again
 		}
@@ -60,12 +85,11 @@ func (s *Server) standInDecide(key []byte, r request) *sluicev1.Decision {
 		if hasRep {
 			s.fallback.MergeState(k, rep, now)
 		}
-		s.fbBase[k] = rep
-		s.fbKeys.Store(int64(len(s.fbBase)))
-	case hasRep && rep != base:
+		s.newEntryLocked(k, rep)
+	case hasRep && rep != e.base:
 		cur, _ := s.fallback.Take(k)
-		s.fallback.MergeState(k, window.Merge(rep, window.Subtract(cur, base)), now)
-		s.fbBase[k] = rep
+		s.fallback.MergeState(k, window.Merge(rep, window.Subtract(cur, e.base)), now)
+		e.base = rep
 	}
 	d, err := s.fallback.ApplyBytes(key, r.check, now)
 	s.fbMu.Unlock()
@@ -81,38 +105,44 @@ func (s *Server) standInDecide(key []byte, r request) *sluicev1.Decision {
 }
 
 // standInHits returns the hits key's fallback window admitted beyond its
-// base (window.Subtract), and false when there is no window of the key or
-// it has run out (then it is dropped: nothing of it counts any more).
-func (s *Server) standInHits(k string, now time.Time) (window.State, bool) {
+// base (window.Subtract) that are still to be handed on, with the window's
+// generation; false when there are none. A window with nothing left to
+// hand on is dropped once the copy it was handed on against has had time
+// to come back with those hits (a few replication intervals): a later
+// stand-in decision starts again from the copy.
+func (s *Server) standInHits(k string, now time.Time) (window.State, uint64, bool) {
 	s.fbMu.Lock()
 	defer s.fbMu.Unlock()
-	base, ok := s.fbBase[k]
+	e, ok := s.fbBase[k]
 	if !ok {
-		return window.State{}, false
+		return window.State{}, 0, false
 	}
 	cur, held := s.fallback.Get(k)
-	if !held || !cur.Expires().After(now) {
-		delete(s.fbBase, k)
-		s.fallback.Take(k)
-		s.fbKeys.Store(int64(len(s.fbBase)))
-		return window.State{}, false
+	d := window.Subtract(cur, e.base)
+	if !held || !d.Expires().After(now) {
+		if !held || e.sent.IsZero() || now.Sub(e.sent) > 3*s.replication.Interval || !cur.Expires().After(now) {
+			s.dropEntryLocked(k)
+		}
+		return window.State{}, 0, false
 	}
-	d := window.Subtract(cur, base)
-	return d, d.Expires().After(now)
+	return d, e.gen, true
 }
 
 // sentStandIn takes the hits d, handed on to the key's owner, out of key's
-// fallback window: it keeps deciding from its base plus what it admitted
-// since.
-func (s *Server) sentStandIn(k string, d window.State) {
+// fallback window of generation gen (a window taken meanwhile, by a pull or
+// a fold, and started again is left alone): it keeps deciding from its base
+// plus what it admitted since.
+func (s *Server) sentStandIn(k string, d window.State, gen uint64) {
 	s.fbMu.Lock()
 	defer s.fbMu.Unlock()
-	if _, ok := s.fbBase[k]; !ok {
+	e, ok := s.fbBase[k]
+	if !ok || e.gen != gen {
 		return
 	}
 	if cur, ok := s.fallback.Take(k); ok {
 		s.fallback.MergeState(k, window.Subtract(cur, d), s.store.Now())
 	}
+	e.sent = time.Now()
 }
 
 // takeStandIn removes key's fallback window and returns the hits it
@@ -120,17 +150,16 @@ func (s *Server) sentStandIn(k string, d window.State) {
 func (s *Server) takeStandIn(k string) (window.State, bool) {
 	s.fbMu.Lock()
 	defer s.fbMu.Unlock()
-	base, ok := s.fbBase[k]
+	e, ok := s.fbBase[k]
 	if !ok {
 		return window.State{}, false
 	}
-	delete(s.fbBase, k)
-	s.fbKeys.Store(int64(len(s.fbBase)))
-	st, ok := s.fallback.Take(k)
-	if !ok { // evicted from the fallback store (at its key cap)
+	st, held := s.fallback.Get(k)
+	s.dropEntryLocked(k)
+	if !held { // evicted from the fallback store (at its key cap)
 		return window.State{}, false
 	}
-	d := window.Subtract(st, base)
+	d := window.Subtract(st, e.base)
 	return d, d.Expires().After(s.store.Now())
 }
 
@@ -183,8 +212,13 @@ func (s *Server) standInLoop(ctx context.Context) {
 // flushStandIns hands each key's stand-in hits to the key's owner under
 // this node's current ring (adding them to its own window when that is
 // this node). The window keeps deciding with them until the owner has
-// them; a send that fails is tried again next time.
+// them; a send that fails is tried again next time. While a key's hits are
+// on their way it is marked outgoing, so that a Pull of it waits for the
+// send's end instead of taking the same hits again. One flush runs at a
+// time.
 func (s *Server) flushStandIns(ctx context.Context) {
+	s.flushMu.Lock()
+	defer s.flushMu.Unlock()
 	v := s.view.Load()
 	s.fbMu.Lock()
 	keys := make([]string, 0, len(s.fbBase))
@@ -214,22 +248,47 @@ func (s *Server) flushStandIns(ctx context.Context) {
 		// In parallel: a silent owner holds its send up to the forward
 		// timeout, and must not hold the others'.
 		wg.Go(func() {
+			done := make(chan struct{})
+			defer close(done)
+			type hit struct {
+				d   window.State
+				gen uint64
+			}
+			hits := map[string]hit{}
 			now := s.store.Now()
-			hits := map[string]window.State{}
+			s.hmu.Lock()
 			for _, k := range ks {
-				if d, ok := s.standInHits(k, now); ok {
-					hits[k] = d
+				if _, busy := s.ho.outgoing[k]; busy {
+					continue // in a hand-off or a pull now: next time
+				}
+				if d, gen, ok := s.standInHits(k, now); ok {
+					hits[k] = hit{d, gen}
+					s.ho.outgoing[k] = done
 				}
 			}
+			s.hmu.Unlock()
+			defer func() {
+				s.hmu.Lock()
+				for k := range hits {
+					if s.ho.outgoing[k] == done {
+						delete(s.ho.outgoing, k)
+					}
+				}
+				s.hmu.Unlock()
+			}()
 			if len(hits) == 0 {
 				return
 			}
-			if err := s.sendStandIns(ctx, p, hits); err != nil {
+			states := make(map[string]window.State, len(hits))
+			for k, h := range hits {
+				states[k] = h.d
+			}
+			if err := s.sendStandIns(ctx, p, states); err != nil {
 				s.log.Debug("stand-in hits not handed on yet; trying again", "owner", o, "keys", len(hits), "error", err)
 				return
 			}
-			for k, d := range hits {
-				s.sentStandIn(k, d)
+			for k, h := range hits {
+				s.sentStandIn(k, h.d, h.gen)
 			}
 			s.stats.standInReturned.Add(int64(len(hits)))
 		})
@@ -307,23 +366,35 @@ func (s *Server) standInHolder(v *view, owner string) string {
 // node, are decided here (standInDecide).
 func (s *Server) answerUnavailable(ctx context.Context, reqs []request, fs []failure, out []*sluicev1.Decision) {
 	v := s.view.Load()
-	byHolder, byTomb := map[string][]int{}, map[string][]int{}
+	byHolder, byTomb, byOwner := map[string][]int{}, map[string][]int{}, map[string][]int{}
 	var buf []byte
+	now := time.Now().UnixNano()
 	for _, f := range fs {
 		r := reqs[f.index]
-		if r.pb.RefundAtNs != 0 { // a refund is the owner's to apply, or nobody's
+		switch {
+		case r.pb.RefundAtNs != 0: // a refund is the owner's to apply, or nobody's
 			out[f.index] = &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name, Error: "refund not delivered: " + f.err}
+			continue
+		case ctx.Err() != nil:
+			// Nobody waits for this answer any more: count nothing.
+			out[f.index] = &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name, Error: "owner unavailable and the caller gave up: " + f.err}
+			continue
+		case r.deadline != 0 && now > r.deadline: // the peer that sent it gave up
+			s.stats.expired.Add(1)
+			out[f.index] = &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name, Error: errExpired}
 			continue
 		}
 		buf = ring.Key(buf[:0], r.name, r.key)
 		if !v.ring.Has(f.owner) {
 			// The owner left the ring meanwhile (it left or was declared
 			// dead): the key has a new owner, which decides it.
+			// (A plain forward: its receiver, whose ring may still hold
+			// the old owner, must not decide it from a fresh window.)
 			if o := v.ring.Owner(buf); o == s.name {
 				out[f.index] = s.decideOwned(ctx, v, buf, r, true)
 				continue
 			} else if v.peers[o] != nil {
-				byTomb[o] = append(byTomb[o], f.index)
+				byOwner[o] = append(byOwner[o], f.index)
 				continue
 			}
 		}
@@ -357,6 +428,11 @@ func (s *Server) answerUnavailable(ctx context.Context, reqs []request, fs []fai
 	for to, is := range byTomb {
 		s.reforward(ctx, v, to, reqs, is, out)
 	}
+	for o, is := range byOwner {
+		if fs := s.forward(ctx, v.peers[o], o, reqs, is, out); len(fs) > 0 {
+			s.answerUnavailable(ctx, reqs, fs, out)
+		}
+	}
 }
 
 // standInForward sends the checks reqs[i], i in is, to the stand-in holder
@@ -368,11 +444,14 @@ func (s *Server) standInForward(ctx context.Context, v *view, h string, reqs []r
 			owner = f.owner
 		}
 	}
-	cctx, cancel := context.WithTimeout(ctx, s.forwardTimeout)
+	by := time.Now().Add(s.forwardTimeout)
+	if dl := minDeadline(reqs, is); dl != 0 && time.Unix(0, dl).Before(by) {
+		by = time.Unix(0, dl) // the peer that sent the checks waits no longer
+	}
+	cctx, cancel := context.WithDeadline(ctx, by)
 	defer cancel()
-	deadline, _ := cctx.Deadline()
 	req := &sluicev1.ForwardRequest{Sender: s.name, RingFingerprint: v.ring.Fingerprint(), RingEpoch: v.epoch,
-		StandIn: true, UnreachableOwner: owner, DeadlineUnixNs: deadline.UnixNano(),
+		StandIn: true, UnreachableOwner: owner, DeadlineUnixNs: by.UnixNano(), SentUnixNs: time.Now().UnixNano(),
 		Checks: make([]*sluicev1.RateLimitCheck, len(is))}
 	for j, i := range is {
 		req.Checks[j] = reqs[i].pb
@@ -388,6 +467,11 @@ func (s *Server) standInForward(ctx context.Context, v *view, h string, reqs []r
 			d := resp.Decisions[j]
 			d.Degraded = true
 			out[i] = d
+			continue
+		}
+		if ctx.Err() != nil || (reqs[i].deadline != 0 && time.Now().UnixNano() > reqs[i].deadline) {
+			// Nobody waits for this answer any more: count nothing.
+			out[i] = &sluicev1.Decision{Limit: reqs[i].check.Limit, Owner: s.name, Error: "owner and stand-in unavailable, and the caller gave up"}
 			continue
 		}
 		// The holder did not decide it (or its answer was lost: then
@@ -457,8 +541,7 @@ func (s *Server) addStandIn(k string, st window.State) {
 	defer s.fbMu.Unlock()
 	if _, ok := s.fbBase[k]; !ok {
 		s.fallback.Take(k)
-		s.fbBase[k] = window.State{}
-		s.fbKeys.Store(int64(len(s.fbBase)))
+		s.newEntryLocked(k, window.State{})
 	}
 	s.fallback.MergeState(k, st, s.store.Now())
 }

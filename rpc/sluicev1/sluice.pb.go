@@ -585,11 +585,20 @@ type ForwardRequest struct {
 	Reforwarded bool `protobuf:"varint,5,opt,name=reforwarded,proto3" json:"reforwarded,omitempty"`
 	// The Unix ns (sender's clock) after which the sender no longer waits
 	// for the answers: the receiver applies none of the checks after it (it
-	// answers them with error set), so a check answered degraded by the
-	// sender is never also counted late by the owner. 0 from older senders:
-	// no deadline. Nodes' clocks must agree to well within the forward
-	// timeout (NTP).
+	// answers them with error set, and the sender counts them as not
+	// reached), so a check answered degraded by the sender is never also
+	// counted late by the owner. 0 from older senders: no deadline. The
+	// receiver reads it on the sender's clock: see sent_unix_ns.
 	DeadlineUnixNs int64 `protobuf:"varint,6,opt,name=deadline_unix_ns,json=deadlineUnixNs,proto3" json:"deadline_unix_ns,omitempty"`
+	// The Unix ns (sender's clock) at which the sender sent the request. The
+	// receiver keeps, per sender, the least (its receive time minus
+	// sent_unix_ns) seen lately: the clocks' offset plus the quickest
+	// transit. Its own clock minus that is the sender's clock as of now (a
+	// little behind), so neither a skew between the two clocks nor a
+	// request that was held up on its way (a path that dropped packets for
+	// a while) lets a check be applied after its deadline. 0: the receiver
+	// compares deadline_unix_ns with its own clock.
+	SentUnixNs int64 `protobuf:"varint,9,opt,name=sent_unix_ns,json=sentUnixNs,proto3" json:"sent_unix_ns,omitempty"`
 	// Set when the sender could not reach the checks' owner (named in
 	// unreachable_owner) and sends them to the receiver, the next member of
 	// the ring after that owner (which holds the owner's copy of the keys),
@@ -671,6 +680,13 @@ func (x *ForwardRequest) GetReforwarded() bool {
 func (x *ForwardRequest) GetDeadlineUnixNs() int64 {
 	if x != nil {
 		return x.DeadlineUnixNs
+	}
+	return 0
+}
+
+func (x *ForwardRequest) GetSentUnixNs() int64 {
+	if x != nil {
+		return x.SentUnixNs
 	}
 	return 0
 }
@@ -1472,7 +1488,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x06checks\x18\x01 \x03(\v2\x19.sluice.v1.RateLimitCheckR\x06checks\x12$\n" +
 	"\x0eall_or_nothing\x18\x02 \x01(\bR\fallOrNothing\"B\n" +
 	"\rCheckResponse\x121\n" +
-	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\"\xb9\x02\n" +
+	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\"\xdb\x02\n" +
 	"\x0eForwardRequest\x121\n" +
 	"\x06checks\x18\x01 \x03(\v2\x19.sluice.v1.RateLimitCheckR\x06checks\x12\x16\n" +
 	"\x06sender\x18\x02 \x01(\tR\x06sender\x12)\n" +
@@ -1480,7 +1496,9 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\n" +
 	"ring_epoch\x18\x04 \x01(\x04R\tringEpoch\x12 \n" +
 	"\vreforwarded\x18\x05 \x01(\bR\vreforwarded\x12(\n" +
-	"\x10deadline_unix_ns\x18\x06 \x01(\x03R\x0edeadlineUnixNs\x12\x19\n" +
+	"\x10deadline_unix_ns\x18\x06 \x01(\x03R\x0edeadlineUnixNs\x12 \n" +
+	"\fsent_unix_ns\x18\t \x01(\x03R\n" +
+	"sentUnixNs\x12\x19\n" +
 	"\bstand_in\x18\a \x01(\bR\astandIn\x12+\n" +
 	"\x11unreachable_owner\x18\b \x01(\tR\x10unreachableOwner\"Z\n" +
 	"\x0fForwardResponse\x121\n" +

@@ -379,6 +379,11 @@ func (m *ForwardRequest) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if m.SentUnixNs != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.SentUnixNs))
+		i--
+		dAtA[i] = 0x48
+	}
 	if len(m.UnreachableOwner) > 0 {
 		i -= len(m.UnreachableOwner)
 		copy(dAtA[i:], m.UnreachableOwner)
@@ -1267,6 +1272,9 @@ func (m *ForwardRequest) SizeVT() (n int) {
 	l = len(m.UnreachableOwner)
 	if l > 0 {
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
+	}
+	if m.SentUnixNs != 0 {
+		n += 1 + protohelpers.SizeOfVarint(uint64(m.SentUnixNs))
 	}
 	n += len(m.unknownFields)
 	return n
@@ -2560,6 +2568,25 @@ func (m *ForwardRequest) UnmarshalVT(dAtA []byte) error {
 			}
 			m.UnreachableOwner = string(dAtA[iNdEx:postIndex])
 			iNdEx = postIndex
+		case 9:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field SentUnixNs", wireType)
+			}
+			m.SentUnixNs = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.SentUnixNs |= int64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
