@@ -22,9 +22,9 @@ type handOffScenario struct {
 	clock   *window.ManualClock
 	keys    []string
 	allowed map[string]int
-	// tolerateDegraded lets hit take degraded answers (not counted in
-	// allowed: the owner did not count them) instead of failing on them;
-	// degraded counts them.
+	// tolerateDegraded lets hit take degraded answers instead of failing
+	// on them (an allowed one is counted in allowed, as every allowed
+	// answer is: what a stand-in admits counts); degraded counts them.
 	tolerateDegraded bool
 	degraded         int
 	degradedFor      map[string]int // degraded answers by key
@@ -94,6 +94,10 @@ func (sc *handOffScenario) hit(nodes []*testNode, perKey int) (allowed int) {
 				case resp.Decisions[0].Degraded && resp.Decisions[0].Error == "" && sc.tolerateDegraded:
 					sc.degraded++
 					sc.degradedFor[j.key]++
+					if resp.Decisions[0].Allowed {
+						sc.allowed[j.key]++
+						allowed++
+					}
 				case resp.Decisions[0].Error != "" || resp.Decisions[0].Degraded:
 					errs = append(errs, fmt.Sprintf("%s via %s: %+v", j.key, j.via.Name(), resp.Decisions[0]))
 				case took > 2*scenarioForwardTimeout+time.Second:

@@ -266,8 +266,7 @@ func TestRestartUnderSameNameRecoversFromReplicas(t *testing.T) {
 	clock := windowClock()
 	nodes := startReplicatedCluster(t, clock)
 	k := keyOwnedBy(t, nodes[0], "restart", "node2")
-	rc := &sluicev1.RateLimitCheck{Name: "restart", Key: k, Hits: proto.Int64(1), Limit: 10, WindowMs: 3_600_000,
-		OnOwnerUnavailable: sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_DENY}
+	rc := &sluicev1.RateLimitCheck{Name: "restart", Key: k, Hits: proto.Int64(1), Limit: 10, WindowMs: 3_600_000}
 	for range 6 {
 		if d := check(t, nodes[0].client, rc); !d.Allowed || d.Owner != "node2" {
 			t.Fatalf("before the crash: %+v", d)
@@ -362,8 +361,7 @@ func TestFlapReturnsOnlyWhatWasCountedBeyondTheCopy(t *testing.T) {
 	if succ == "node1" {
 		other = "node3"
 	}
-	rc := &sluicev1.RateLimitCheck{Name: "flap", Key: k, Hits: proto.Int64(1), Limit: 10, WindowMs: 3_600_000,
-		OnOwnerUnavailable: sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_DENY}
+	rc := &sluicev1.RateLimitCheck{Name: "flap", Key: k, Hits: proto.Int64(1), Limit: 10, WindowMs: 3_600_000}
 	for range 6 {
 		if d := check(t, byName[other].client, rc); !d.Allowed || d.Owner != "node2" {
 			t.Fatalf("before the flap: %+v", d)
