@@ -717,19 +717,7 @@ func (s *Server) HandOff(stream sluicev1.PeerService_HandOffServer) error {
 			now := s.store.Now()
 			hist := s.recentRings(v)
 			for i, ks := range req.States {
-				var st window.State
-				reason := ""
-				switch {
-				case len(ks.GetKey()) == 0:
-					reason = fmt.Sprintf("states[%d].key: must not be empty", i)
-				case len(ks.GetKey()) > maxStoreKeyBytes:
-					reason = fmt.Sprintf("states[%d].key: at most %d bytes, got %d", i, maxStoreKeyBytes, len(ks.GetKey()))
-				}
-				if reason == "" {
-					if err := st.UnmarshalBinary(ks.GetState()); err != nil {
-						reason = fmt.Sprintf("states[%d].state: %v", i, err)
-					}
-				}
+				st, reason := decodeKeyState(i, ks)
 				if reason == "" {
 					reason = s.vetKeyState(v, hist, req, ks.Key, st, now)
 				}
@@ -1196,4 +1184,21 @@ func (s *Server) vetKeyState(v *view, hist []*ring.Ring, req *sluicev1.HandOffRe
 		return "state: of another algorithm or window than the receiver's, it would replace the key's count"
 	}
 	return ""
+}
+
+// decodeKeyState decodes states[i] of a hand-off, or says why it is
+// refused, naming the field: an empty or too long key, or a state that
+// does not decode.
+func decodeKeyState(i int, ks *sluicev1.KeyState) (window.State, string) {
+	var st window.State
+	switch {
+	case len(ks.GetKey()) == 0:
+		return st, fmt.Sprintf("states[%d].key: must not be empty", i)
+	case len(ks.GetKey()) > maxStoreKeyBytes:
+		return st, fmt.Sprintf("states[%d].key: at most %d bytes, got %d", i, maxStoreKeyBytes, len(ks.GetKey()))
+	}
+	if err := st.UnmarshalBinary(ks.GetState()); err != nil {
+		return st, fmt.Sprintf("states[%d].state: %v", i, err)
+	}
+	return st, ""
 }

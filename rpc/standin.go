@@ -500,18 +500,9 @@ func (s *Server) mergeStandIns(ctx context.Context, v *view, req *sluicev1.HandO
 	members := int64(len(v.ring.Members()) + 1)
 	var merged int64
 	for i, ks := range req.States {
-		var st window.State
-		reason := ""
-		switch {
-		case len(ks.GetKey()) == 0:
-			reason = fmt.Sprintf("states[%d].key: must not be empty", i)
-		case len(ks.GetKey()) > maxStoreKeyBytes:
-			reason = fmt.Sprintf("states[%d].key: at most %d bytes, got %d", i, maxStoreKeyBytes, len(ks.GetKey()))
-		}
+		st, reason := decodeKeyState(i, ks)
 		if reason == "" {
-			if err := st.UnmarshalBinary(ks.GetState()); err != nil {
-				reason = fmt.Sprintf("states[%d].state: %v", i, err)
-			} else if err := st.Plausible(now, handOffClockSlack, window.MaxLimit*min(members, 1<<9)); err != nil {
+			if err := st.Plausible(now, handOffClockSlack, window.MaxLimit*min(members, 1<<9)); err != nil {
 				reason = fmt.Sprintf("states[%d].state: %v", i, err)
 			}
 		}
