@@ -257,6 +257,7 @@ func newCluster(t *testing.T, scenario string) *cluster {
 	c.compose(2*time.Minute, "down", "-v", "--remove-orphans", "--timeout", "5")
 	t.Cleanup(func() {
 		if t.Failed() {
+			c.saveArtifacts()
 			out, _ := c.compose(time.Minute, "logs", "--no-color", "--tail", "40")
 			t.Logf("containers' last log lines:\n%s", out)
 		}
@@ -269,6 +270,48 @@ func newCluster(t *testing.T, scenario string) *cluster {
 	})
 	c.start("sluice1", "sluice2", "sluice3")
 	return c
+}
+
+// artifacts is where a failed test leaves its containers' whole logs, with
+// a goroutine dump of every node still running (SIGQUIT: Go prints every
+// goroutine's stack and exits), for a hang or a lost count to be read
+// after the containers are gone. Unset: nothing is saved.
+var artifacts = os.Getenv("SLUICE_E2E_ARTIFACTS")
+
+// saveArtifacts writes, when artifacts is set, a goroutine dump of every
+// running node and every container's whole log there, one file per
+// container named after the test and the service.
+func (c *cluster) saveArtifacts() {
+	if artifacts == "" {
+		return
+	}
+	if err := os.MkdirAll(artifacts, 0o755); err != nil {
+		c.t.Logf("artifacts: %v", err)
+		return
+	}
+	out, err := c.compose(time.Minute, "ps", "-q")
+	if err != nil {
+		c.t.Logf("artifacts: %v", err)
+		return
+	}
+	ids := strings.Fields(string(out))
+	for _, id := range ids {
+		if st, err := run(30*time.Second, nil, "docker", "inspect", "--format", "{{.State.Running}}", id); err == nil && strings.TrimSpace(string(st)) == "true" {
+			run(30*time.Second, nil, "docker", "kill", "--signal", "QUIT", id)
+		}
+	}
+	time.Sleep(3 * time.Second) // the dumps reach the logs
+	prefix := strings.NewReplacer("/", "_", "=", "").Replace(c.t.Name()) + "-" + time.Now().UTC().Format("150405")
+	for _, id := range ids {
+		name, _ := run(30*time.Second, nil, "docker", "inspect", "--format", `{{index .Config.Labels "com.docker.compose.service"}}`, id)
+		logs, _ := run(2*time.Minute, nil, "docker", "logs", id)
+		path := filepath.Join(artifacts, prefix+"-"+strings.TrimSpace(string(name))+".log")
+		if err := os.WriteFile(path, logs, 0o644); err != nil {
+			c.t.Logf("artifacts: %v", err)
+			continue
+		}
+		c.t.Logf("artifacts: %s (%d bytes; the goroutine dump at its end if the node was running)", path, len(logs))
+	}
 }
 
 // compose runs docker-compose on the suite's file under the cluster's

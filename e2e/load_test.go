@@ -210,12 +210,93 @@ func (l *ledger) saturatedSince(since time.Time) bool {
 	return len(denied) == len(l.keys)
 }
 
+// saturateTimeout bounds the wait for every key to be used up once a ring
+// has settled: at the stream's pace every key gets a check every round, so
+// a key not denied by its owner for this long is stuck (its checks fail,
+// or are answered degraded, or it keeps admitting).
+const saturateTimeout = 2 * time.Minute
+
 // waitSaturated waits (the stream going on) until every key has been
-// denied by its owner after since.
-func (l *ledger) waitSaturated(s *stream, since time.Time) {
+// denied by its owner after since, at most saturateTimeout. When that
+// passes it fails the test, logs the keys that are not used up with their
+// answers and errors since, and returns false.
+func (l *ledger) waitSaturated(s *stream, since time.Time) bool {
 	l.t.Helper()
+	deadline := time.Now().Add(saturateTimeout)
 	for !l.saturatedSince(since) {
+		if time.Now().After(deadline) {
+			l.reportUnsaturated(since)
+			return false
+		}
 		s.waitRounds(l.t, 1)
+	}
+	return true
+}
+
+// reportUnsaturated fails the test naming the keys that no owner denied
+// after since, and logs, for the first three, every answer and error since
+// a little before since.
+func (l *ledger) reportUnsaturated(since time.Time) {
+	l.t.Helper()
+	l.mu.Lock()
+	denied := map[string]bool{}
+	type sum struct{ allowed, denied, degAllowed, degDenied, errs int }
+	sums := map[string]*sum{}
+	for _, k := range l.keys {
+		sums[k] = &sum{}
+	}
+	for _, a := range l.answers {
+		if !a.sent.After(since) {
+			continue
+		}
+		n := sums[a.key]
+		switch {
+		case a.degraded && a.allowed:
+			n.degAllowed++
+		case a.degraded:
+			n.degDenied++
+		case a.allowed:
+			n.allowed++
+		default:
+			n.denied++
+			denied[a.key] = true
+		}
+	}
+	var errs []string
+	for _, b := range l.bad {
+		k, _, _ := strings.Cut(b, " via ")
+		if n := sums[k]; n != nil && !denied[k] {
+			n.errs++
+			errs = append(errs, b)
+		}
+	}
+	var stuck []string
+	var b strings.Builder
+	for _, k := range l.keys {
+		if denied[k] {
+			continue
+		}
+		stuck = append(stuck, k)
+		n := sums[k]
+		fmt.Fprintf(&b, "\n  %s: since then allowed %d, degraded allowed %d, degraded denied %d, errors (all time) %d",
+			k, n.allowed, n.degAllowed, n.degDenied, n.errs)
+	}
+	l.mu.Unlock()
+	l.t.Errorf("%d keys not used up (no owner's denial) within %s of %s: %v%s",
+		len(stuck), saturateTimeout, since.UTC().Format("15:04:05.000"), stuck, b.String())
+	for i, e := range errs {
+		if i == 10 {
+			l.t.Logf("(%d more errors of those keys left out)", len(errs)-10)
+			break
+		}
+		l.t.Logf("  error: %s", e)
+	}
+	tl := l.counts()
+	for i, k := range stuck {
+		if i == 3 {
+			break
+		}
+		tl.logKeySince(l.t, k, since.Add(-10*time.Second))
 	}
 }
 
@@ -229,6 +310,7 @@ type tally struct {
 	byKey                                  map[string][]answer // in the order answered
 	slowest                                time.Duration
 	past2FT                                int
+	resets                                 map[int64]bool // owners' answers' window ends
 }
 
 // tally fails the test on bad answers (each reported once) or on owners'
@@ -236,7 +318,6 @@ type tally struct {
 func (l *ledger) tally() tally {
 	l.t.Helper()
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if len(l.bad) > l.badReported {
 		l.t.Errorf("%d of %d checks not answered right, e.g. %s", len(l.bad)-l.badReported, l.sent, l.bad[l.badReported])
 		for _, b := range l.bad[l.badReported+1 : min(len(l.bad), l.badReported+10)] {
@@ -244,13 +325,25 @@ func (l *ledger) tally() tally {
 		}
 		l.badReported = len(l.bad)
 	}
+	l.mu.Unlock()
+	tl := l.counts()
+	if len(tl.resets) != 1 {
+		l.t.Errorf("owners' answers name %d window ends, want one (a window boundary fell in the run?)", len(tl.resets))
+	}
+	return tl
+}
+
+// counts counts the ledger's answers.
+func (l *ledger) counts() tally {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	tl := tally{limit: int(l.limit), sent: l.sent, answered: len(l.answers), slowest: l.slowest, past2FT: l.past2FT, allowed: map[string]int{},
 		degradedFor: map[string]int{}, degradedAllowFor: map[string]int{}, byKey: map[string][]answer{}}
-	resets := map[int64]bool{}
+	tl.resets = map[int64]bool{}
 	for _, a := range l.answers {
 		tl.byKey[a.key] = append(tl.byKey[a.key], a)
 		if !a.degraded {
-			resets[a.resetTime] = true
+			tl.resets[a.resetTime] = true
 		}
 		if a.degraded {
 			tl.degraded++
@@ -264,9 +357,6 @@ func (l *ledger) tally() tally {
 				tl.degradedAllowFor[a.key]++
 			}
 		}
-	}
-	if len(resets) != 1 {
-		l.t.Errorf("owners' answers name %d window ends, want one (a window boundary fell in the run?)", len(resets))
 	}
 	return tl
 }
@@ -322,8 +412,17 @@ func (tl tally) wantExact(t *testing.T, when string) bool {
 // that goes up (or repeats) shows where a count was lost or doubled.
 func (tl tally) logKey(t *testing.T, key string) {
 	t.Helper()
+	tl.logKeySince(t, key, time.Time{})
+}
+
+// logKeySince is logKey for the answers to checks sent after since.
+func (tl tally) logKeySince(t *testing.T, key string, since time.Time) {
+	t.Helper()
 	var b strings.Builder
 	for _, a := range tl.byKey[key] {
+		if a.sent.Before(since) {
+			continue
+		}
 		verdict := "denied"
 		if a.allowed {
 			verdict = "allowed"

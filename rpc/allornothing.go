@@ -13,6 +13,11 @@ import (
 // deadline: nothing of it was applied.
 const errExpired = "the check came after its sender's deadline; not applied"
 
+// errNotDecided answers a forwarded check that a leaving node could not
+// pass on to the key's next owner: nothing of it was applied, and the
+// sender answers it as a check whose owner it could not reach.
+const errNotDecided = "the receiver is leaving and could not pass the check on; not applied"
+
 // allOrNothing makes a request's checks consume all or none: when one of
 // them was denied (or could not be decided), every other one that consumed
 // hits gets them back, from the window they were counted in, at the key's

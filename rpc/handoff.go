@@ -943,7 +943,9 @@ func (s *Server) handOffAll(ctx context.Context) error {
 			break
 		}
 		if lastErr == nil {
-			if s.store.Len() == 0 && s.fbKeys.Load() == 0 {
+			// Stand-in hits get a few tries: once the others have taken
+			// this node out of their rings they refuse its hand-offs.
+			if s.store.Len() == 0 && (s.fbKeys.Load() == 0 || attempt >= 3) {
 				break
 			}
 			if s.store.Len() == 0 {

@@ -866,13 +866,13 @@ func (s *Server) forward(ctx context.Context, p *peer, owner string, reqs []requ
 
 // answered writes the owner's decisions ds of the checks reqs[i], i in is,
 // into out, and returns those the owner did not apply because they reached
-// it after their deadline: to the sender they are checks whose owner could
-// not be reached.
+// it after their deadline, or because it is leaving and could not pass them
+// on: to the sender they are checks whose owner could not be reached.
 func (s *Server) answered(owner string, is []int, ds []*sluicev1.Decision, out []*sluicev1.Decision) []failure {
 	var late []failure
 	for j, i := range is {
-		if ds[j].Error == errExpired {
-			late = append(late, failure{index: i, owner: owner, err: "owner " + owner + ": " + errExpired})
+		if e := ds[j].Error; e == errExpired || e == errNotDecided {
+			late = append(late, failure{index: i, owner: owner, err: "owner " + owner + ": " + e})
 			continue
 		}
 		out[i] = ds[j]
@@ -1123,6 +1123,16 @@ func (s *Server) reforward(ctx context.Context, v *view, owner string, reqs []re
 		buf   []byte
 		fails []failure
 	)
+	if s.leaving.Load() {
+		// A leaving node decides nothing itself (what it would count
+		// could not reach the key's owner once the others have taken it
+		// out of their rings): the sender gets the checks back undecided
+		// and answers them as checks whose owner it could not reach.
+		for _, i := range is {
+			out[i] = &sluicev1.Decision{Limit: reqs[i].check.Limit, Owner: s.name, Error: errNotDecided}
+		}
+		return
+	}
 	for _, i := range is {
 		// A refund is never applied here: the owner may have applied it
 		// with only its answer lost.

@@ -10,8 +10,11 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/internal/testnet"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
+	"github.com/sluicehq/sluice/window"
 )
 
 // byName returns the node called name.
@@ -361,5 +364,42 @@ func TestRestartBeforeTheOldProcessIsDeclaredDead(t *testing.T) {
 	if allowed != 10 {
 		logStats(t, all)
 		t.Fatalf("%d allowed across the crash and the restart, want exactly the limit 10", allowed)
+	}
+}
+
+// A leaving node that cannot pass a forwarded check on to the key's next
+// owner decides nothing itself (what it counted could not reach the owner
+// once the others have taken it out of their rings): it answers the check
+// undecided, and its sender answers it as one whose owner it could not
+// reach (e2e: a graceful scale-in admitted 201 of 200 so).
+func TestLeavingNodeDecidesNothingItCannotPassOn(t *testing.T) {
+	s, err := NewServer(ServerConfig{Name: "node1", Store: window.NewStore(window.StoreConfig{Clock: windowClock()}),
+		Logger: testLogger(), ForwardTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	members := []cluster.Member{{Name: "node1", State: cluster.Alive}, {Name: "node2", GRPCAddr: testnet.DeadAddr(t), State: cluster.Alive}}
+	if err := s.SetMembers(members); err != nil {
+		t.Fatal(err)
+	}
+	s.leaving.Store(true)
+	if err := s.SetMembers(members); err != nil { // the ring without node1: node2 owns every key
+		t.Fatal(err)
+	}
+	rc := &sluicev1.RateLimitCheck{Name: "leave", Key: "k", Hits: proto.Int64(1), Limit: 10, WindowMs: 60_000}
+	resp, err := s.Forward(context.Background(), &sluicev1.ForwardRequest{Sender: "node2", Checks: []*sluicev1.RateLimitCheck{rc}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := resp.Decisions[0]; d.Allowed || d.Error != errNotDecided {
+		t.Fatalf("answer %+v, want not decided (%q)", d, errNotDecided)
+	}
+	if n := s.fbKeys.Load(); n != 0 || s.store.Len() != 0 {
+		t.Fatalf("the leaving node counted the check: %d stand-in windows, %d keys", n, s.store.Len())
+	}
+	out := make([]*sluicev1.Decision, 1)
+	if late := s.answered("node1", []int{0}, resp.Decisions, out); len(late) != 1 || out[0] != nil {
+		t.Fatalf("the sender takes the answer as %+v, late %v; want it as not reached", out[0], late)
 	}
 }
