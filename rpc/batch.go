@@ -286,7 +286,7 @@ func (b *batcher) send(batches ...[]*pending) {
 		for _, p := range batch {
 			n += len(p.checks)
 		}
-		req := &sluicev1.ForwardRequest{Sender: b.sender, DeadlineUnixNs: deadline.UnixNano(), Checks: make([]*sluicev1.RateLimitCheck, 0, n)}
+		req := &sluicev1.ForwardRequest{Sender: b.sender, DeadlineUnixNs: applyBy(deadline), Checks: make([]*sluicev1.RateLimitCheck, 0, n)}
 		for _, p := range batch {
 			req.Checks = append(req.Checks, p.checks...)
 		}

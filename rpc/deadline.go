@@ -20,14 +20,34 @@ type senderClock struct {
 	cur, prev int64 // least delay (ns, this node's clock minus the sender's) of the current and the previous window
 	hasPrev   bool
 	since     time.Time // start of the current window; zero: no sample yet
+	n         int       // samples so far (counted up to trustSamples)
 }
+
+// trustSamples is how many requests of a sender this node must have seen
+// before it reads their deadlines on the estimate of the sender's clock:
+// until then they are read on this node's clock, so that a sender whose
+// first requests all came late (held up since before its first answer)
+// cannot make the estimate as late as they were.
 
 // sample records a request sent at sent (the sender's Unix ns) and received
 // at now, and returns the least delay seen lately, including this one.
 func (c *senderClock) sample(sent int64, now time.Time) int64 {
+	d, _ := c.sampleFirst(sent, now)
+	return d
+}
+
+const trustSamples = 8
+
+// sampleFirst is sample that also reports whether the estimate is still
+// young (fewer than trustSamples requests seen, this one included).
+func (c *senderClock) sampleFirst(sent int64, now time.Time) (int64, bool) {
 	d := now.UnixNano() - sent
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.n < trustSamples {
+		c.n++
+	}
+	first := c.n < trustSamples
 	switch {
 	case c.since.IsZero():
 		c.cur, c.since = d, now
@@ -38,9 +58,9 @@ func (c *senderClock) sample(sent int64, now time.Time) int64 {
 		c.cur = min(c.cur, d)
 	}
 	if c.hasPrev {
-		return min(c.cur, c.prev)
+		return min(c.cur, c.prev), first
 	}
-	return c.cur
+	return c.cur, first
 }
 
 // deadlineHere converts a forwarded request's deadline (the sender's clock)
@@ -51,8 +71,9 @@ func (c *senderClock) sample(sent int64, now time.Time) int64 {
 // past its deadline by as much as it was held up. (The deadline is read
 // late by the quickest transit seen: a one-way delay cannot be told from
 // the skew; on a LAN well under a millisecond.) Without it (older
-// senders, or a sender that is not a member) the deadline is taken as a
-// time of this node's clock.
+// senders, or a sender that is not a member), and for a member's first
+// trustSamples requests, the deadline is taken as a time of this node's
+// clock.
 func (s *Server) deadlineHere(sender string, deadline, sent int64, now time.Time) int64 {
 	if deadline <= 0 {
 		return 0
@@ -61,5 +82,21 @@ func (s *Server) deadlineHere(sender string, deadline, sent int64, now time.Time
 		return deadline
 	}
 	v, _ := s.senderClocks.LoadOrStore(sender, &senderClock{})
-	return deadline + v.(*senderClock).sample(sent, now)
+	est, first := v.(*senderClock).sampleFirst(sent, now)
+	if first {
+		// Too few requests to tell a late one from a skew: read on this
+		// node's clock (the estimate starts from them).
+		return deadline
+	}
+	return deadline + est
+}
+
+// applyBy returns the deadline (Unix ns) to send with a forwarded request
+// that this node waits for until by: a quarter of the time left earlier,
+// so that a check the receiver applies still has time for its answer to
+// come back, and the receiver's estimate of this node's clock (it errs by
+// the quickest transit it has seen) cannot let it apply a check this node
+// has already answered without it.
+func applyBy(by time.Time) int64 {
+	return by.Add(-time.Until(by) / 4).UnixNano()
 }

@@ -33,6 +33,17 @@ func TestReviewForwardDeadlineIsWallClockSkewSensitive(t *testing.T) {
 		t.Fatal(err)
 	}
 	rc.Key = keyOwnedBy(t, n, "skew", "node1")
+	// Its first trustSamples requests are read on the owner's clock
+	// (nothing tells a late one from a skew yet): refused as late, which
+	// its sender takes as an owner not reached. From then on the estimate
+	// holds.
+	for range trustSamples {
+		first := time.Now().Add(-3 * time.Second)
+		if _, err := peer.Forward(context.Background(), &sluicev1.ForwardRequest{Sender: "node9", Checks: []*sluicev1.RateLimitCheck{{Name: "skew", Key: rc.Key, Hits: proto.Int64(0), Limit: 10, WindowMs: 60_000}},
+			DeadlineUnixNs: first.Add(2 * time.Second).UnixNano(), SentUnixNs: first.UnixNano()}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	senderNow := time.Now().Add(-3 * time.Second) // the sender's clock
 	resp, err := peer.Forward(context.Background(), &sluicev1.ForwardRequest{Sender: "node9", Checks: []*sluicev1.RateLimitCheck{rc},
 		DeadlineUnixNs: senderNow.Add(2 * time.Second).UnixNano(), SentUnixNs: senderNow.UnixNano()})

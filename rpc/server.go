@@ -856,7 +856,7 @@ func (s *Server) forward(ctx context.Context, p *peer, owner string, reqs []requ
 	req.RingFingerprint, req.RingEpoch = v.ring.Fingerprint(), v.epoch
 	cctx, cancel := context.WithDeadline(ctx, by)
 	defer cancel()
-	req.DeadlineUnixNs, req.SentUnixNs = by.UnixNano(), time.Now().UnixNano()
+	req.DeadlineUnixNs, req.SentUnixNs = applyBy(by), time.Now().UnixNano()
 	ds, err := forwardCall(cctx, p, req, p.stats)
 	if err != nil {
 		return fail(err)
@@ -1102,7 +1102,7 @@ func (s *Server) reforward(ctx context.Context, v *view, owner string, reqs []re
 			by = time.Unix(0, dl) // the first sender's: it waits no longer
 		}
 		cctx, cancel := context.WithDeadline(ctx, by)
-		req.DeadlineUnixNs, req.SentUnixNs = by.UnixNano(), time.Now().UnixNano()
+		req.DeadlineUnixNs, req.SentUnixNs = applyBy(by), time.Now().UnixNano()
 		var resp *sluicev1.ForwardResponse
 		resp, err = p.client.Forward(cctx, req)
 		cancel()

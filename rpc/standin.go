@@ -310,6 +310,12 @@ func (s *Server) sendStandIns(ctx context.Context, p *peer, states map[string]wi
 		if len(req.States) == 0 {
 			return nil
 		}
+		// The receiver merges the hits only within half the time this
+		// node waits for its answer: a request held up on its way and
+		// merged after this node gave up (and will send them again)
+		// would count them twice.
+		now := time.Now()
+		req.DeadlineUnixNs, req.SentUnixNs = now.Add(s.forwardTimeout/2).UnixNano(), now.UnixNano()
 		if err := st.Send(req); err != nil {
 			return err
 		}
@@ -451,7 +457,7 @@ func (s *Server) standInForward(ctx context.Context, v *view, h string, reqs []r
 	cctx, cancel := context.WithDeadline(ctx, by)
 	defer cancel()
 	req := &sluicev1.ForwardRequest{Sender: s.name, RingFingerprint: v.ring.Fingerprint(), RingEpoch: v.epoch,
-		StandIn: true, UnreachableOwner: owner, DeadlineUnixNs: by.UnixNano(), SentUnixNs: time.Now().UnixNano(),
+		StandIn: true, UnreachableOwner: owner, DeadlineUnixNs: applyBy(by), SentUnixNs: time.Now().UnixNano(),
 		Checks: make([]*sluicev1.RateLimitCheck, len(is))}
 	for j, i := range is {
 		req.Checks[j] = reqs[i].pb
@@ -495,6 +501,10 @@ func (s *Server) mergeStandIns(ctx context.Context, v *view, req *sluicev1.HandO
 	if reason := s.vetSender(ctx, req.Sender); reason != "" {
 		s.stats.handOffRefused.Add(int64(len(req.States)))
 		return 0, reason
+	}
+	if dl := s.deadlineHere(req.Sender, req.DeadlineUnixNs, req.SentUnixNs, time.Now()); dl > 0 && time.Now().UnixNano() > dl {
+		s.stats.expired.Add(int64(len(req.States)))
+		return 0, "deadline_unix_ns: the request came after its sender's deadline; nothing merged (the sender sends the hits again)"
 	}
 	now := s.store.Now()
 	members := int64(len(v.ring.Members()) + 1)

@@ -1073,9 +1073,16 @@ type HandOffRequest struct {
 	// fallback): the receiver adds them to its count of each key whatever
 	// its ring says (a key it does not own goes on with its next hand-off),
 	// and ring_fingerprint is not compared.
-	StandIn       bool `protobuf:"varint,8,opt,name=stand_in,json=standIn,proto3" json:"stand_in,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	StandIn bool `protobuf:"varint,8,opt,name=stand_in,json=standIn,proto3" json:"stand_in,omitempty"`
+	// For stand_in requests: the Unix ns (sender's clock) after which the
+	// sender no longer waits for the answer, and the Unix ns at which it sent
+	// the request (read as ForwardRequest's). A receiver merges nothing of a
+	// request that reaches it after the deadline: the sender counts it as
+	// not delivered and sends the hits again.
+	DeadlineUnixNs int64 `protobuf:"varint,9,opt,name=deadline_unix_ns,json=deadlineUnixNs,proto3" json:"deadline_unix_ns,omitempty"`
+	SentUnixNs     int64 `protobuf:"varint,10,opt,name=sent_unix_ns,json=sentUnixNs,proto3" json:"sent_unix_ns,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *HandOffRequest) Reset() {
@@ -1162,6 +1169,20 @@ func (x *HandOffRequest) GetStandIn() bool {
 		return x.StandIn
 	}
 	return false
+}
+
+func (x *HandOffRequest) GetDeadlineUnixNs() int64 {
+	if x != nil {
+		return x.DeadlineUnixNs
+	}
+	return 0
+}
+
+func (x *HandOffRequest) GetSentUnixNs() int64 {
+	if x != nil {
+		return x.SentUnixNs
+	}
+	return 0
 }
 
 type HandOffResponse struct {
@@ -1524,7 +1545,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\fR\x05state\x12\x14\n" +
 	"\x05owner\x18\x03 \x01(\tR\x05owner\x12%\n" +
-	"\x0eowner_instance\x18\x04 \x01(\tR\rownerInstance\"\xa2\x02\n" +
+	"\x0eowner_instance\x18\x04 \x01(\tR\rownerInstance\"\xee\x02\n" +
 	"\x0eHandOffRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12)\n" +
 	"\x10ring_fingerprint\x18\x02 \x01(\tR\x0fringFingerprint\x12+\n" +
@@ -1533,7 +1554,11 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\ffrom_replica\x18\x05 \x01(\bR\vfromReplica\x12%\n" +
 	"\x0esender_leaving\x18\x06 \x01(\bR\rsenderLeaving\x12'\n" +
 	"\x0fsender_instance\x18\a \x01(\tR\x0esenderInstance\x12\x19\n" +
-	"\bstand_in\x18\b \x01(\bR\astandIn\"?\n" +
+	"\bstand_in\x18\b \x01(\bR\astandIn\x12(\n" +
+	"\x10deadline_unix_ns\x18\t \x01(\x03R\x0edeadlineUnixNs\x12 \n" +
+	"\fsent_unix_ns\x18\n" +
+	" \x01(\x03R\n" +
+	"sentUnixNs\"?\n" +
 	"\x0fHandOffResponse\x12\x16\n" +
 	"\x06merged\x18\x01 \x01(\x03R\x06merged\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\"d\n" +

@@ -771,6 +771,16 @@ func (m *HandOffRequest) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if m.SentUnixNs != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.SentUnixNs))
+		i--
+		dAtA[i] = 0x50
+	}
+	if m.DeadlineUnixNs != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.DeadlineUnixNs))
+		i--
+		dAtA[i] = 0x48
+	}
 	if m.StandIn {
 		i--
 		if m.StandIn {
@@ -1435,6 +1445,12 @@ func (m *HandOffRequest) SizeVT() (n int) {
 	}
 	if m.StandIn {
 		n += 2
+	}
+	if m.DeadlineUnixNs != 0 {
+		n += 1 + protohelpers.SizeOfVarint(uint64(m.DeadlineUnixNs))
+	}
+	if m.SentUnixNs != 0 {
+		n += 1 + protohelpers.SizeOfVarint(uint64(m.SentUnixNs))
 	}
 	n += len(m.unknownFields)
 	return n
@@ -3621,6 +3637,44 @@ func (m *HandOffRequest) UnmarshalVT(dAtA []byte) error {
 				}
 			}
 			m.StandIn = bool(v != 0)
+		case 9:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field DeadlineUnixNs", wireType)
+			}
+			m.DeadlineUnixNs = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.DeadlineUnixNs |= int64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+		case 10:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field SentUnixNs", wireType)
+			}
+			m.SentUnixNs = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.SentUnixNs |= int64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
