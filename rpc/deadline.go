@@ -81,7 +81,10 @@ func (s *Server) deadlineHere(sender string, deadline, sent int64, now time.Time
 	if sent <= 0 || !s.isMember(sender) {
 		return deadline
 	}
-	v, _ := s.senderClocks.LoadOrStore(sender, &senderClock{})
+	v, ok := s.senderClocks.Load(sender)
+	if !ok { // LoadOrStore alone would allocate on every request
+		v, _ = s.senderClocks.LoadOrStore(sender, &senderClock{})
+	}
 	est, first := v.(*senderClock).sampleFirst(sent, now)
 	if first {
 		// Too few requests to tell a late one from a skew: read on this

@@ -561,19 +561,7 @@ func (s *Server) pushTo(ctx context.Context, p *peer, fp string, keys []string, 
 		return err
 	}
 	defer func() { _ = st.CloseSend() }()
-	send := func(req *sluicev1.HandOffRequest) error {
-		if err := st.Send(req); err != nil {
-			return err
-		}
-		resp, err := st.Recv()
-		switch {
-		case err != nil:
-			return err
-		case resp.Error != "":
-			return errors.New(resp.Error)
-		}
-		return nil
-	}
+	send := func(req *sluicev1.HandOffRequest) error { return handOffSend(st, req) }
 	for len(keys) > 0 {
 		n := min(len(keys), handOffBatch)
 		batch := keys[:n]
@@ -600,7 +588,31 @@ func (s *Server) pushTo(ctx context.Context, p *peer, fp string, keys []string, 
 			return err
 		}
 	}
-	_ = st.CloseSend()
+	return handOffEnd(st)
+}
+
+// handOffSend sends one HandOff request on st and waits for its answer;
+// it returns the stream's error, or the receiver's refusal.
+func handOffSend(st sluicev1.PeerService_HandOffClient, req *sluicev1.HandOffRequest) error {
+	if err := st.Send(req); err != nil {
+		return err
+	}
+	resp, err := st.Recv()
+	switch {
+	case err != nil:
+		return err
+	case resp.Error != "":
+		return errors.New(resp.Error)
+	}
+	return nil
+}
+
+// handOffEnd closes st's sending side and waits for the receiver to end
+// the stream; it returns any error but the stream's end.
+func handOffEnd(st sluicev1.PeerService_HandOffClient) error {
+	if err := st.CloseSend(); err != nil {
+		return err
+	}
 	if _, err := st.Recv(); err != nil && !errors.Is(err, io.EOF) {
 		return err
 	}

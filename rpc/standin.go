@@ -2,9 +2,7 @@ package rpc
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"sync"
 	"time"
 
@@ -316,15 +314,8 @@ func (s *Server) sendStandIns(ctx context.Context, p *peer, states map[string]wi
 		// would count them twice.
 		now := time.Now()
 		req.DeadlineUnixNs, req.SentUnixNs = now.Add(s.forwardTimeout/2).UnixNano(), now.UnixNano()
-		if err := st.Send(req); err != nil {
+		if err := handOffSend(st, req); err != nil {
 			return err
-		}
-		resp, err := st.Recv()
-		switch {
-		case err != nil:
-			return err
-		case resp.Error != "":
-			return errors.New(resp.Error)
 		}
 		req.States = req.States[:0]
 		return nil
@@ -341,13 +332,7 @@ func (s *Server) sendStandIns(ctx context.Context, p *peer, states map[string]wi
 	if err := flush(); err != nil {
 		return err
 	}
-	if err := st.CloseSend(); err != nil {
-		return err
-	}
-	if _, err := st.Recv(); err != nil && !errors.Is(err, io.EOF) {
-		return err
-	}
-	return nil
+	return handOffEnd(st)
 }
 
 // standInHolder returns the member that decides the keys of owner in its
