@@ -93,13 +93,3 @@ func (s *Server) deadlineHere(sender string, deadline, sent int64, now time.Time
 	}
 	return deadline + est
 }
-
-// applyBy returns the deadline (Unix ns) to send with a forwarded request
-// that this node waits for until by: a quarter of the time left earlier,
-// so that a check the receiver applies still has time for its answer to
-// come back, and the receiver's estimate of this node's clock (it errs by
-// the quickest transit it has seen) cannot let it apply a check this node
-// has already answered without it.
-func applyBy(by time.Time) int64 {
-	return by.Add(-time.Until(by) / 4).UnixNano()
-}

@@ -23,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limits"
 	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/rpc/internal/forward"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
@@ -142,14 +143,13 @@ type Server struct {
 	bg            sync.WaitGroup
 
 	stats     counters
-	peerStats sync.Map // member name -> *peerStats
+	peerStats *forward.Stats // Forward calls per peer
 	inflight  inflight
 
 	draining  chan struct{} // closed by Drain
 	drainOnce sync.Once
 
-	retiredMu sync.Mutex
-	retired   map[*peer]*time.Timer // peers left the ring, connection closing after a grace; nil once closed
+	retired *forward.Retired // peers left the ring, connection closing after a grace
 
 	peerIdentity func(context.Context) (string, bool)
 	// senderClocks: member name -> *senderClock, the estimate of its clock
@@ -170,36 +170,6 @@ type view struct {
 	bootstrap bool
 }
 
-// peer is a connection to another member's PeerService and the queue of
-// checks bound for it.
-type peer struct {
-	name, addr string
-	conn       *grpc.ClientConn
-	client     sluicev1.PeerServiceClient
-	batcher    *batcher
-	stats      *peerStats
-	stream     *peerStream // forwards go over it; nil (tests' fakes): unary Forward calls
-}
-
-// retire stops the peer's queue (failing what is queued) and closes its
-// connection after grace, so that calls in flight can finish; Server.Close
-// closes it at once.
-func (s *Server) retire(p *peer, grace time.Duration) {
-	p.batcher.close()
-	s.retiredMu.Lock()
-	defer s.retiredMu.Unlock()
-	if s.retired == nil { // the server is closed
-		_ = p.conn.Close()
-		return
-	}
-	s.retired[p] = time.AfterFunc(grace, func() {
-		s.retiredMu.Lock()
-		delete(s.retired, p)
-		s.retiredMu.Unlock()
-		_ = p.conn.Close()
-	})
-}
-
 // counters count routing events; read them with Server.Stats.
 type counters struct {
 	localChecks, forwardedChecks, noConnection, receivedRPCs, receivedChecks atomic.Int64
@@ -211,7 +181,8 @@ type counters struct {
 	standInAdmitted, standInReturned, standInForwarded, expired, refunds   atomic.Int64
 }
 
-// PeerStats counts the Forward calls made to one peer.
+// PeerStats counts the Forward calls made to one peer: of every kind
+// (batched, no_batching, re-forwarded, sent to a stand-in).
 type PeerStats struct {
 	// Batches is the number of Forward calls; Checks the checks they carried
 	// (Checks/Batches is the mean batch size).
@@ -370,19 +341,10 @@ func (s *Server) Stats() Stats {
 
 func (s *Server) peerStatsSnapshot() map[string]PeerStats {
 	out := map[string]PeerStats{}
-	s.peerStats.Range(func(k, v any) bool {
-		ps := v.(*peerStats)
-		out[k.(string)] = PeerStats{Batches: ps.batches.Load(), Checks: ps.checks.Load(),
-			Errors: ps.errors.Load(), Latency: time.Duration(ps.latencyNs.Load())}
-		return true
-	})
+	for name, c := range s.peerStats.Snapshot() {
+		out[name] = PeerStats{Batches: c.Batches, Checks: c.Checks, Errors: c.Errors, Latency: c.Latency}
+	}
 	return out
-}
-
-// statsFor returns the counters of the named peer.
-func (s *Server) statsFor(name string) *peerStats {
-	v, _ := s.peerStats.LoadOrStore(name, &peerStats{obs: s.obs})
-	return v.(*peerStats)
 }
 
 // NewServer returns a Server whose ring holds only itself, and starts its
@@ -413,10 +375,11 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		ringCfg:        cfg.Ring,
 		forwardTimeout: cfg.ForwardTimeout,
 		log:            cfg.Logger,
-		batch:          cfg.Batch.withDefaults(),
+		batch:          cfg.Batch.WithDefaults(),
 		limits:         cfg.Limits,
 		obs:            cfg.Observer,
-		retired:        map[*peer]*time.Timer{},
+		retired:        forward.NewRetired(),
+		peerStats:      forward.NewStats(cfg.Observer),
 		draining:       make(chan struct{}),
 		handOffTimeout: cfg.HandOffTimeout,
 		replication:    cfg.Replication.withDefaults(),
@@ -500,29 +463,7 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 		s.log.Error("cannot build ring; keeping the old one", "members", len(names), "error", err)
 		return fmt.Errorf("rpc: %w", err)
 	}
-	peers := make(map[string]*peer, len(ms))
-	for _, m := range ms {
-		if m.Name == s.name {
-			continue
-		}
-		if p, ok := old.peers[m.Name]; ok && p.addr == m.GRPCAddr {
-			peers[m.Name] = p
-			continue
-		}
-		opts := s.dialOpts
-		if s.peerCreds != nil {
-			opts = append(slices.Clone(opts), grpc.WithTransportCredentials(s.peerCreds(m.Name)))
-		}
-		conn, err := grpc.NewClient(m.GRPCAddr, opts...)
-		if err != nil {
-			s.log.Error("cannot connect to peer; leaving it out of the peer set", "peer", m.Name, "addr", m.GRPCAddr, "error", err)
-			continue
-		}
-		p := &peer{name: m.Name, addr: m.GRPCAddr, conn: conn, client: sluicev1.NewPeerServiceClient(conn), stats: s.statsFor(m.Name)}
-		p.stream = &peerStream{client: p.client}
-		p.batcher = newBatcher(p, s.batch, s.forwardTimeout, s.name)
-		peers[m.Name] = p
-	}
+	peers := s.dialPeers(old.peers, ms)
 	changed := r.Fingerprint() != old.ring.Fingerprint()
 	if !changed {
 		r = old.ring // one ring per fingerprint: what awaits a hand-off refers to it
@@ -625,19 +566,9 @@ func (s *Server) Close() {
 	v := s.view.Load()
 	s.view.Store(&view{ring: v.ring, members: v.members, epoch: v.epoch})
 	for _, p := range v.peers {
-		if p.stream != nil {
-			p.stream.close() // first: it also ends a Send the launcher is held in
-		}
-		p.batcher.close()
-		_ = p.conn.Close()
+		p.fwd.Close()
 	}
-	s.retiredMu.Lock()
-	for p, t := range s.retired {
-		t.Stop()
-		_ = p.conn.Close()
-	}
-	s.retired = nil
-	s.retiredMu.Unlock()
+	s.retired.Close()
 }
 
 // Owner returns the name of the member that owns (name, key) under this
@@ -829,35 +760,7 @@ func (s *Server) forward(ctx context.Context, p *peer, owner string, reqs []requ
 	if dl := minDeadline(reqs, is); dl != 0 && time.Unix(0, dl).Before(by) {
 		by = time.Unix(0, dl)
 	}
-	if batch {
-		q, err := p.batcher.enqueueBy(ctx, by, checks...)
-		if err != nil {
-			return fail(fmt.Errorf("owner %s: %w", owner, err))
-		}
-		// The batcher answers by the checks' deadline; the timer only
-		// guards against a reply that can no longer come (a batcher
-		// stopped just as the checks went in).
-		t := time.NewTimer(time.Until(q.deadline) + s.batch.MaxWait + 100*time.Millisecond)
-		defer t.Stop()
-		select {
-		case r := <-q.reply:
-			if r.err != nil {
-				return fail(r.err)
-			}
-			return s.answered(owner, is, r.ds, out)
-		case <-t.C:
-			return fail(fmt.Errorf("owner %s: no answer within the forward timeout", owner))
-		case <-ctx.Done():
-			return fail(fmt.Errorf("owner %s: %w", owner, ctx.Err()))
-		}
-	}
-	req := &sluicev1.ForwardRequest{Sender: s.name, Checks: checks}
-	v := s.view.Load()
-	req.RingFingerprint, req.RingEpoch = v.ring.Fingerprint(), v.epoch
-	cctx, cancel := context.WithDeadline(ctx, by)
-	defer cancel()
-	req.DeadlineUnixNs, req.SentUnixNs = applyBy(by), time.Now().UnixNano()
-	ds, err := forwardCall(cctx, p, req, p.stats)
+	ds, err := p.fwd.Forward(ctx, forward.Request{Checks: checks, By: by, NoBatching: !batch})
 	if err != nil {
 		return fail(err)
 	}
@@ -1083,15 +986,15 @@ func (s *Server) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sl
 
 // reforward sends checks this node received as owner, but whose owner
 // under its own ring is owner (or that a peer pulled), on to it once,
-// marked reforwarded so that it decides them whatever its ring says. When owner cannot be reached the
+// marked reforwarded so that it decides them whatever its ring says (in a
+// call of their own, off the peer stream: see forward.Peer.Forward). When owner cannot be reached the
 // checks are answered per their on_owner_unavailable policy.
 func (s *Server) reforward(ctx context.Context, v *view, owner string, reqs []request, is []int, out []*sluicev1.Decision) {
 	s.awaitLeaveHandOff(ctx)
 	s.stats.reforwarded.Add(int64(len(is)))
-	req := &sluicev1.ForwardRequest{Sender: s.name, RingFingerprint: v.ring.Fingerprint(), RingEpoch: v.epoch,
-		Reforwarded: true, Checks: make([]*sluicev1.RateLimitCheck, len(is))}
+	checks := make([]*sluicev1.RateLimitCheck, len(is))
 	for j, i := range is {
-		req.Checks[j] = reqs[i].pb
+		checks[j] = reqs[i].pb
 	}
 	var err error
 	if p := v.peers[owner]; p == nil {
@@ -1101,16 +1004,10 @@ func (s *Server) reforward(ctx context.Context, v *view, owner string, reqs []re
 		if dl := minDeadline(reqs, is); dl != 0 && time.Unix(0, dl).Before(by) {
 			by = time.Unix(0, dl) // the first sender's: it waits no longer
 		}
-		cctx, cancel := context.WithDeadline(ctx, by)
-		req.DeadlineUnixNs, req.SentUnixNs = applyBy(by), time.Now().UnixNano()
-		var resp *sluicev1.ForwardResponse
-		resp, err = p.client.Forward(cctx, req)
-		cancel()
-		if err == nil && len(resp.Decisions) != len(is) {
-			err = fmt.Errorf("owner %s answered %d decisions for %d checks", owner, len(resp.Decisions), len(is))
-		}
+		var ds []*sluicev1.Decision
+		ds, err = p.fwd.Forward(ctx, forward.Request{Checks: checks, By: by, Reforwarded: true})
 		if err == nil {
-			if late := s.answered(owner, is, resp.Decisions, out); len(late) > 0 {
+			if late := s.answered(owner, is, ds, out); len(late) > 0 {
 				s.answerUnavailable(ctx, reqs, late, out)
 			}
 			return

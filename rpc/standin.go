@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/rpc/internal/forward"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
@@ -439,23 +440,16 @@ func (s *Server) standInForward(ctx context.Context, v *view, h string, reqs []r
 	if dl := minDeadline(reqs, is); dl != 0 && time.Unix(0, dl).Before(by) {
 		by = time.Unix(0, dl) // the peer that sent the checks waits no longer
 	}
-	cctx, cancel := context.WithDeadline(ctx, by)
-	defer cancel()
-	req := &sluicev1.ForwardRequest{Sender: s.name, RingFingerprint: v.ring.Fingerprint(), RingEpoch: v.epoch,
-		StandIn: true, UnreachableOwner: owner, DeadlineUnixNs: applyBy(by), SentUnixNs: time.Now().UnixNano(),
-		Checks: make([]*sluicev1.RateLimitCheck, len(is))}
+	checks := make([]*sluicev1.RateLimitCheck, len(is))
 	for j, i := range is {
-		req.Checks[j] = reqs[i].pb
+		checks[j] = reqs[i].pb
 	}
 	s.stats.standInForwarded.Add(int64(len(is)))
-	resp, err := v.peers[h].client.Forward(cctx, req)
-	if err == nil && len(resp.Decisions) != len(is) {
-		err = fmt.Errorf("stand-in %s answered %d decisions for %d checks", h, len(resp.Decisions), len(is))
-	}
+	ds, err := v.peers[h].fwd.Forward(ctx, forward.Request{Checks: checks, By: by, StandIn: true, UnreachableOwner: owner})
 	var buf []byte
 	for j, i := range is {
-		if err == nil && resp.Decisions[j].Error == "" {
-			d := resp.Decisions[j]
+		if err == nil && ds[j].Error == "" {
+			d := ds[j]
 			d.Degraded = true
 			out[i] = d
 			continue

@@ -181,29 +181,6 @@ func TestForwardAfterItsDeadlineIsNotApplied(t *testing.T) {
 	}
 }
 
-// The batcher's requests carry their batch's deadline.
-func TestBatcherSendsItsDeadline(t *testing.T) {
-	f := &fakePeer{}
-	b := newTestBatcher(f, BatchConfig{}, 300*time.Millisecond)
-	defer b.close()
-	before := time.Now()
-	ch, err := enq(b, &sluicev1.RateLimitCheck{Name: "n", Key: "k", Limit: 1, WindowMs: 1000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitReply(t, ch)
-	reqs := f.requests()
-	if len(reqs) != 1 {
-		t.Fatalf("%d requests", len(reqs))
-	}
-	// The owner is told three quarters of the time: the rest is for its
-	// answer to come back.
-	dl := time.Unix(0, reqs[0].DeadlineUnixNs)
-	if dl.Before(before.Add(220*time.Millisecond)) || dl.After(time.Now().Add(226*time.Millisecond)) {
-		t.Fatalf("deadline %v, want enqueue time + 225 ms (enqueued at %v)", dl, before)
-	}
-}
-
 // A Check of several limits consumes all or none: with B used up, A is
 // given back (wherever the two keys' owners are), the answer says so, and
 // A's budget is whole afterwards.

@@ -1,11 +1,10 @@
-package rpc
+package forward
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -20,6 +19,10 @@ const (
 	DefaultBatchWait = 200 * time.Microsecond
 )
 
+// MaxBatch is the most checks one Forward call may carry (the receiver
+// refuses more: rpc.MaxBatch, which must be the same).
+const MaxBatch = 1000
+
 // BatchConfig shapes the queue of checks forwarded to one owner.
 type BatchConfig struct {
 	// MaxSize sends a batch as soon as it holds this many checks.
@@ -32,7 +35,10 @@ type BatchConfig struct {
 	MaxWait time.Duration
 }
 
-func (c BatchConfig) withDefaults() BatchConfig {
+// WithDefaults returns c with the defaults filled in: MaxSize
+// DefaultBatchSize when not positive, MaxBatch when above it; MaxWait
+// DefaultBatchWait when not positive.
+func (c BatchConfig) WithDefaults() BatchConfig {
 	switch {
 	case c.MaxSize <= 0:
 		c.MaxSize = DefaultBatchSize
@@ -65,12 +71,6 @@ type reply struct {
 	err error
 }
 
-// peerStats counts one peer's forwards; read them through Server.Stats.
-type peerStats struct {
-	batches, checks, errors, latencyNs atomic.Int64
-	obs                                Observer // told of each call; may be nil
-}
-
 // maxCalls bounds the Forward calls in flight to one owner from one
 // batcher.
 const maxCalls = 8
@@ -93,10 +93,9 @@ const maxCalls = 8
 // long-lived launcher goroutine (so the receive loop never blocks on a
 // Send held up by flow control), or by the timer when its wait is over.
 type batcher struct {
-	p       *peer
+	p       *Peer
 	cfg     BatchConfig
 	timeout time.Duration
-	sender  string
 
 	mu     sync.Mutex // guards the fields below
 	queue  []*pending
@@ -112,9 +111,9 @@ type batcher struct {
 	once   sync.Once
 }
 
-func newBatcher(p *peer, cfg BatchConfig, timeout time.Duration, sender string) *batcher {
+func newBatcher(p *Peer, cfg BatchConfig, timeout time.Duration) *batcher {
 	b := &batcher{
-		p: p, cfg: cfg, timeout: timeout, sender: sender,
+		p: p, cfg: cfg, timeout: timeout,
 		launch: make(chan []*pending, maxCalls),
 		stop:   make(chan struct{}),
 	}
@@ -286,11 +285,11 @@ func (b *batcher) send(batches ...[]*pending) {
 		for _, p := range batch {
 			n += len(p.checks)
 		}
-		req := &sluicev1.ForwardRequest{Sender: b.sender, DeadlineUnixNs: applyBy(deadline), Checks: make([]*sluicev1.RateLimitCheck, 0, n)}
+		checks := make([]*sluicev1.RateLimitCheck, 0, n)
 		for _, p := range batch {
-			req.Checks = append(req.Checks, p.checks...)
+			checks = append(checks, p.checks...)
 		}
-		req.SentUnixNs = time.Now().UnixNano()
+		req := b.p.request(nil, checks, deadline)
 		startCall(b.p, deadline, req, func(ds []*sluicev1.Decision, err error) { b.answer(batch, ds, err, true) })
 	}
 }
@@ -322,62 +321,13 @@ func (b *batcher) answer(batch []*pending, ds []*sluicev1.Decision, err error, l
 	return nil
 }
 
-// startCall starts one Forward call to p, bounded by deadline, and calls
-// done exactly once with the call's decisions (one per check) or its error;
-// it counts the call in p.stats. Over p's stream it returns once the request is
-// written; without one (tests' fakes) the unary call runs in a goroutine of
-// its own.
-func startCall(p *peer, deadline time.Time, req *sluicev1.ForwardRequest, done func([]*sluicev1.Decision, error)) {
+// startCall starts one Forward call of req to p over its stream, bounded
+// by deadline, and calls done exactly once with the call's decisions (one
+// per check) or its error (see endCall, which counts the call). It returns
+// once the request is written.
+func startCall(p *Peer, deadline time.Time, req *sluicev1.ForwardRequest, done func([]*sluicev1.Decision, error)) {
 	start := time.Now()
-	end := func(resp *sluicev1.ForwardResponse, err error) {
-		done(endCall(p, req, resp, err, time.Since(start), p.stats))
-	}
-	if p.stream != nil {
-		p.stream.start(deadline, req, end)
-		return
-	}
-	go func() {
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		resp, err := p.client.Forward(ctx, req)
-		cancel()
-		end(resp, err)
-	}()
-}
-
-// forwardCall makes one Forward call to p, bounded by ctx, counts it, and
-// checks that the answer has one decision per check.
-func forwardCall(ctx context.Context, p *peer, req *sluicev1.ForwardRequest, st *peerStats) ([]*sluicev1.Decision, error) {
-	start := time.Now()
-	var (
-		resp *sluicev1.ForwardResponse
-		err  error
-	)
-	if p.stream != nil {
-		resp, err = p.stream.call(ctx, req)
-	} else {
-		resp, err = p.client.Forward(ctx, req)
-	}
-	return endCall(p, req, resp, err, time.Since(start), st)
-}
-
-// endCall counts one ended Forward call of req to p that took took, and
-// returns its decisions, or an error that names the owner and the gRPC
-// code only (the underlying error names internal addresses) or the
-// mismatch when the answer has not one decision per check.
-func endCall(p *peer, req *sluicev1.ForwardRequest, resp *sluicev1.ForwardResponse, err error, took time.Duration, st *peerStats) ([]*sluicev1.Decision, error) {
-	st.batches.Add(1)
-	st.checks.Add(int64(len(req.Checks)))
-	st.latencyNs.Add(int64(took))
-	if st.obs != nil {
-		st.obs.Forwarded(p.name, len(req.Checks), took, err)
-	}
-	switch {
-	case err != nil:
-		st.errors.Add(1)
-		return nil, fmt.Errorf("owner %s unavailable: %w", p.name, status.Error(status.Code(err), status.Code(err).String()))
-	case len(resp.Decisions) != len(req.Checks):
-		st.errors.Add(1)
-		return nil, fmt.Errorf("owner %s answered %d decisions for %d checks", p.name, len(resp.Decisions), len(req.Checks))
-	}
-	return resp.Decisions, nil
+	p.tr.start(deadline, req, func(resp *sluicev1.ForwardResponse, err error) {
+		done(p.endCall(req, resp, err, time.Since(start)))
+	})
 }

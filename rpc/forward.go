@@ -1,0 +1,77 @@
+package rpc
+
+import (
+	"slices"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/rpc/internal/forward"
+	"github.com/sluicehq/sluice/rpc/sluicev1"
+)
+
+// Defaults for BatchConfig.
+const (
+	DefaultBatchSize = forward.DefaultBatchSize
+	DefaultBatchWait = forward.DefaultBatchWait
+)
+
+// BatchConfig shapes the queue of checks forwarded to one owner: a batch
+// goes as soon as it holds MaxSize checks (default [DefaultBatchSize], at
+// most [MaxBatch]), and at most MaxWait (default [DefaultBatchWait]) after
+// its first check was queued, however small it is, when calls to the
+// owner are in flight (with none in flight a check goes at once).
+type BatchConfig = forward.BatchConfig
+
+// A batch is a Forward call: the batcher's bound must be the receiver's.
+const _ = uint(forward.MaxBatch-MaxBatch) + uint(MaxBatch-forward.MaxBatch)
+
+// peer is a member's connection as rpc uses it: fwd carries forwarded
+// checks to it (see forward.Peer.Forward); client, the same connection's
+// PeerService client, carries hand-offs, pulls and replication.
+type peer struct {
+	name   string
+	client sluicev1.PeerServiceClient
+	fwd    *forward.Peer
+}
+
+// dialPeers returns the peers of the members ms (this node excluded): a
+// member's peer of old when its address is the same, else a new
+// connection (a member that cannot be dialed is left out, and logged).
+func (s *Server) dialPeers(old map[string]*peer, ms []cluster.Member) map[string]*peer {
+	peers := make(map[string]*peer, len(ms))
+	cfg := forward.Config{Sender: s.name, Timeout: s.forwardTimeout, Batch: s.batch, View: s.ringStamp, Stats: s.peerStats}
+	for _, m := range ms {
+		if m.Name == s.name {
+			continue
+		}
+		if p, ok := old[m.Name]; ok && p.fwd.Addr() == m.GRPCAddr {
+			peers[m.Name] = p
+			continue
+		}
+		cfg.DialOptions = s.dialOpts
+		if s.peerCreds != nil {
+			cfg.DialOptions = append(slices.Clone(s.dialOpts), grpc.WithTransportCredentials(s.peerCreds(m.Name)))
+		}
+		fp, err := forward.Dial(m.Name, m.GRPCAddr, cfg)
+		if err != nil {
+			s.log.Error("cannot connect to peer; leaving it out of the peer set", "peer", m.Name, "addr", m.GRPCAddr, "error", err)
+			continue
+		}
+		peers[m.Name] = &peer{name: m.Name, client: fp.Client(), fwd: fp}
+	}
+	return peers
+}
+
+// ringStamp returns the fingerprint and epoch of this node's ring now,
+// which every forward carries.
+func (s *Server) ringStamp() (fingerprint string, epoch uint64) {
+	v := s.view.Load()
+	return v.ring.Fingerprint(), v.epoch
+}
+
+// retire stops the peer's queue (failing what is queued) and closes its
+// connection after grace, so that calls in flight can finish; Server.Close
+// closes it at once.
+func (s *Server) retire(p *peer, grace time.Duration) { s.retired.Retire(p.fwd, grace) }
