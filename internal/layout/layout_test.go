@@ -17,6 +17,8 @@ func TestImportDirections(t *testing.T) {
 		"github.com/sluicehq/sluice/window":  {"github.com/sluicehq/sluice/window"},
 		"github.com/sluicehq/sluice/ring":    {"github.com/sluicehq/sluice/ring", "github.com/buraksezer/consistent", "github.com/cespare/xxhash/v2"},
 		"github.com/sluicehq/sluice/cluster": {"github.com/sluicehq/sluice/cluster", "github.com/hashicorp/", "github.com/armon/", "github.com/google/btree", "github.com/miekg/dns", "github.com/sean-/seed", "golang.org/x/"},
+		// rpc's forward room: gRPC and the generated types, never rpc itself (no room imports rpc)
+		"github.com/sluicehq/sluice/rpc/internal/forward": {"github.com/sluicehq/sluice/rpc/internal/forward", "github.com/sluicehq/sluice/rpc/sluicev1", "google.golang.org/", "golang.org/x/", "github.com/planetscale/vtprotobuf/protohelpers"},
 		// the SDK: rpc's generated types and gRPC, never the server, memberlist or the windows
 		// (vtprotobuf's helpers come with the generated types' fast marshalling code)
 		"github.com/sluicehq/sluice/client":     {"github.com/sluicehq/sluice/client", "github.com/sluicehq/sluice/rpc/sluicev1", "google.golang.org/", "golang.org/x/", "github.com/planetscale/vtprotobuf/protohelpers"},
