@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/rpc/internal/custody"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
@@ -201,10 +202,7 @@ func waitPushesIdle(t *testing.T, nodes []*testNode) {
 	eventually(t, "the hand-off passes to end", func() bool {
 		for _, n := range nodes {
 			s := n.Server()
-			s.hmu.Lock()
-			last := s.ho.lastPush
-			s.hmu.Unlock()
-			if last != s.view.Load().ring.Fingerprint() {
+			if s.custody.LastPush() != s.view.Load().ring.Fingerprint() {
 				return false
 			}
 		}
@@ -228,7 +226,6 @@ func firstTouchAwaitingNode1(t *testing.T, n *testNode, key []byte) {
 	v := &view{ring: r, members: cur.members, peers: cur.peers, epoch: cur.epoch}
 	parts := make([]bool, r.Config().PartitionCount)
 	parts[r.Partition(key)] = true
-	mi := &movingIn{ring: r, prev: cur.ring, parts: parts, deadline: time.Now().Add(time.Minute),
-		waiting: map[string]bool{"node1": true}, settled: map[string]bool{}, pulling: map[string]chan struct{}{}}
+	mi := custody.NewMovingIn(r, cur.ring, parts, []string{"node1"}, time.Now().Add(time.Minute))
 	s.settle(context.Background(), v, mi, key)
 }

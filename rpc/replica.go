@@ -292,7 +292,7 @@ func (s *Server) replicateLoop(ctx context.Context) {
 		if sweeps++; sweeps%50 == 0 {
 			now := s.store.Now()
 			s.replicas.sweep(now)
-			s.sweepTakenOver(now)
+			s.custody.SweepTakenOver(now)
 		}
 	}
 }
