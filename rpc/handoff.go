@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/rpc/internal/replica"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
@@ -80,12 +81,12 @@ type takeover struct {
 // what was counted here beyond the copy goes back (returnState); the
 // copy's hits are in its own state already. A copy of this node's name
 // (an earlier process of it) or of an unknown process needs nothing.
-func (s *Server) noteTakeover(key string, e replicaEntry) {
-	if e.owner == s.name || e.owner == "" || e.instance == "" {
+func (s *Server) noteTakeover(key string, e replica.Entry) {
+	if e.Owner == s.name || e.Owner == "" || e.Instance == "" {
 		return
 	}
 	s.hmu.Lock()
-	s.ho.takenOver[key] = takeover{owner: e.owner, instance: e.instance, st: e.st}
+	s.ho.takenOver[key] = takeover{owner: e.Owner, instance: e.Instance, st: e.State}
 	s.hmu.Unlock()
 }
 
@@ -219,7 +220,7 @@ func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, fr
 		mu            sync.Mutex
 		found, failed bool
 		wg            sync.WaitGroup
-		replicas      []replicaEntry
+		replicas      []replica.Entry
 		now           = s.store.Now()
 		req           = &sluicev1.PullRequest{Sender: s.name, RingFingerprint: v.ring.Fingerprint(), Keys: [][]byte{[]byte(key)}}
 		// Half the forward timeout: the check that waits for the pull
@@ -234,7 +235,7 @@ func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, fr
 		prevOwnerPresent = v.ring.Has(prevOwner)
 	}
 	defer cancel()
-	if e, ok := s.replicas.take(key); ok { // this node held a copy
+	if e, ok := s.replicas.Take(key); ok { // this node held a copy
 		replicas = append(replicas, e)
 	}
 	_, hadState := s.store.Get(key) // e.g. handed off before this first touch
@@ -284,7 +285,7 @@ func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, fr
 			for _, ks := range resp.Replicas {
 				var st window.State
 				if err := st.UnmarshalBinary(ks.State); err == nil && string(ks.Key) == key {
-					replicas = append(replicas, replicaEntry{st: st, owner: ks.Owner, instance: ks.OwnerInstance})
+					replicas = append(replicas, replica.Entry{State: st, Owner: ks.Owner, Instance: ks.OwnerInstance})
 				}
 			}
 		})
@@ -293,14 +294,14 @@ func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, fr
 	// A replica stands in for its owner's state only when no state came
 	// and copyStandsIn says so; several copies of one key are copies, so
 	// the latest wins.
-	var best *replicaEntry
+	var best *replica.Entry
 	for i, r := range replicas {
-		if s.copyStandsIn(v, r) && (best == nil || r.st.Expires().After(best.st.Expires())) {
+		if s.copyStandsIn(v, r) && (best == nil || r.State.Expires().After(best.State.Expires())) {
 			best = &replicas[i]
 		}
 	}
 	if best != nil && !found && !hadState {
-		s.store.MergeState(key, best.st, now)
+		s.store.MergeState(key, best.State, now)
 		s.noteTakeover(key, *best)
 		s.stats.replicaTakeovers.Add(1)
 		found = true
@@ -322,11 +323,11 @@ func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, fr
 // is unknown: an older peer). A copy this very process sent is of state it
 // has handed off since, which comes back by itself: using it would count
 // it twice.
-func (s *Server) copyStandsIn(v *view, r replicaEntry) bool {
-	if r.owner == s.name {
-		return r.instance == "" || r.instance != s.instanceID()
+func (s *Server) copyStandsIn(v *view, r replica.Entry) bool {
+	if r.Owner == s.name {
+		return r.Instance == "" || r.Instance != s.instanceID()
 	}
-	return !v.ring.Has(r.owner) && s.departed(r.owner)
+	return !v.ring.Has(r.Owner) && s.departed(r.Owner)
 }
 
 // departed reports whether member was in this node's ring and has left
@@ -457,10 +458,10 @@ func (s *Server) pushTargets(ctx context.Context, v *view) (map[string]error, er
 			byOwner[o] = append(byOwner[o], k)
 		}
 	}
-	replicasByOwner := s.replicas.orphans(v, s.departed, s.memberInstance)
+	replicasByOwner := s.replicas.Orphans(v.ring, s.departed, s.memberInstance)
 	now := s.store.Now()
 	for k, e := range replicasByOwner[s.name] { // this node is the new owner: take over
-		s.store.MergeState(k, e.st, now)
+		s.store.MergeState(k, e.State, now)
 		s.noteTakeover(k, e)
 		s.stats.replicaTakeovers.Add(1)
 	}
@@ -549,7 +550,7 @@ func (s *Server) pushTargets(ctx context.Context, v *view) (map[string]error, er
 
 // pushTo streams keys (taken from this node's windows batch by batch) and
 // replicas to p, then (if done) done for fp.
-func (s *Server) pushTo(ctx context.Context, p *peer, fp string, keys []string, replicas map[string]replicaEntry, done bool) error {
+func (s *Server) pushTo(ctx context.Context, p *peer, fp string, keys []string, replicas map[string]replica.Entry, done bool) error {
 	if len(keys) == 0 && len(replicas) == 0 && !done {
 		return nil
 	}
@@ -574,8 +575,8 @@ func (s *Server) pushTo(ctx context.Context, p *peer, fp string, keys []string, 
 	if len(replicas) > 0 {
 		req := &sluicev1.HandOffRequest{Sender: s.name, RingFingerprint: fp, FromReplica: true, SenderLeaving: s.leaving.Load()}
 		for k, e := range replicas {
-			b, _ := e.st.AppendBinary(nil)
-			req.States = append(req.States, &sluicev1.KeyState{Key: []byte(k), State: b, Owner: e.owner, OwnerInstance: e.instance})
+			b, _ := e.State.AppendBinary(nil)
+			req.States = append(req.States, &sluicev1.KeyState{Key: []byte(k), State: b, Owner: e.Owner, OwnerInstance: e.Instance})
 		}
 		if err := send(req); err != nil {
 			s.restoreReplicas(replicas)
@@ -677,9 +678,9 @@ func (s *Server) pushBatch(p *peer, fp string, keys []string, send func(*sluicev
 	return err
 }
 
-func (s *Server) restoreReplicas(rs map[string]replicaEntry) {
+func (s *Server) restoreReplicas(rs map[string]replica.Entry) {
 	for k, e := range rs {
-		s.replicas.putBack(k, e)
+		s.replicas.PutBack(k, e)
 	}
 }
 
@@ -747,7 +748,7 @@ func (s *Server) HandOff(stream sluicev1.PeerService_HandOffServer) error {
 				k := string(m.ks.Key)
 				s.store.MergeState(k, m.st, now)
 				if req.FromReplica {
-					s.noteTakeover(k, replicaEntry{st: m.st, owner: m.ks.Owner, instance: m.ks.OwnerInstance})
+					s.noteTakeover(k, replica.Entry{State: m.st, Owner: m.ks.Owner, Instance: m.ks.OwnerInstance})
 				}
 			}
 			resp.Merged = int64(len(merges))
@@ -762,7 +763,7 @@ func (s *Server) HandOff(stream sluicev1.PeerService_HandOffServer) error {
 				// It handed off its keys itself: the copies of them here
 				// are stale, and must not stand in for it once it is gone;
 				// and it is out of the ring from now on.
-				s.replicas.dropOwner(req.Sender)
+				s.replicas.DropOwner(req.Sender)
 				s.memberLeaving(req.Sender, req.SenderInstance)
 			}
 		}
@@ -833,7 +834,7 @@ func (s *Server) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluicev1
 		// stead (stand-in checks of entry nodes whose rings are behind):
 		// from now on those go to the puller too (one being decided right
 		// now lands in a new fallback window, handed on later).
-		e, hadCopy := s.replicas.take(k)
+		e, hadCopy := s.replicas.Take(k)
 		d, hadStandIn := s.takeStandIn(k)
 		if req.Sender != s.name && (v.ring.Owner(kb) == s.name || hadCopy || hadStandIn) {
 			s.ho.tombs[k] = tomb{to: req.Sender, until: time.Now().Add(s.handOffTimeout)}
@@ -847,8 +848,8 @@ func (s *Server) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluicev1
 			s.stats.handedOff.Add(1)
 		}
 		if hadCopy {
-			b, _ := e.st.AppendBinary(nil)
-			resp.Replicas = append(resp.Replicas, &sluicev1.KeyState{Key: kb, State: b, Owner: e.owner, OwnerInstance: e.instance})
+			b, _ := e.State.AppendBinary(nil)
+			resp.Replicas = append(resp.Replicas, &sluicev1.KeyState{Key: kb, State: b, Owner: e.Owner, OwnerInstance: e.Instance})
 		}
 		if hadStandIn {
 			b, _ := d.AppendBinary(nil)
