@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/rpc/internal/custody"
+	"github.com/sluicehq/sluice/rpc/internal/replica"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
@@ -45,7 +46,7 @@ func (s *Server) pull(ctx context.Context, v *view, mi *custody.MovingIn, key st
 		mu            sync.Mutex
 		found, failed bool
 		wg            sync.WaitGroup
-		replicas      []replicaEntry
+		replicas      []replica.Entry
 		now           = s.store.Now()
 		req           = &sluicev1.PullRequest{Sender: s.name, RingFingerprint: v.ring.Fingerprint(), Keys: [][]byte{[]byte(key)}}
 		// Half the forward timeout: the check that waits for the pull
@@ -60,7 +61,7 @@ func (s *Server) pull(ctx context.Context, v *view, mi *custody.MovingIn, key st
 		prevOwnerPresent = v.ring.Has(prevOwner)
 	}
 	defer cancel()
-	if e, ok := s.replicas.take(key); ok { // this node held a copy
+	if e, ok := s.replicas.Take(key); ok { // this node held a copy
 		replicas = append(replicas, e)
 	}
 	_, hadState := s.store.Get(key) // e.g. handed off before this first touch
@@ -110,7 +111,7 @@ func (s *Server) pull(ctx context.Context, v *view, mi *custody.MovingIn, key st
 			for _, ks := range resp.Replicas {
 				var st window.State
 				if err := st.UnmarshalBinary(ks.State); err == nil && string(ks.Key) == key {
-					replicas = append(replicas, replicaEntry{st: st, owner: ks.Owner, instance: ks.OwnerInstance})
+					replicas = append(replicas, replica.Entry{State: st, Owner: ks.Owner, Instance: ks.OwnerInstance})
 				}
 			}
 		})
@@ -119,9 +120,9 @@ func (s *Server) pull(ctx context.Context, v *view, mi *custody.MovingIn, key st
 	// A replica stands in for its owner's state only when no state came
 	// and copyStandsIn says so; several copies of one key are copies, so
 	// the latest wins.
-	var best *replicaEntry
+	var best *replica.Entry
 	for i, r := range replicas {
-		if s.copyStandsIn(v, r) && (best == nil || r.st.Expires().After(best.st.Expires())) {
+		if s.copyStandsIn(v, r) && (best == nil || r.State.Expires().After(best.State.Expires())) {
 			best = &replicas[i]
 		}
 	}
@@ -147,11 +148,11 @@ func (s *Server) pull(ctx context.Context, v *view, mi *custody.MovingIn, key st
 // is unknown: an older peer). A copy this very process sent is of state it
 // has handed off since, which comes back by itself: using it would count
 // it twice.
-func (s *Server) copyStandsIn(v *view, r replicaEntry) bool {
-	if r.owner == s.name {
-		return r.instance == "" || r.instance != s.instanceID()
+func (s *Server) copyStandsIn(v *view, r replica.Entry) bool {
+	if r.Owner == s.name {
+		return r.Instance == "" || r.Instance != s.instanceID()
 	}
-	return !v.ring.Has(r.owner) && s.departed(r.owner)
+	return !v.ring.Has(r.Owner) && s.departed(r.Owner)
 }
 
 // departed reports whether member was in this node's ring and has left
@@ -229,7 +230,7 @@ func (s *Server) pushTargets(ctx context.Context, v *view) (map[string]error, er
 			byOwner[o] = append(byOwner[o], k)
 		}
 	}
-	replicasByOwner := s.replicas.orphans(v, s.departed, s.memberInstance)
+	replicasByOwner := s.replicas.Orphans(v.ring, s.departed, s.memberInstance)
 	now := s.store.Now()
 	for k, e := range replicasByOwner[s.name] { // this node is the new owner: take over
 		s.custody.TakeOver(k, takeoverOf(e), now)
@@ -316,7 +317,7 @@ func (s *Server) pushTargets(ctx context.Context, v *view) (map[string]error, er
 
 // pushTo streams keys (taken from this node's windows batch by batch) and
 // replicas to p, then (if done) done for fp.
-func (s *Server) pushTo(ctx context.Context, p *peer, fp string, keys []string, replicas map[string]replicaEntry, done bool) error {
+func (s *Server) pushTo(ctx context.Context, p *peer, fp string, keys []string, replicas map[string]replica.Entry, done bool) error {
 	if len(keys) == 0 && len(replicas) == 0 && !done {
 		return nil
 	}
@@ -341,8 +342,8 @@ func (s *Server) pushTo(ctx context.Context, p *peer, fp string, keys []string, 
 	if len(replicas) > 0 {
 		req := &sluicev1.HandOffRequest{Sender: s.name, RingFingerprint: fp, FromReplica: true, SenderLeaving: s.leaving.Load()}
 		for k, e := range replicas {
-			b, _ := e.st.AppendBinary(nil)
-			req.States = append(req.States, &sluicev1.KeyState{Key: []byte(k), State: b, Owner: e.owner, OwnerInstance: e.instance})
+			b, _ := e.State.AppendBinary(nil)
+			req.States = append(req.States, &sluicev1.KeyState{Key: []byte(k), State: b, Owner: e.Owner, OwnerInstance: e.Instance})
 		}
 		if err := send(req); err != nil {
 			s.restoreReplicas(replicas)
@@ -408,9 +409,9 @@ func (s *Server) pushBatch(p *peer, fp string, keys []string, send func(*sluicev
 	return nil
 }
 
-func (s *Server) restoreReplicas(rs map[string]replicaEntry) {
+func (s *Server) restoreReplicas(rs map[string]replica.Entry) {
 	for k, e := range rs {
-		s.replicas.putBack(k, e)
+		s.replicas.PutBack(k, e)
 	}
 }
 
@@ -493,7 +494,7 @@ func (s *Server) HandOff(stream sluicev1.PeerService_HandOffServer) error {
 				// It handed off its keys itself: the copies of them here
 				// are stale, and must not stand in for it once it is gone;
 				// and it is out of the ring from now on.
-				s.replicas.dropOwner(req.Sender)
+				s.replicas.DropOwner(req.Sender)
 				s.memberLeaving(req.Sender, req.SenderInstance)
 			}
 		}
@@ -546,12 +547,12 @@ func (s *Server) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluicev1
 		// from now on those go to the puller too (one being decided right
 		// now lands in a new fallback window, handed on later).
 		var (
-			e                   replicaEntry
+			e                   replica.Entry
 			d                   window.State
 			hadCopy, hadStandIn bool
 		)
 		st, ok, err := s.custody.GiveUp(ctx, k, req.Sender, s.memberInstance(req.Sender), v.ring.Owner(kb) == s.name, func() bool {
-			e, hadCopy = s.replicas.take(k)
+			e, hadCopy = s.replicas.Take(k)
 			d, hadStandIn = s.takeStandIn(k)
 			return hadCopy || hadStandIn
 		})
@@ -564,8 +565,8 @@ func (s *Server) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluicev1
 			s.stats.handedOff.Add(1)
 		}
 		if hadCopy {
-			b, _ := e.st.AppendBinary(nil)
-			resp.Replicas = append(resp.Replicas, &sluicev1.KeyState{Key: kb, State: b, Owner: e.owner, OwnerInstance: e.instance})
+			b, _ := e.State.AppendBinary(nil)
+			resp.Replicas = append(resp.Replicas, &sluicev1.KeyState{Key: kb, State: b, Owner: e.Owner, OwnerInstance: e.Instance})
 		}
 		if hadStandIn {
 			b, _ := d.AppendBinary(nil)
@@ -885,6 +886,6 @@ func decodeKeyState(i int, ks *sluicev1.KeyState) (window.State, string) {
 }
 
 // takeoverOf is the copy e as custody remembers a takeover of it.
-func takeoverOf(e replicaEntry) custody.Takeover {
-	return custody.Takeover{Owner: e.owner, Instance: e.instance, State: e.st}
+func takeoverOf(e replica.Entry) custody.Takeover {
+	return custody.Takeover{Owner: e.Owner, Instance: e.Instance, State: e.State}
 }

@@ -188,7 +188,7 @@ func remainingOf(st window.State, now time.Time) int64 {
 // copyRemaining returns what n's copy of key has left (see remainingOf),
 // or -1 when n holds no copy of it.
 func copyRemaining(n *testNode, key string, now time.Time) int64 {
-	st, ok := n.Server().replicas.get(key)
+	st, ok := n.Server().replicas.Get(key)
 	if !ok {
 		return -1
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice/limits"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/rpc/internal/custody"
+	"github.com/sluicehq/sluice/rpc/internal/replica"
 	"github.com/sluicehq/sluice/rpc/internal/ringview"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
@@ -121,8 +122,8 @@ type Server struct {
 	// its gate and the lock order).
 	custody    *custody.Custody
 	pushSignal chan struct{}
-	replicas   *replicaStore
-	dirty      *dirtySet
+	replicas   *replica.Store
+	dirty      *replica.DirtySet
 	fallback   *window.Store // windows of degraded (owner unavailable) decisions; see standin.go
 	fbMu       sync.Mutex    // guards fbBase and fbGen, and orders the fallback windows' changes
 	fbBase     map[string]*standInEntry
@@ -347,7 +348,7 @@ func (s *Server) Stats() Stats {
 		ReplicaTakeovers:  s.stats.replicaTakeovers.Load(),
 		ReplicaReturned:   s.custody.Stats().ReplicaReturned,
 		Replicated:        s.stats.replicated.Load(),
-		Replicas:          s.replicas.len(),
+		Replicas:          s.replicas.Len(),
 		StandInAdmitted:   s.stats.standInAdmitted.Load(),
 		StandInForwarded:  s.stats.standInForwarded.Load(),
 		StandInReturned:   s.stats.standInReturned.Load(),
@@ -412,10 +413,10 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		retired:        map[*peer]*time.Timer{},
 		draining:       make(chan struct{}),
 		handOffTimeout: cfg.HandOffTimeout,
-		replication:    cfg.Replication.withDefaults(),
+		replication:    cfg.Replication.WithDefaults(),
 		pushSignal:     make(chan struct{}, 1),
-		replicas:       newReplicaStore(),
-		dirty:          newDirtySet(),
+		replicas:       replica.NewStore(),
+		dirty:          replica.NewDirtySet(),
 		// Degraded answers while an owner is unreachable: a fresh budget
 		// for an evicted key there is no worse than the degraded answer.
 		fallback:      window.NewStore(window.StoreConfig{Clock: storeClock{cfg.Store}, MaxKeys: 100_000, OnKeyCap: window.KeyCapEvict}),
@@ -950,7 +951,7 @@ func (s *Server) decide(storeKey []byte, r *request) *sluicev1.Decision {
 		return &sluicev1.Decision{Limit: c.Limit, Owner: s.name, Error: err.Error()}
 	}
 	if d.Allowed && c.Hits > 0 && s.replication.Factor > 0 {
-		s.dirty.add(storeKey)
+		s.dirty.Add(storeKey)
 	}
 	pd := toProto(d, s.name)
 	if d.Allowed && c.Hits > 0 && !d.NoRoom {

@@ -70,7 +70,7 @@ func (s *Server) standInDecide(key []byte, r request) *sluicev1.Decision {
 	k := string(key)
 	s.fbMu.Lock()
 	now := s.store.Now()
-	rep, hasRep := s.replicas.get(k)
+	rep, hasRep := s.replicas.Get(k)
 	e, ok := s.fbBase[k]
 	if ok && !e.base.IsZero() {
 		if _, held := s.fallback.Get(k); !held {
@@ -175,7 +175,7 @@ func (s *Server) foldStandIn(key []byte) {
 	s.store.MergeState(string(key), d, s.store.Now())
 	s.stats.standInReturned.Add(1)
 	if s.replication.Factor > 0 {
-		s.dirty.add(key)
+		s.dirty.Add(key)
 	}
 }
 

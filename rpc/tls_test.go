@@ -224,9 +224,9 @@ func TestPeerMethodsRefuseStrangers(t *testing.T) {
 	}
 	for _, n := range nodes {
 		st := n.Server().Stats()
-		if st.ReceivedRPCs != 0 || st.ReceivedChecks != 0 || st.ReceivedHandOff != 0 || n.Server().replicas.len() != 0 {
+		if st.ReceivedRPCs != 0 || st.ReceivedChecks != 0 || st.ReceivedHandOff != 0 || n.Server().replicas.Len() != 0 {
 			t.Errorf("%s: received %d calls, %d checks, %d handed-off keys, holds %d replicas; want none",
-				n.Name(), st.ReceivedRPCs, st.ReceivedChecks, st.ReceivedHandOff, n.Server().replicas.len())
+				n.Name(), st.ReceivedRPCs, st.ReceivedChecks, st.ReceivedHandOff, n.Server().replicas.Len())
 		}
 	}
 	for _, n := range nodes {
