@@ -38,3 +38,26 @@ func TestImportDirections(t *testing.T) {
 		}
 	}
 }
+
+// TestRoomsDoNotImportRPC fails when a package under rpc/internal (rpc's
+// rooms, e.g. rpc/internal/security) depends on package rpc itself: the
+// rooms serve rpc, never the other way round.
+func TestRoomsDoNotImportRPC(t *testing.T) {
+	const rpc = "github.com/sluicehq/sluice/rpc"
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Deps " "}}`, rpc+"/internal/...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if !strings.Contains(string(out), rpc+"/internal/security ") {
+		t.Fatalf("go list lists no rpc/internal/security:\n%s", out)
+	}
+	for _, line := range lines {
+		deps := strings.Fields(line)
+		for _, dep := range deps[1:] {
+			if dep == rpc {
+				t.Errorf("%s depends on %s, which it may not", deps[0], rpc)
+			}
+		}
+	}
+}
