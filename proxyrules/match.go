@@ -13,9 +13,12 @@ import (
 // the request is exempt (exempt:, default OPTIONS) or no rule matches it,
 // so that it goes upstream unchecked. method is the request's method, in
 // any case; urlPath is its decoded path (http.Request's URL.Path), which
-// Match compares in canonical form (see canonicalPath): every spelling an
-// upstream may route to the same handler meets the same rule. A GET route
-// also matches HEAD.
+// Match compares in a canonical form, so that every spelling an upstream
+// may route to the same handler meets the same rule: backslashes read as
+// slashes, each segment's ";params" and trailing white space dropped, then
+// path.Clean, in lower case unless the file sets case_sensitive_paths. A
+// GET route also matches HEAD. Match only reads rs: it is safe for
+// concurrent use.
 func (rs *Rules) Match(method, urlPath string) int {
 	method, cpath := strings.ToUpper(method), canonicalPath(urlPath, rs.fold)
 	for _, ex := range rs.exempt {

@@ -12,8 +12,8 @@
 // Errors name the file, the line and the field:
 // "proxy.yaml:4: rules[0].key: unknown key source ...".
 //
-// The package imports package middleware (and through it client), limits
-// and YAML, never the server.
+// The package imports client, middleware, limits and YAML, never the
+// server (internal/layout holds it to that).
 package proxyrules
 
 import (
@@ -160,9 +160,9 @@ type Check struct {
 }
 
 // Load reads the rules file at file and parses it (see Parse); getenv
-// (os.LookupEnv, or a stand-in) supplies the secrets the file names. An
-// unreadable file is an error "rules: " and the *os.PathError; others
-// are Parse's.
+// (os.LookupEnv, or a stand-in) supplies the secrets the file names. A
+// file that cannot be read is an error "rules: " wrapping os.ReadFile's
+// (*fs.PathError); the others are Parse's.
 func Load(file string, getenv func(string) (string, bool)) (*Rules, error) {
 	data, err := os.ReadFile(file)
 	if err != nil {
@@ -177,8 +177,8 @@ func Load(file string, getenv func(string) (string, bool)) (*Rules, error) {
 // signed_ip.secret_env name (each must be set, at least 16 bytes). An
 // error reads "FILE:LINE: FIELD: REASON" (FIELD as written in the file,
 // e.g. rules[0].checks[1].key), or "FILE:LINE: REASON" for YAML that does
-// not parse or a setting the file cannot have; the first error found
-// only.
+// not parse or a setting the file cannot have: the first error found
+// only, as a plain error (no sentinel to match).
 func Parse(file string, data []byte, getenv func(string) (string, bool)) (*Rules, error) {
 	var spec rulesFile
 	dec := yaml.NewDecoder(bytes.NewReader(data))
