@@ -10,7 +10,7 @@ import (
 
 // TestImportDirections fails when window or ring gains network, logging or
 // other non-allowed dependencies, cluster depends on anything of ours, or
-// client or middleware reach past rpc's generated types.
+// client, middleware or proxyrules reach past rpc's generated types.
 func TestImportDirections(t *testing.T) {
 	allowed := map[string][]string{
 		// the package: prefixes of the non-standard imports it may have (transitively)
@@ -21,6 +21,9 @@ func TestImportDirections(t *testing.T) {
 		// (vtprotobuf's helpers come with the generated types' fast marshalling code)
 		"github.com/sluicehq/sluice/client":     {"github.com/sluicehq/sluice/client", "github.com/sluicehq/sluice/rpc/sluicev1", "google.golang.org/", "golang.org/x/", "github.com/planetscale/vtprotobuf/protohelpers"},
 		"github.com/sluicehq/sluice/middleware": {"github.com/sluicehq/sluice/middleware", "github.com/sluicehq/sluice/client", "github.com/sluicehq/sluice/rpc/sluicev1", "google.golang.org/", "golang.org/x/", "github.com/dunglas/httpsfv", "github.com/planetscale/vtprotobuf/protohelpers"},
+		// the proxy's rules file: the middleware it configures, the limits file it reads (with
+		// limits' own window, file watching and YAML), never the server
+		"github.com/sluicehq/sluice/proxyrules": {"github.com/sluicehq/sluice/proxyrules", "github.com/sluicehq/sluice/middleware", "github.com/sluicehq/sluice/client", "github.com/sluicehq/sluice/limits", "github.com/sluicehq/sluice/window", "github.com/sluicehq/sluice/internal/filewatch", "github.com/sluicehq/sluice/rpc/sluicev1", "github.com/fsnotify/fsnotify", "go.yaml.in/yaml/v3", "google.golang.org/", "golang.org/x/", "github.com/dunglas/httpsfv", "github.com/planetscale/vtprotobuf/protohelpers"},
 	}
 	for pkg, prefixes := range allowed {
 		out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", pkg).CombinedOutput()
