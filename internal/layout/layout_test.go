@@ -23,7 +23,11 @@ func TestImportDirections(t *testing.T) {
 		"github.com/sluicehq/sluice/middleware": {"github.com/sluicehq/sluice/middleware", "github.com/sluicehq/sluice/client", "github.com/sluicehq/sluice/rpc/sluicev1", "google.golang.org/", "golang.org/x/", "github.com/dunglas/httpsfv", "github.com/planetscale/vtprotobuf/protohelpers"},
 		// the proxy's rules file: the middleware it configures, the limits file it reads (with
 		// limits' own window, file watching and YAML), never the server
-		"github.com/sluicehq/sluice/proxyrules": {"github.com/sluicehq/sluice/proxyrules", "github.com/sluicehq/sluice/middleware", "github.com/sluicehq/sluice/client", "github.com/sluicehq/sluice/limits", "github.com/sluicehq/sluice/window", "github.com/sluicehq/sluice/internal/filewatch", "github.com/sluicehq/sluice/rpc/sluicev1", "github.com/fsnotify/fsnotify", "go.yaml.in/yaml/v3", "google.golang.org/", "golang.org/x/", "github.com/dunglas/httpsfv", "github.com/planetscale/vtprotobuf/protohelpers"},
+		// rpc's pure rooms: no gRPC (nor rpc's generated types, which
+		// bring it), memberlist or Prometheus; the windows and the ring only
+		"github.com/sluicehq/sluice/rpc/internal/custody":  {"github.com/sluicehq/sluice/rpc/internal/custody", "github.com/sluicehq/sluice/window", "github.com/sluicehq/sluice/ring", "github.com/buraksezer/consistent", "github.com/cespare/xxhash/v2"},
+		"github.com/sluicehq/sluice/rpc/internal/ringview": {"github.com/sluicehq/sluice/rpc/internal/ringview", "github.com/sluicehq/sluice/ring", "github.com/buraksezer/consistent", "github.com/cespare/xxhash/v2"},
+		"github.com/sluicehq/sluice/proxyrules":            {"github.com/sluicehq/sluice/proxyrules", "github.com/sluicehq/sluice/middleware", "github.com/sluicehq/sluice/client", "github.com/sluicehq/sluice/limits", "github.com/sluicehq/sluice/window", "github.com/sluicehq/sluice/internal/filewatch", "github.com/sluicehq/sluice/rpc/sluicev1", "github.com/fsnotify/fsnotify", "go.yaml.in/yaml/v3", "google.golang.org/", "golang.org/x/", "github.com/dunglas/httpsfv", "github.com/planetscale/vtprotobuf/protohelpers"},
 	}
 	for pkg, prefixes := range allowed {
 		out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", pkg).CombinedOutput()
