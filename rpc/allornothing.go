@@ -101,7 +101,7 @@ func (s *Server) refund(storeKey []byte, r *request) *sluicev1.Decision {
 	if ok {
 		s.stats.refunds.Add(1)
 		if s.replication.Factor > 0 {
-			s.dirty.add(storeKey)
+			s.dirty.Add(storeKey)
 		}
 	}
 	return &sluicev1.Decision{Allowed: ok, Limit: c.Limit, Owner: s.name, Refunded: ok}

@@ -93,7 +93,7 @@ func TestOwnerUnavailablePolicies(t *testing.T) {
 	}
 	key := string(ring.Key(nil, "policy", k))
 	eventually(t, "node1 to hold node2's replica of the key", func() bool {
-		st, ok := nodes[0].Server().replicas.get(key)
+		st, ok := nodes[0].Server().replicas.Get(key)
 		return ok && !st.IsZero()
 	})
 	nodes[1].Kill()

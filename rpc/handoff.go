@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/rpc/internal/custody"
+	"github.com/sluicehq/sluice/rpc/internal/replica"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
@@ -29,197 +31,22 @@ const handOffBatch = 1000
 // errLeaving refuses what a leaving node no longer takes.
 var errLeaving = errors.New("node is leaving the cluster")
 
-// movingIn is what this node awaits after a ring change: the partitions it
-// now owns and did not own before, until every other member has said it
-// handed off everything for this ring (done). Until then the first touch of
-// a key of such a partition pulls the key from the members not yet done.
-// parts, ring, prev and deadline are immutable; the rest is guarded by
-// Server.hmu.
-type movingIn struct {
-	ring     *ring.Ring
-	prev     *ring.Ring // the ring before: who owned the moved partitions
-	parts    []bool     // by partition id
-	deadline time.Time
-
-	waiting map[string]bool          // members whose done has not arrived
-	settled map[string]bool          // keys pulled under this movingIn
-	pulling map[string]chan struct{} // keys being pulled: closed when settled
-}
-
-// tomb says that this node gave a key it owns under its own (stale) ring
-// to the member to, which pulled it: until the ring catches up, checks for
-// the key go there.
-type tomb struct {
-	to    string
-	until time.Time
-}
-
-// handOffState is the Server's hand-off bookkeeping, guarded by Server.hmu.
-type handOffState struct {
-	doneFrom map[string]string        // member -> fingerprint of its last done
-	outgoing map[string]chan struct{} // keys in a HandOff batch not yet answered
-	tombs    map[string]tomb          // keys given away while this node still owns them
-	lastPush string                   // fingerprint of the last completed push
-	departed map[string]time.Time     // members that left this node's ring, and when
-	// takenOver: keys this node took over from a copy of a live owner's
-	// state (see noteTakeover), until the key goes back or the copy's
-	// window ends.
-	takenOver map[string]takeover
-}
-
-// takeover is the copy a key's state here was taken over from: its owner
-// and the owner's process (instance id) that sent it.
-type takeover struct {
-	owner, instance string
-	st              window.State
-}
-
-// noteTakeover records that key's state here now includes the copy e of
-// another member's state. If the key goes back to that very process (it
-// was out of the ring for a moment, a flap, and kept its state), only
-// what was counted here beyond the copy goes back (returnState); the
-// copy's hits are in its own state already. A copy of this node's name
-// (an earlier process of it) or of an unknown process needs nothing.
-func (s *Server) noteTakeover(key string, e replicaEntry) {
-	if e.owner == s.name || e.owner == "" || e.instance == "" {
-		return
-	}
-	s.hmu.Lock()
-	s.ho.takenOver[key] = takeover{owner: e.owner, instance: e.instance, st: e.st}
-	s.hmu.Unlock()
-}
-
-// returnStateLocked is the state to send for key, taken out of this
-// node's windows as st, to the member to: st without the copy it was
-// taken over from when to is the same process that sent that copy. It
-// forgets the takeover either way (the state leaves this node), and
-// returns it so that a failed send can restore it. Requires hmu held.
-func (s *Server) returnStateLocked(key string, st window.State, to string) (window.State, *takeover) {
-	t, ok := s.ho.takenOver[key]
-	if !ok {
-		return st, nil
-	}
-	delete(s.ho.takenOver, key)
-	if t.owner == to && s.memberInstance(to) == t.instance {
-		s.stats.replicaReturned.Add(1)
-		return window.Subtract(st, t.st), &t
-	}
-	return st, &t
-}
-
-// sweepTakenOver forgets the takeovers whose copy's window has ended at
-// now (nothing of it is left to count twice).
-func (s *Server) sweepTakenOver(now time.Time) {
-	s.hmu.Lock()
-	defer s.hmu.Unlock()
-	for k, t := range s.ho.takenOver {
-		if !t.st.Expires().After(now) {
-			delete(s.ho.takenOver, k)
-		}
-	}
-}
-
-// newMovingIn computes what moves to self going from prev to next, keeping
-// what was still awaited under old (which may be nil). A nil prev (the
-// bootstrap ring) owned nothing: every partition self owns under next
-// moved in.
-func (s *Server) newMovingIn(prev, next *ring.Ring, old *movingIn) *movingIn {
-	n := next.Config().PartitionCount
-	parts := make([]bool, n)
-	any := false
-	for id := range n {
-		if next.PartitionOwner(id) != s.name {
-			continue
-		}
-		if prev == nil || prev.PartitionOwner(id) != s.name || (old != nil && id < len(old.parts) && old.parts[id]) {
-			parts[id], any = true, true
-		}
-	}
-	if !any {
-		return nil
-	}
-	mi := &movingIn{ring: next, prev: prev, parts: parts, deadline: time.Now().Add(s.handOffTimeout),
-		waiting: map[string]bool{}, settled: map[string]bool{}, pulling: map[string]chan struct{}{}}
-	if old != nil {
-		mi.prev = old.prev // keys still awaited came from the older owners
-	}
-	for _, m := range next.Members() {
-		if m != s.name && s.ho.doneFrom[m] != next.Fingerprint() {
-			mi.waiting[m] = true
-		}
-	}
-	if len(mi.waiting) == 0 {
-		return nil
-	}
-	return mi
-}
-
-// awaiting returns the movingIn that covers key under v, or nil when key's
-// state is here (or cannot come any more).
-func (s *Server) awaiting(v *view, key []byte) *movingIn {
-	mi := s.moving.Load()
-	if mi == nil || mi.ring.Fingerprint() != v.ring.Fingerprint() || !mi.parts[v.ring.Partition(key)] {
-		return nil
-	}
-	if time.Now().After(mi.deadline) {
-		s.hmu.Lock()
-		if s.moving.Load() == mi {
-			s.moving.Store(nil)
-			s.stats.handOffTimeouts.Add(1)
-			s.log.Warn("hand-off did not complete in time; keys not yet pulled start from what this node has",
-				"fingerprint", mi.ring.Fingerprint(), "waiting_for", keysOf(mi.waiting))
-		}
-		s.hmu.Unlock()
-		return nil
-	}
-	return mi
-}
-
 // settle makes sure key's state has arrived before this node, its new
-// owner, decides it: the first check of key pulls it from every member
-// that has not finished its hand-off; concurrent checks of key wait for
-// that pull. It returns when the key is settled or ctx ends.
-func (s *Server) settle(ctx context.Context, v *view, mi *movingIn, key []byte) {
-	k := string(key)
-	s.hmu.Lock()
-	if mi.settled[k] || len(mi.waiting) == 0 {
-		s.hmu.Unlock()
-		return
-	}
-	if ch, ok := mi.pulling[k]; ok {
-		s.hmu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-		}
-		return
-	}
-	ch := make(chan struct{})
-	mi.pulling[k] = ch
-	from := make([]string, 0, len(mi.waiting))
-	for m := range mi.waiting {
-		from = append(from, m)
-	}
-	s.hmu.Unlock()
-
-	s.pull(ctx, v, mi, k, from)
-
-	s.hmu.Lock()
-	delete(mi.pulling, k)
-	mi.settled[k] = true
-	s.hmu.Unlock()
-	close(ch)
+// owner under v, decides it: its first touch pulls it from the members
+// that have not finished their hand-off (see custody.Custody.Settle).
+func (s *Server) settle(ctx context.Context, v *view, mi *custody.MovingIn, key []byte) {
+	s.custody.Settle(ctx, mi, key, func(from []string) { s.pull(ctx, v, mi, string(key), from) })
 }
 
 // pull asks each member of from for key's state in parallel and merges
 // what they give up.
-func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, from []string) {
+func (s *Server) pull(ctx context.Context, v *view, mi *custody.MovingIn, key string, from []string) {
 	s.stats.pulls.Add(1)
 	var (
 		mu            sync.Mutex
 		found, failed bool
 		wg            sync.WaitGroup
-		replicas      []replicaEntry
+		replicas      []replica.Entry
 		now           = s.store.Now()
 		req           = &sluicev1.PullRequest{Sender: s.name, RingFingerprint: v.ring.Fingerprint(), Keys: [][]byte{[]byte(key)}}
 		// Half the forward timeout: the check that waits for the pull
@@ -229,12 +56,12 @@ func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, fr
 		prevOwner        = s.name
 		prevOwnerPresent = true
 	)
-	if mi.prev != nil {
-		prevOwner = mi.prev.Owner([]byte(key))
+	if mi.Prev != nil {
+		prevOwner = mi.Prev.Owner([]byte(key))
 		prevOwnerPresent = v.ring.Has(prevOwner)
 	}
 	defer cancel()
-	if e, ok := s.replicas.take(key); ok { // this node held a copy
+	if e, ok := s.replicas.Take(key); ok { // this node held a copy
 		replicas = append(replicas, e)
 	}
 	_, hadState := s.store.Get(key) // e.g. handed off before this first touch
@@ -269,7 +96,7 @@ func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, fr
 				if err := st.UnmarshalBinary(ks.State); err != nil || string(ks.Key) != key {
 					continue
 				}
-				s.store.MergeState(key, st, now)
+				s.custody.MergeIn(key, st, now)
 				found = true
 			}
 			for _, ks := range resp.StandIn {
@@ -278,13 +105,13 @@ func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, fr
 				var st window.State
 				if err := st.UnmarshalBinary(ks.State); err == nil && string(ks.Key) == key &&
 					st.Plausible(now, handOffClockSlack, window.MaxLimit*min(int64(len(v.ring.Members())+1), 1<<9)) == nil {
-					s.store.MergeState(key, st, now)
+					s.custody.MergeIn(key, st, now)
 				}
 			}
 			for _, ks := range resp.Replicas {
 				var st window.State
 				if err := st.UnmarshalBinary(ks.State); err == nil && string(ks.Key) == key {
-					replicas = append(replicas, replicaEntry{st: st, owner: ks.Owner, instance: ks.OwnerInstance})
+					replicas = append(replicas, replica.Entry{State: st, Owner: ks.Owner, Instance: ks.OwnerInstance})
 				}
 			}
 		})
@@ -293,15 +120,14 @@ func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, fr
 	// A replica stands in for its owner's state only when no state came
 	// and copyStandsIn says so; several copies of one key are copies, so
 	// the latest wins.
-	var best *replicaEntry
+	var best *replica.Entry
 	for i, r := range replicas {
-		if s.copyStandsIn(v, r) && (best == nil || r.st.Expires().After(best.st.Expires())) {
+		if s.copyStandsIn(v, r) && (best == nil || r.State.Expires().After(best.State.Expires())) {
 			best = &replicas[i]
 		}
 	}
 	if best != nil && !found && !hadState {
-		s.store.MergeState(key, best.st, now)
-		s.noteTakeover(key, *best)
+		s.custody.TakeOver(key, takeoverOf(*best), now)
 		s.stats.replicaTakeovers.Add(1)
 		found = true
 	}
@@ -322,37 +148,16 @@ func (s *Server) pull(ctx context.Context, v *view, mi *movingIn, key string, fr
 // is unknown: an older peer). A copy this very process sent is of state it
 // has handed off since, which comes back by itself: using it would count
 // it twice.
-func (s *Server) copyStandsIn(v *view, r replicaEntry) bool {
-	if r.owner == s.name {
-		return r.instance == "" || r.instance != s.instanceID()
+func (s *Server) copyStandsIn(v *view, r replica.Entry) bool {
+	if r.Owner == s.name {
+		return r.Instance == "" || r.Instance != s.instanceID()
 	}
-	return !v.ring.Has(r.owner) && s.departed(r.owner)
+	return !v.ring.Has(r.Owner) && s.departed(r.Owner)
 }
 
 // departed reports whether member was in this node's ring and has left
 // it (within the last 10 minutes) without coming back.
-func (s *Server) departed(member string) bool {
-	s.hmu.Lock()
-	defer s.hmu.Unlock()
-	_, ok := s.ho.departed[member]
-	return ok
-}
-
-// noteRing records the members that left (and came back) between two
-// rings. Requires hmu held.
-func (s *Server) noteRingLocked(prev, next *ring.Ring) {
-	now := time.Now()
-	for _, m := range prev.Members() {
-		if !next.Has(m) {
-			s.ho.departed[m] = now
-		}
-	}
-	for m, at := range s.ho.departed {
-		if next.Has(m) || now.Sub(at) > 10*time.Minute {
-			delete(s.ho.departed, m)
-		}
-	}
-}
+func (s *Server) departed(member string) bool { return s.rings.Departed(member) }
 
 // instanceID returns this node's gossiped instance id ("" if unknown).
 func (s *Server) instanceID() string {
@@ -360,38 +165,6 @@ func (s *Server) instanceID() string {
 		return *p
 	}
 	return ""
-}
-
-// noteDone records that member said it handed off everything for the ring
-// fp; when every member has, the keys moved here are all here.
-func (s *Server) noteDone(member, fp string) {
-	s.hmu.Lock()
-	defer s.hmu.Unlock()
-	s.ho.doneFrom[member] = fp
-	mi := s.moving.Load()
-	if mi == nil || mi.ring.Fingerprint() != fp {
-		return
-	}
-	delete(mi.waiting, member)
-	if len(mi.waiting) == 0 {
-		s.moving.Store(nil)
-		s.log.Debug("hand-off complete", "fingerprint", fp)
-	}
-}
-
-// tombFor returns the member a key this node owns was given to by a pull,
-// or "" when none was.
-func (s *Server) tombFor(key []byte) string {
-	if s.tombCount.Load() == 0 {
-		return ""
-	}
-	s.hmu.Lock()
-	defer s.hmu.Unlock()
-	t, ok := s.ho.tombs[string(key)]
-	if !ok || time.Now().After(t.until) {
-		return ""
-	}
-	return t.to
 }
 
 // signalPush asks the push loop to hand off the keys this node holds but
@@ -457,36 +230,33 @@ func (s *Server) pushTargets(ctx context.Context, v *view) (map[string]error, er
 			byOwner[o] = append(byOwner[o], k)
 		}
 	}
-	replicasByOwner := s.replicas.orphans(v, s.departed, s.memberInstance)
+	replicasByOwner := s.replicas.Orphans(v.ring, s.departed, s.memberInstance)
 	now := s.store.Now()
 	for k, e := range replicasByOwner[s.name] { // this node is the new owner: take over
-		s.store.MergeState(k, e.st, now)
-		s.noteTakeover(k, e)
+		s.custody.TakeOver(k, takeoverOf(e), now)
 		s.stats.replicaTakeovers.Add(1)
 	}
 	delete(replicasByOwner, s.name)
 	// Copies on their way to a new owner are outgoing: a Pull of one of
 	// them waits until its push is answered (or put back).
 	orphanDone := map[string]chan struct{}{}
-	s.hmu.Lock()
+	orphanKeys := map[string][]string{}
 	for o, rs := range replicasByOwner {
 		ch := make(chan struct{})
 		orphanDone[o] = ch
+		ks := make([]string, 0, len(rs))
 		for k := range rs {
-			s.ho.outgoing[k] = ch
+			ks = append(ks, k)
 		}
+		// Marked whether or not a push or pull has them already: as
+		// before, the latest mark wins and is the one cleared.
+		orphanKeys[o] = ks
+		s.custody.MarkOutgoing(ks, ch)
 	}
-	s.hmu.Unlock()
 	defer func() {
-		s.hmu.Lock()
-		for o, rs := range replicasByOwner {
-			for k := range rs {
-				if s.ho.outgoing[k] == orphanDone[o] {
-					delete(s.ho.outgoing, k)
-				}
-			}
+		for o, ks := range orphanKeys {
+			s.custody.ClearOutgoing(ks, orphanDone[o])
 		}
-		s.hmu.Unlock()
 		for _, ch := range orphanDone {
 			close(ch)
 		}
@@ -540,16 +310,14 @@ func (s *Server) pushTargets(ctx context.Context, v *view) (map[string]error, er
 		}
 	}
 	if firstErr == nil {
-		s.hmu.Lock()
-		s.ho.lastPush = fp
-		s.hmu.Unlock()
+		s.custody.PushDone(fp)
 	}
 	return failed, firstErr
 }
 
 // pushTo streams keys (taken from this node's windows batch by batch) and
 // replicas to p, then (if done) done for fp.
-func (s *Server) pushTo(ctx context.Context, p *peer, fp string, keys []string, replicas map[string]replicaEntry, done bool) error {
+func (s *Server) pushTo(ctx context.Context, p *peer, fp string, keys []string, replicas map[string]replica.Entry, done bool) error {
 	if len(keys) == 0 && len(replicas) == 0 && !done {
 		return nil
 	}
@@ -574,8 +342,8 @@ func (s *Server) pushTo(ctx context.Context, p *peer, fp string, keys []string, 
 	if len(replicas) > 0 {
 		req := &sluicev1.HandOffRequest{Sender: s.name, RingFingerprint: fp, FromReplica: true, SenderLeaving: s.leaving.Load()}
 		for k, e := range replicas {
-			b, _ := e.st.AppendBinary(nil)
-			req.States = append(req.States, &sluicev1.KeyState{Key: []byte(k), State: b, Owner: e.owner, OwnerInstance: e.instance})
+			b, _ := e.State.AppendBinary(nil)
+			req.States = append(req.States, &sluicev1.KeyState{Key: []byte(k), State: b, Owner: e.Owner, OwnerInstance: e.Instance})
 		}
 		if err := send(req); err != nil {
 			s.restoreReplicas(replicas)
@@ -619,67 +387,31 @@ func handOffEnd(st sluicev1.PeerService_HandOffClient) error {
 	return nil
 }
 
-// pushBatch takes keys out of this node's windows, marks them outgoing
-// (a Pull of one waits for the batch's answer), sends them, and puts them
-// back if the send fails.
+// pushBatch takes keys out of this node's windows (custody marks them
+// outgoing: a Pull of one waits for the batch's answer), sends them, and
+// puts them back if the send fails.
 func (s *Server) pushBatch(p *peer, fp string, keys []string, send func(*sluicev1.HandOffRequest) error) error {
-	done := make(chan struct{})
 	req := &sluicev1.HandOffRequest{Sender: s.name, RingFingerprint: fp, SenderLeaving: s.leaving.Load()}
-	taken := map[string]window.State{}
-	forgot := map[string]*takeover{}
-	// Decisions of these keys begun under an older ring end first; later
-	// ones see the ring changed and go to the new owner (decideOwned).
-	s.decideGate.Lock()
-	s.hmu.Lock()
-	for _, k := range keys {
-		st, ok := s.store.Take(k)
-		if !ok {
-			continue
-		}
-		taken[k] = st
-		s.ho.outgoing[k] = done
-		out, t := s.returnStateLocked(k, st, p.name)
-		if t != nil {
-			forgot[k] = t
-		}
-		b, _ := out.AppendBinary(nil)
-		req.States = append(req.States, &sluicev1.KeyState{Key: []byte(k), State: b})
+	b := s.custody.TakeOut(keys, p.name, s.memberInstance(p.name))
+	defer s.custody.End(b)
+	for i, k := range b.Keys {
+		bs, _ := b.States[i].AppendBinary(nil)
+		req.States = append(req.States, &sluicev1.KeyState{Key: []byte(k), State: bs})
 	}
-	s.hmu.Unlock()
-	s.decideGate.Unlock()
-	var err error
-	if len(req.States) > 0 {
-		err = send(req)
-		if err != nil {
-			now := s.store.Now()
-			for k, st := range taken {
-				s.store.MergeState(k, st, now)
-			}
-			s.hmu.Lock()
-			for k, t := range forgot {
-				if _, ok := s.ho.takenOver[k]; !ok {
-					s.ho.takenOver[k] = *t
-				}
-			}
-			s.hmu.Unlock()
-		} else {
-			s.stats.handedOff.Add(int64(len(req.States)))
-		}
+	if len(req.States) == 0 {
+		return nil
 	}
-	s.hmu.Lock()
-	for k := range taken {
-		if s.ho.outgoing[k] == done {
-			delete(s.ho.outgoing, k)
-		}
+	if err := send(req); err != nil {
+		s.custody.PutBack(b, s.store.Now())
+		return err
 	}
-	s.hmu.Unlock()
-	close(done)
-	return err
+	s.stats.handedOff.Add(int64(len(req.States)))
+	return nil
 }
 
-func (s *Server) restoreReplicas(rs map[string]replicaEntry) {
+func (s *Server) restoreReplicas(rs map[string]replica.Entry) {
 	for k, e := range rs {
-		s.replicas.putBack(k, e)
+		s.replicas.PutBack(k, e)
 	}
 }
 
@@ -745,9 +477,9 @@ func (s *Server) HandOff(stream sluicev1.PeerService_HandOffServer) error {
 			}
 			for _, m := range merges {
 				k := string(m.ks.Key)
-				s.store.MergeState(k, m.st, now)
+				s.custody.MergeIn(k, m.st, now)
 				if req.FromReplica {
-					s.noteTakeover(k, replicaEntry{st: m.st, owner: m.ks.Owner, instance: m.ks.OwnerInstance})
+					s.custody.NoteTakeover(k, custody.Takeover{Owner: m.ks.Owner, Instance: m.ks.OwnerInstance, State: m.st})
 				}
 			}
 			resp.Merged = int64(len(merges))
@@ -756,13 +488,13 @@ func (s *Server) HandOff(stream sluicev1.PeerService_HandOffServer) error {
 				s.stats.replicaTakeovers.Add(int64(len(merges)))
 			}
 			if req.Done {
-				s.noteDone(req.Sender, req.RingFingerprint)
+				s.custody.NoteDone(req.Sender, req.RingFingerprint)
 			}
 			if req.Done && req.SenderLeaving {
 				// It handed off its keys itself: the copies of them here
 				// are stale, and must not stand in for it once it is gone;
 				// and it is out of the ring from now on.
-				s.replicas.dropOwner(req.Sender)
+				s.replicas.DropOwner(req.Sender)
 				s.memberLeaving(req.Sender, req.SenderInstance)
 			}
 		}
@@ -808,47 +540,33 @@ func (s *Server) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluicev1
 	resp := &sluicev1.PullResponse{}
 	for _, kb := range owned {
 		k := string(kb)
-		for {
-			s.hmu.Lock()
-			ch, busy := s.ho.outgoing[k]
-			s.hmu.Unlock()
-			if !busy {
-				break
-			}
-			select {
-			case <-ch:
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
 		// A decision of the key made here ends before it is taken; a
 		// later one sees the tomb and goes to the puller (decideOwned).
-		s.decideGate.Lock()
-		s.hmu.Lock()
-		st, ok := s.store.Take(k)
-		if ok {
-			st, _ = s.returnStateLocked(k, st, req.Sender)
-		}
 		// This node may also be deciding the key in its dead owner's
 		// stead (stand-in checks of entry nodes whose rings are behind):
 		// from now on those go to the puller too (one being decided right
 		// now lands in a new fallback window, handed on later).
-		e, hadCopy := s.replicas.take(k)
-		d, hadStandIn := s.takeStandIn(k)
-		if req.Sender != s.name && (v.ring.Owner(kb) == s.name || hadCopy || hadStandIn) {
-			s.ho.tombs[k] = tomb{to: req.Sender, until: time.Now().Add(s.handOffTimeout)}
-			s.tombCount.Store(int64(len(s.ho.tombs)))
+		var (
+			e                   replica.Entry
+			d                   window.State
+			hadCopy, hadStandIn bool
+		)
+		st, ok, err := s.custody.GiveUp(ctx, k, req.Sender, s.memberInstance(req.Sender), v.ring.Owner(kb) == s.name, func() bool {
+			e, hadCopy = s.replicas.Take(k)
+			d, hadStandIn = s.takeStandIn(k)
+			return hadCopy || hadStandIn
+		})
+		if err != nil {
+			return nil, err
 		}
-		s.hmu.Unlock()
-		s.decideGate.Unlock()
 		if ok {
 			b, _ := st.AppendBinary(nil)
 			resp.States = append(resp.States, &sluicev1.KeyState{Key: kb, State: b})
 			s.stats.handedOff.Add(1)
 		}
 		if hadCopy {
-			b, _ := e.st.AppendBinary(nil)
-			resp.Replicas = append(resp.Replicas, &sluicev1.KeyState{Key: kb, State: b, Owner: e.owner, OwnerInstance: e.instance})
+			b, _ := e.State.AppendBinary(nil)
+			resp.Replicas = append(resp.Replicas, &sluicev1.KeyState{Key: kb, State: b, Owner: e.Owner, OwnerInstance: e.Instance})
 		}
 		if hadStandIn {
 			b, _ := d.AppendBinary(nil)
@@ -886,13 +604,13 @@ func (s *Server) Leave(ctx context.Context) error {
 		}
 		return nil
 	}
-	r, err := ring.New(others, s.ringCfg)
+	r, epoch, err := s.rings.Leave(others)
 	if err != nil {
 		s.setMu.Unlock()
 		close(handing)
 		return fmt.Errorf("rpc: leave: %w", err)
 	}
-	v := &view{ring: r, members: old.members, peers: old.peers, epoch: old.epoch + 1}
+	v := &view{ring: r, members: old.members, peers: old.peers, epoch: epoch}
 	s.view.Store(v)
 	s.setMu.Unlock()
 	s.log.Info("handing off before leaving", "keys", s.store.Len(), "fingerprint", r.Fingerprint())
@@ -933,13 +651,7 @@ func (s *Server) handOffAll(ctx context.Context) error {
 		// their keys go to the next owner (gossip may tell late of them).
 		v := s.view.Load()
 		if len(skip) > 0 {
-			var names []string
-			for _, m := range v.ring.Members() {
-				if !skip[m] {
-					names = append(names, m)
-				}
-			}
-			r, err := ring.New(names, s.ringCfg)
+			r, err := s.rings.Without(v.ring, skip)
 			if err != nil {
 				lastErr = err
 				break
@@ -991,63 +703,23 @@ func (s *Server) handOffAll(ctx context.Context) error {
 	return nil
 }
 
-func keysOf(m map[string]bool) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	return out
-}
-
 // Bounds on what a hand-off may carry (see vetKeyState).
 const (
 	// handOffClockSlack is how far ahead of this node's clock a handed-off
 	// state's time may be (the owners' clocks differ a little).
 	handOffClockSlack = time.Minute
-	// ringHistoryAge and ringHistoryLen bound the past rings a hand-off's
-	// sender may have owned a key under.
-	ringHistoryAge = 10 * time.Minute
-	ringHistoryLen = 16
 	// maxStoreKeyBytes is the longest store key: a name and a key at
 	// their bounds, with the name's length prefix.
 	maxStoreKeyBytes = MaxNameBytes + MaxKeyBytes + 2
 )
 
-// pastRing is a ring this node used before, and when it stopped.
-type pastRing struct {
-	ring    *ring.Ring
-	retired time.Time
-}
-
-// rememberRingLocked keeps r, just replaced, among the recent rings.
-// Requires hmu held.
-func (s *Server) rememberRingLocked(r *ring.Ring) {
-	now := time.Now()
-	h := append(s.ringHist, pastRing{ring: r, retired: now})
-	for len(h) > 0 && (len(h) > ringHistoryLen || now.Sub(h[0].retired) > ringHistoryAge) {
-		h = h[1:]
-	}
-	s.ringHist = slices.Clone(h)
-}
-
 // recentRings returns v's ring and the rings this node used in the last
-// ringHistoryAge, newest first.
-func (s *Server) recentRings(v *view) []*ring.Ring {
-	s.hmu.Lock()
-	defer s.hmu.Unlock()
-	out := []*ring.Ring{v.ring}
-	now := time.Now()
-	for i := len(s.ringHist) - 1; i >= 0; i-- {
-		if now.Sub(s.ringHist[i].retired) <= ringHistoryAge {
-			out = append(out, s.ringHist[i].ring)
-		}
-	}
-	return out
-}
+// ringview.HistoryAge, newest first.
+func (s *Server) recentRings(v *view) []*ring.Ring { return s.rings.Recent(v.ring, time.Now()) }
 
 // vetSender returns why a hand-off from the member named sender is
 // refused whole, or "" to go on: the name must be another member of this
-// node's ring, now or within ringHistoryAge, and, when the transport
+// node's ring, now or within ringview.HistoryAge, and, when the transport
 // proves the caller's identity (ServerConfig.PeerIdentity; with TLS, the
 // verified certificate's member name), it must be that name. This is the
 // one place a hand-off's claimed sender is bound to its caller.
@@ -1088,7 +760,7 @@ const pullChurnWindow = 10 * time.Second
 
 // waitPullerOwns decides which of keys sender may pull. Under the ring the
 // puller names (fingerprint fp), when this node has built it too (now or
-// in the last ringHistoryAge): the keys sender owns there. When this node
+// in the last ringview.HistoryAge): the keys sender owns there. When this node
 // has not, the puller may be ahead (a join this node has not applied) or
 // on a ring this node skipped: if this node's ring changed in the last
 // pullChurnWindow, or changes within pullOwnerWait, the cluster is
@@ -1128,11 +800,7 @@ func (s *Server) waitPullerOwns(ctx context.Context, sender, fp string, keys [][
 
 // lastRingChange returns when this node last replaced its ring (zero if
 // never).
-func (s *Server) lastRingChange() time.Time {
-	s.hmu.Lock()
-	defer s.hmu.Unlock()
-	return s.ringChanged
-}
+func (s *Server) lastRingChange() time.Time { return s.rings.LastChange() }
 
 // vetPuller returns why a Pull from sender is refused, or "": a pull
 // takes keys' state away, so it must come from a member (see vetSender),
@@ -1160,7 +828,7 @@ func (s *Server) vetPuller(ctx context.Context, sender string) string {
 // own key: a member cannot push keys into another's windows. When the
 // sender is leaving, it must have owned key (or, for replicas, held its
 // copy as one of the next members) under this node's ring or one it used
-// in the last ringHistoryAge: a leaving member hands off only what it had.
+// in the last ringview.HistoryAge: a leaving member hands off only what it had.
 // (A staying sender's previous ownership cannot be checked in general: a
 // member that just joined never built the rings under which its new keys
 // were owned.)
@@ -1215,4 +883,9 @@ func decodeKeyState(i int, ks *sluicev1.KeyState) (window.State, string) {
 		return st, fmt.Sprintf("states[%d].state: %v", i, err)
 	}
 	return st, ""
+}
+
+// takeoverOf is the copy e as custody remembers a takeover of it.
+func takeoverOf(e replica.Entry) custody.Takeover {
+	return custody.Takeover{Owner: e.Owner, Instance: e.Instance, State: e.State}
 }

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/rpc/internal/custody"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
@@ -303,9 +304,7 @@ func TestPullOfAKeyNotOwnedIsRefused(t *testing.T) {
 	}
 	key := ring.Key(nil, "pull", k)
 	v := s2.view.Load()
-	mi := &movingIn{ring: v.ring, prev: v.ring, parts: make([]bool, v.ring.Config().PartitionCount),
-		deadline: time.Now().Add(time.Minute), waiting: map[string]bool{"node1": true},
-		settled: map[string]bool{}, pulling: map[string]chan struct{}{}}
+	mi := custody.NewMovingIn(v.ring, v.ring, make([]bool, v.ring.Config().PartitionCount), []string{"node1"}, time.Now().Add(time.Minute))
 	s2.settle(context.Background(), v, mi, key)
 	resp, err := dialPeer(t, nodes[0].GRPCAddr()).Pull(context.Background(),
 		&sluicev1.PullRequest{Sender: "node2", RingFingerprint: v.ring.Fingerprint(), Keys: [][]byte{key}})

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/sluicehq/sluice/rpc/internal/security"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/rpc/sluicev1gw"
 )
@@ -32,7 +33,7 @@ type HTTPConfig struct {
 	// Metrics backs /metrics; nil: no /metrics. (Optional)
 	Metrics *Metrics
 
-	auth *authenticator // a node's client authentication; nil: none
+	auth *security.Authenticator // a node's client authentication; nil: none
 }
 
 // NewHTTPHandler returns the HTTP/JSON face of a node:
@@ -57,7 +58,7 @@ func NewHTTPHandler(cfg HTTPConfig) (http.Handler, error) {
 		UnmarshalOptions: protojson.UnmarshalOptions{},
 	}), runtime.WithRoutingErrorHandler(routingError))
 	var svc sluicev1.RateLimitServiceServer = cfg.Server
-	if cfg.auth != nil && cfg.auth.mode != ClientAuthNone {
+	if cfg.auth != nil && cfg.auth.Mode() != ClientAuthNone {
 		svc = gatewayServer{Server: cfg.Server, auth: cfg.auth}
 	}
 	if err := sluicev1gw.RegisterRateLimitServiceHandlerServer(context.Background(), gw, svc); err != nil {
@@ -83,8 +84,8 @@ func NewHTTPHandler(cfg HTTPConfig) (http.Handler, error) {
 	if cfg.Metrics != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Metrics.Registry(), promhttp.HandlerOpts{}))
 	}
-	if cfg.auth != nil && cfg.auth.mode != ClientAuthNone {
-		return cfg.auth.httpAuth(mux), nil
+	if cfg.auth != nil && cfg.auth.Mode() != ClientAuthNone {
+		return cfg.auth.HTTPHandler(mux), nil
 	}
 	return mux, nil
 }

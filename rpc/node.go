@@ -3,7 +3,6 @@ package rpc
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -25,6 +24,7 @@ import (
 	"github.com/sluicehq/sluice/limits"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/rls"
+	"github.com/sluicehq/sluice/rpc/internal/security"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 
@@ -159,38 +159,10 @@ type NodeConfig struct {
 }
 
 // clientAuth returns cfg's client authentication mode with its default,
-// or an error naming the setting when the mode lacks what it needs.
+// or an error naming the setting when the mode lacks what it needs (see
+// security.Settings.ClientAuthMode).
 func (cfg NodeConfig) clientAuth() (ClientAuth, error) {
-	tlsOn := cfg.TLSCert != "" || cfg.TLSKey != "" || cfg.TLSCA != ""
-	if tlsOn && (cfg.TLSCert == "" || cfg.TLSKey == "" || cfg.TLSCA == "") {
-		return "", errors.New("tls_cert, tls_key, tls_ca: give all three or none")
-	}
-	mode := cfg.ClientAuth
-	if mode == "" {
-		switch {
-		case tlsOn:
-			mode = ClientAuthMTLS
-		case cfg.TokenFile != "":
-			mode = ClientAuthToken
-		default:
-			mode = ClientAuthNone
-		}
-	}
-	switch mode {
-	case ClientAuthNone, ClientAuthToken, ClientAuthMTLS, ClientAuthEither:
-	default:
-		return "", fmt.Errorf("client_auth: want mtls, token, either or none, got %q", mode)
-	}
-	if (mode == ClientAuthMTLS || mode == ClientAuthEither) && !tlsOn {
-		return "", fmt.Errorf("client_auth: %s needs TLS (tls_cert, tls_key, tls_ca)", mode)
-	}
-	if (mode == ClientAuthToken || mode == ClientAuthEither) && cfg.TokenFile == "" {
-		return "", fmt.Errorf("client_auth: %s needs token_file", mode)
-	}
-	if mode != ClientAuthToken && mode != ClientAuthEither && cfg.TokenFile != "" {
-		return "", fmt.Errorf("token_file: given, but client_auth %s takes no tokens (use token or either)", mode)
-	}
-	return mode, nil
+	return cfg.securitySettings().ClientAuthMode()
 }
 
 // Node is a running sluice node. Stop it with [Node.Close] (graceful) or
@@ -232,26 +204,11 @@ type Node struct {
 
 	rls *rls.Service // nil unless NodeConfig.RLS is set
 
-	certs  *certSource // nil without TLS
-	tokens *tokenSet   // nil without a token file
-	auth   *authenticator
-
-	verifyMu   sync.Mutex
-	verified   map[string]memberKey    // member name -> the incarnation whose certificate was verified
-	unverified map[string]*verifyState // member name -> failed verifications of its current incarnation
-	verifyKick chan struct{}           // capacity 1: members to verify
-	admit      chan struct{}           // capacity 1: verifyLoop admitted a member
-}
-
-// memberKey is one incarnation of a member at one address.
-type memberKey struct{ name, addr, instance string }
-
-// verifyState counts the failed verifications of one incarnation.
-type verifyState struct {
-	key   memberKey
-	fails int
-	next  time.Time // no attempt before
-	err   error
+	certs    *security.CertSource // nil without TLS
+	tokens   *security.TokenSet   // nil without a token file
+	auth     *security.Authenticator
+	verifier *security.Verifier // nil without TLS
+	admit    chan struct{}      // capacity 1: the verifier admitted a member
 }
 
 // StartNode listens on cfg.GRPCAddr and cfg.GossipAddr, starts serving
@@ -292,19 +249,17 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	var cs *certSource
+	var cs *security.CertSource
 	if cfg.TLSCert != "" {
-		if cs, err = newCertSource(cfg.TLSCert, cfg.TLSKey, cfg.TLSCA, log.With("component", "tls")); err != nil {
+		// The certificate must be this node's, now and on every reload.
+		files := security.CertFiles{Cert: cfg.TLSCert, Key: cfg.TLSKey, CA: cfg.TLSCA}
+		if cs, err = security.NewCertSource(files, cfg.Name, log.With("component", "tls")); err != nil {
 			return nil, err
 		}
-		if err := verifyPeerChain(chainOf(cs.cur.Load().cert), cs.cur.Load().pool, cfg.Name, x509.ExtKeyUsageServerAuth); err != nil {
-			return nil, fmt.Errorf("tls_cert: %w (want a peer certificate of this node signed by tls_ca)", err)
-		}
-		cs.member = cfg.Name // reloads are held to the same
 	}
-	var ts *tokenSet
+	var ts *security.TokenSet
 	if cfg.TokenFile != "" {
-		if ts, err = newTokenSet(cfg.TokenFile, log.With("component", "tokens")); err != nil {
+		if ts, err = security.NewTokenSet(cfg.TokenFile, log.With("component", "tokens")); err != nil {
 			return nil, err
 		}
 	}
@@ -336,14 +291,14 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	// hand-off checks that the sender it names is the caller.
 	peerIdentity := cfg.PeerIdentity
 	if peerIdentity == nil && cs != nil {
-		peerIdentity = peerName
+		peerIdentity = security.PeerName
 	}
 	srv, err := NewServer(ServerConfig{
 		Name: cfg.Name, Store: store, Ring: cfg.Ring,
 		ForwardTimeout: cfg.ForwardTimeout, Batch: cfg.Batch, Logger: log.With("component", "rpc"),
 		Limits: cfg.Limits, Observer: metrics, DialOptions: cfg.DialOptions,
 		HandOffTimeout: cfg.HandOffTimeout, Replication: cfg.Replication,
-		PeerCredentials: peerCredentials(cs),
+		PeerCredentials: security.PeerCredentials(cs),
 		MaxInflight:     max(cfg.GRPC.MaxInflight, 0), PeerIdentity: peerIdentity,
 	})
 	if err != nil {
@@ -379,17 +334,17 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	// owner keeps its worker busy, so there must be about as many workers
 	// as checks in flight: with one per CPU, most RPCs grew a stack (10 %
 	// of a node's CPU under spread load, 3 % with streamWorkers).
-	auth := &authenticator{mode: mode, tls: cs != nil, tokens: ts, isMember: srv.isMember}
+	auth := security.NewAuthenticator(security.AuthConfig{Mode: mode, TLS: cs != nil, Tokens: ts, IsMember: srv.isMember, HasNumbers: hasNumbers})
 	sopts := slices.Concat([]grpc.ServerOption{grpc.NumStreamWorkers(streamWorkers), codecServerOption}, windowServerOptions, cfg.GRPC.serverOptions())
 	if cs != nil {
 		ca := tls.VerifyClientCertIfGiven // token or either: a call may come without one
 		if mode == ClientAuthMTLS {
 			ca = tls.RequireAndVerifyClientCert
 		}
-		sopts = append(sopts, grpc.Creds(credentials.NewTLS(cs.serverConfig(ca, []string{"h2"}))))
+		sopts = append(sopts, grpc.Creds(credentials.NewTLS(cs.ServerConfig(ca, []string{"h2"}))))
 	}
 	if cs != nil || ts != nil {
-		sopts = append(sopts, grpc.ChainUnaryInterceptor(auth.unary), grpc.ChainStreamInterceptor(auth.stream))
+		sopts = append(sopts, grpc.ChainUnaryInterceptor(auth.UnaryInterceptor), grpc.ChainStreamInterceptor(auth.StreamInterceptor))
 	}
 	gs := grpc.NewServer(append(sopts, cfg.ServerOptions...)...)
 	hs := health.NewServer()
@@ -414,8 +369,11 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	n := &Node{cfg: cfg, lis: lis, grpcAddr: advertised, grpc: gs, health: hs,
 		cluster: cl, server: srv, store: store, metrics: metrics, log: log, cancel: cancel, failed: make(chan error, 1),
 		publish: make(chan struct{}, 1), certs: cs, tokens: ts, auth: auth,
-		verified: map[string]memberKey{}, unverified: map[string]*verifyState{}, verifyKick: make(chan struct{}, 1), admit: make(chan struct{}, 1),
+		admit:    make(chan struct{}, 1),
 		joinDone: make(chan struct{}, 1), healthNames: healthNames}
+	if cs != nil {
+		n.verifier = n.newVerifier(cs)
+	}
 	n.lastChange.Store(time.Now().UnixNano())
 	if len(cfg.Join) == 0 {
 		n.joined.Store(true) // a cluster of one: nothing to join
@@ -428,7 +386,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	n.setMembers()
 	n.wg.Go(func() { n.watchMembers(ctx) })
 	if cs != nil {
-		n.wg.Go(func() { n.verifyLoop(ctx) })
+		n.wg.Go(func() { n.verifier.Run(ctx) })
 	}
 	if files := n.reloadFiles(); len(files) > 0 {
 		n.wg.Go(func() {
@@ -443,7 +401,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	secure.Insecure = false
 	if setting, addr := exposed(cfg); setting != "" && protectedMode(secure) != nil {
 		metrics.insecure.Set(1)
-		n.wg.Go(func() { warnInsecure(ctx, log, setting, addr) })
+		n.wg.Go(func() { security.WarnInsecure(ctx, log, setting, addr) })
 	}
 	n.wg.Go(func() {
 		store.RunSweeper(ctx, cfg.SweepInterval, func(_ int, took time.Duration) { metrics.ObserveSweep(took) })
@@ -457,7 +415,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 			if cs != nil {
 				// Any mode: /healthz and /readyz stay open to probes
 				// without a certificate; the handler checks the rest.
-				n.http.TLSConfig = cs.serverConfig(tls.VerifyClientCertIfGiven, []string{"h2", "http/1.1"})
+				n.http.TLSConfig = cs.ServerConfig(tls.VerifyClientCertIfGiven, []string{"h2", "http/1.1"})
 				httpLis = tls.NewListener(httpLis, n.http.TLSConfig)
 			}
 			n.httpAddr = httpLis.Addr().String()
@@ -531,7 +489,7 @@ func (n *Node) watchMembers(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-n.cluster.Changes():
-		case <-n.admit: // verifyLoop admitted a member
+		case <-n.admit: // the verifier admitted a member
 		case <-n.joinDone: // the join returned: apply what it merged
 		}
 		afterJoin := n.joinOK.Load() // read before setMembers reads the members
@@ -649,24 +607,19 @@ func (n *Node) joinedCluster() error {
 
 // verifying reports whether gossip lists a member that this node's ring
 // leaves out and whose current incarnation has not failed to verify yet:
-// its certificate is still to be checked (TLS; see verifyLoop).
+// its certificate is still to be checked (TLS; see security.Verifier).
 func (n *Node) verifying() bool {
 	inRing := map[string]bool{}
 	for _, m := range n.server.view.Load().members {
 		inRing[m.Name] = true
 	}
-	ms := n.cluster.Members()
-	n.verifyMu.Lock()
-	defer n.verifyMu.Unlock()
-	for _, m := range ms {
-		if inRing[m.Name] {
-			continue
-		}
-		if st := n.unverified[m.Name]; st == nil || st.key != (memberKey{m.Name, m.GRPCAddr, m.Instance}) {
-			return true
+	var outside []cluster.Member
+	for _, m := range n.cluster.Members() {
+		if !inRing[m.Name] {
+			outside = append(outside, m)
 		}
 	}
-	return false
+	return n.verifier.Verifying(incarnations(outside))
 }
 
 // syncHealth turns every service gRPC health reports on SERVING once
@@ -874,27 +827,6 @@ func (n *Node) stop() {
 	n.server.Close()
 }
 
-// peerCredentials returns the per-member TLS credentials of cs, or nil
-// (plaintext) without TLS.
-func peerCredentials(cs *certSource) func(string) credentials.TransportCredentials {
-	if cs == nil {
-		return nil
-	}
-	return func(name string) credentials.TransportCredentials { return credentials.NewTLS(cs.peerConfig(name)) }
-}
-
-// chainOf parses the chain of c (leaf first); certificates that do not
-// parse are left out.
-func chainOf(c *tls.Certificate) []*x509.Certificate {
-	var out []*x509.Certificate
-	for _, der := range c.Certificate {
-		if x, err := x509.ParseCertificate(der); err == nil {
-			out = append(out, x)
-		}
-	}
-	return out
-}
-
 // reloadFiles lists the TLS and token files to watch.
 func (n *Node) reloadFiles() []string {
 	var out []string
@@ -915,117 +847,63 @@ func (n *Node) reloadFiles() []string {
 func (n *Node) ReloadTLS() error {
 	var errs []error
 	if n.certs != nil {
-		errs = append(errs, n.certs.reload())
+		errs = append(errs, n.certs.Reload())
 	}
 	if n.tokens != nil {
-		errs = append(errs, n.tokens.reload())
+		errs = append(errs, n.tokens.Reload())
 	}
 	return errors.Join(errs...)
 }
 
 // admitted returns this node and the members of ms whose current
 // incarnation (name, gRPC address, instance) has presented this node's CA's
-// peer certificate of its name; it asks verifyLoop to verify the others.
+// peer certificate of its name; it asks the verifier to verify the others.
 func (n *Node) admitted(ms []cluster.Member) []cluster.Member {
-	n.verifyMu.Lock()
-	defer n.verifyMu.Unlock()
+	ok := n.verifier.Admit(incarnations(ms))
 	out := make([]cluster.Member, 0, len(ms))
-	pending := false
-	present := map[string]bool{}
-	for _, m := range ms {
-		present[m.Name] = true
-		if m.Name == n.cfg.Name || n.verified[m.Name] == (memberKey{m.Name, m.GRPCAddr, m.Instance}) {
+	for i, m := range ms {
+		if ok[i] {
 			out = append(out, m)
-			continue
-		}
-		pending = true
-	}
-	for name := range n.verified {
-		if !present[name] {
-			delete(n.verified, name)
-		}
-	}
-	for name := range n.unverified {
-		if !present[name] {
-			delete(n.unverified, name)
-		}
-	}
-	if pending {
-		select {
-		case n.verifyKick <- struct{}{}:
-		default:
 		}
 	}
 	return out
 }
 
-// verifyLoop verifies the certificates of members not yet admitted: it
-// dials each one's gRPC address with TLS 1.3 and checks that the
-// certificate presented is this node's CA's peer certificate of that
-// member's name. A member that fails is retried with a backoff (1 s
-// doubling to 30 s) while gossip lists it; the ring never includes it
-// meanwhile.
-func (n *Node) verifyLoop(ctx context.Context) {
-	tick := time.NewTicker(500 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-n.verifyKick:
-		case <-tick.C:
-		}
-		admittedAny := false
-		for _, m := range n.cluster.Members() {
-			key := memberKey{m.Name, m.GRPCAddr, m.Instance}
-			n.verifyMu.Lock()
-			st := n.unverified[m.Name]
-			skip := m.Name == n.cfg.Name || n.verified[m.Name] == key || (st != nil && st.key == key && time.Now().Before(st.next))
-			n.verifyMu.Unlock()
-			if skip {
-				continue
-			}
-			vctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			err := n.certs.verifyMember(vctx, m.Name, m.GRPCAddr)
-			cancel()
-			n.verifyMu.Lock()
-			if err == nil {
-				n.verified[m.Name] = key
-				delete(n.unverified, m.Name)
-				admittedAny = true
-				n.log.Info("member certificate verified; admitted to the ring", "member", m.Name, "addr", m.GRPCAddr)
-			} else if ctx.Err() == nil {
-				if st == nil || st.key != key {
-					st = &verifyState{key: key}
-					n.unverified[m.Name] = st
-					n.log.Warn("member not admitted to the ring: its certificate did not verify", "member", m.Name, "addr", m.GRPCAddr, "error", err)
-				} else {
-					n.log.Debug("member certificate still does not verify", "member", m.Name, "error", err)
-				}
-				st.fails++
-				st.err = err
-				st.next = time.Now().Add(min(time.Second<<min(st.fails-1, 5), 30*time.Second))
-			}
-			n.verifyMu.Unlock()
-		}
-		if admittedAny { // watchMembers rebuilds the ring: one goroutine applies member lists, in order
+// incarnations returns the incarnation of each of ms, as the verifier
+// tells members apart.
+func incarnations(ms []cluster.Member) []security.Member {
+	out := make([]security.Member, len(ms))
+	for i, m := range ms {
+		out[i] = security.Member{Name: m.Name, Addr: m.GRPCAddr, Instance: m.Instance}
+	}
+	return out
+}
+
+// newVerifier returns the verifier of members' certificates (TLS): it
+// dials the members gossip lists with cs and wakes watchMembers when it
+// admitted one (watchMembers rebuilds the ring: one goroutine applies
+// member lists, in order).
+func (n *Node) newVerifier(cs *security.CertSource) *security.Verifier {
+	return security.NewVerifier(security.VerifierConfig{
+		Self:    n.cfg.Name,
+		Members: func() []security.Member { return incarnations(n.cluster.Members()) },
+		Verify:  cs.VerifyMember,
+		OnAdmit: func() {
 			select {
 			case n.admit <- struct{}{}:
 			default:
 			}
-		}
-	}
+		},
+		Logger: n.log,
+	})
 }
 
 // Unverified returns, by member name, how many times the certificate of
 // each member gossip lists but this node has not admitted to its ring has
 // failed to verify (TLS only; empty without TLS).
 func (n *Node) Unverified() map[string]int {
-	n.verifyMu.Lock()
-	defer n.verifyMu.Unlock()
-	out := make(map[string]int, len(n.unverified))
-	for name, st := range n.unverified {
-		out[name] = st.fails
+	if n.verifier == nil {
+		return map[string]int{}
 	}
-	return out
+	return n.verifier.Failures()
 }

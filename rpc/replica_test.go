@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/rpc/internal/replica"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
@@ -248,7 +249,7 @@ func waitCopied(t *testing.T, owner *testNode, key string, holders ...*testNode)
 		want, _ := owner.Store().Get(key)
 		wb, _ := want.MarshalBinary()
 		for _, n := range holders {
-			if st, ok := n.Server().replicas.get(key); ok {
+			if st, ok := n.Server().replicas.Get(key); ok {
 				if b, _ := st.MarshalBinary(); string(b) == string(wb) {
 					return true
 				}
@@ -431,14 +432,14 @@ func TestCopyStandsIn(t *testing.T) {
 	v := s.view.Load()
 	for _, tc := range []struct {
 		name string
-		r    replicaEntry
+		r    replica.Entry
 		want bool
 	}{
-		{"this very process", replicaEntry{owner: "node1", instance: self}, false},
-		{"an earlier process of this node", replicaEntry{owner: "node1", instance: "0123456789abcdef"}, true},
-		{"this node's name, instance unknown (an older peer)", replicaEntry{owner: "node1"}, true},
-		{"a live member", replicaEntry{owner: "node2", instance: "0123456789abcdef"}, false},
-		{"a member never in the ring", replicaEntry{owner: "node9", instance: "0123456789abcdef"}, false},
+		{"this very process", replica.Entry{Owner: "node1", Instance: self}, false},
+		{"an earlier process of this node", replica.Entry{Owner: "node1", Instance: "0123456789abcdef"}, true},
+		{"this node's name, instance unknown (an older peer)", replica.Entry{Owner: "node1"}, true},
+		{"a live member", replica.Entry{Owner: "node2", Instance: "0123456789abcdef"}, false},
+		{"a member never in the ring", replica.Entry{Owner: "node9", Instance: "0123456789abcdef"}, false},
 	} {
 		if got := s.copyStandsIn(v, tc.r); got != tc.want {
 			t.Errorf("%s: copyStandsIn %v, want %v", tc.name, got, tc.want)

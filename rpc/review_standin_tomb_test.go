@@ -34,14 +34,10 @@ func TestReviewStandInForwardIgnoresTombOfAnOwnedKey(t *testing.T) {
 	// node3 pulls the key from node1 (as Server.Pull does: state out,
 	// tomb in), while node1's ring still gives node1 the key.
 	key := string(ring.Key(nil, "tomb", k))
-	s1 := n1.Server()
-	s1.decideGate.Lock()
-	s1.hmu.Lock()
-	st, ok := n1.Store().Take(key)
-	s1.ho.tombs[key] = tomb{to: "node3", until: time.Now().Add(time.Minute)}
-	s1.tombCount.Store(int64(len(s1.ho.tombs)))
-	s1.hmu.Unlock()
-	s1.decideGate.Unlock()
+	st, ok, err := n1.Server().custody.GiveUp(context.Background(), key, "node3", "", true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if !ok {
 		t.Fatal("node1 holds no state of the key")
 	}

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,7 +22,10 @@ import (
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limits"
 	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/rpc/internal/custody"
 	"github.com/sluicehq/sluice/rpc/internal/forward"
+	"github.com/sluicehq/sluice/rpc/internal/replica"
+	"github.com/sluicehq/sluice/rpc/internal/ringview"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
@@ -102,10 +104,10 @@ type Server struct {
 	peerCreds      func(name string) credentials.TransportCredentials
 
 	view atomic.Pointer[view]
-	// members maps the names SetMembers was last given, and this node, to
-	// their gossiped instance ids ("" where unknown).
-	members atomic.Pointer[map[string]string]
-	setMu   sync.Mutex // serializes SetMembers
+	// rings makes the ring of each member list (see package ringview);
+	// its writers are serialized by setMu.
+	rings *ringview.Tracker
+	setMu sync.Mutex // serializes SetMembers, Leave and memberLeaving
 
 	leaving atomic.Bool // set by Leave: the ring excludes this node
 	// joined, set by StartNode before serving, reports whether the node
@@ -117,16 +119,12 @@ type Server struct {
 	// handingOff is closed when Leave's first hand-off pass has ended (set
 	// by Leave before leaving is; nil before).
 	handingOff atomic.Pointer[chan struct{}]
-	moving     atomic.Pointer[movingIn]
-	hmu        sync.Mutex // guards ho and the maps of moving
-	// decideGate orders decisions of owned keys (read lock) against the
-	// hand-offs and pulls that take keys out of the store (write lock).
-	decideGate sync.RWMutex
-	ho         handOffState
-	tombCount  atomic.Int64
+	// custody keeps the keys this node owns (see package custody for
+	// its gate and the lock order).
+	custody    *custody.Custody
 	pushSignal chan struct{}
-	replicas   *replicaStore
-	dirty      *dirtySet
+	replicas   *replica.Store
+	dirty      *replica.DirtySet
 	fallback   *window.Store // windows of degraded (owner unavailable) decisions; see standin.go
 	fbMu       sync.Mutex    // guards fbBase and fbGen, and orders the fallback windows' changes
 	fbBase     map[string]*standInEntry
@@ -135,10 +133,8 @@ type Server struct {
 	flushMu    sync.Mutex   // one flushStandIns at a time
 	// standInSignal asks the stand-in loop to hand on stand-in hits now.
 	standInSignal chan struct{}
-	mismatch      sync.Map               // member name -> fingerprint last warned about
 	instance      atomic.Pointer[string] // this node's gossiped instance id
 	lastInput     []cluster.Member       // the member list SetMembers was last given; guarded by setMu
-	departing     map[string]string      // member name -> instance that said it is leaving; guarded by setMu
 	bgCancel      context.CancelFunc
 	bg            sync.WaitGroup
 
@@ -155,8 +151,6 @@ type Server struct {
 	// senderClocks: member name -> *senderClock, the estimate of its clock
 	// that forwarded deadlines are read on (see deadlineHere).
 	senderClocks sync.Map
-	ringHist     []pastRing // rings before the current one, oldest first; guarded by hmu
-	ringChanged  time.Time  // when the ring last changed (zero: never); guarded by hmu
 }
 
 // view is what routing needs, swapped whole on each membership change.
@@ -174,11 +168,11 @@ type view struct {
 type counters struct {
 	localChecks, forwardedChecks, noConnection, receivedRPCs, receivedChecks atomic.Int64
 
-	reforwarded, notOwnerApplied, viewMismatch, ringMismatch               atomic.Int64
-	degraded, movedWithoutState, ownerLost, replicaBehind, handOffTimeouts atomic.Int64
-	handedOff, receivedHandOff, handOffErrors, pulls, replicaTakeovers     atomic.Int64
-	replicated, handOffRefused, replicaReturned                            atomic.Int64
-	standInAdmitted, standInReturned, standInForwarded, expired, refunds   atomic.Int64
+	reforwarded, notOwnerApplied, viewMismatch, ringMismatch             atomic.Int64
+	degraded, movedWithoutState, ownerLost, replicaBehind                atomic.Int64
+	handedOff, receivedHandOff, handOffErrors, pulls, replicaTakeovers   atomic.Int64
+	replicated, handOffRefused                                           atomic.Int64
+	standInAdmitted, standInReturned, standInForwarded, expired, refunds atomic.Int64
 }
 
 // PeerStats counts the Forward calls made to one peer: of every kind
@@ -317,15 +311,15 @@ func (s *Server) Stats() Stats {
 		KeysRefused:       s.store.Stats().Refused,
 		InflightRefused:   s.inflight.refused.Load(),
 		HandOffRefused:    s.stats.handOffRefused.Load(),
-		HandOffTimeouts:   s.stats.handOffTimeouts.Load(),
+		HandOffTimeouts:   s.custody.Stats().HandOffTimeouts,
 		HandedOff:         s.stats.handedOff.Load(),
 		ReceivedHandOff:   s.stats.receivedHandOff.Load(),
 		HandOffErrors:     s.stats.handOffErrors.Load(),
 		Pulls:             s.stats.pulls.Load(),
 		ReplicaTakeovers:  s.stats.replicaTakeovers.Load(),
-		ReplicaReturned:   s.stats.replicaReturned.Load(),
+		ReplicaReturned:   s.custody.Stats().ReplicaReturned,
 		Replicated:        s.stats.replicated.Load(),
-		Replicas:          s.replicas.len(),
+		Replicas:          s.replicas.Len(),
 		StandInAdmitted:   s.stats.standInAdmitted.Load(),
 		StandInForwarded:  s.stats.standInForwarded.Load(),
 		StandInReturned:   s.stats.standInReturned.Load(),
@@ -382,25 +376,26 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		peerStats:      forward.NewStats(cfg.Observer),
 		draining:       make(chan struct{}),
 		handOffTimeout: cfg.HandOffTimeout,
-		replication:    cfg.Replication.withDefaults(),
+		replication:    cfg.Replication.WithDefaults(),
 		pushSignal:     make(chan struct{}, 1),
-		replicas:       newReplicaStore(),
-		dirty:          newDirtySet(),
+		replicas:       replica.NewStore(),
+		dirty:          replica.NewDirtySet(),
 		// Degraded answers while an owner is unreachable: a fresh budget
 		// for an evicted key there is no worse than the degraded answer.
 		fallback:      window.NewStore(window.StoreConfig{Clock: storeClock{cfg.Store}, MaxKeys: 100_000, OnKeyCap: window.KeyCapEvict}),
 		fbBase:        map[string]*standInEntry{},
 		standInSignal: make(chan struct{}, 1),
-		ho: handOffState{doneFrom: map[string]string{}, outgoing: map[string]chan struct{}{},
-			tombs: map[string]tomb{}, departed: map[string]time.Time{}, takenOver: map[string]takeover{}},
+		custody: custody.New(custody.Config{Self: cfg.Name, Store: cfg.Store, HandOffTimeout: cfg.HandOffTimeout,
+			Logger: cfg.Logger}),
 		dialOpts:  slices.Concat([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), codecDialOption}, WindowDialOptions(), cfg.DialOptions),
 		peerCreds: cfg.PeerCredentials,
 	}
-	s.members.Store(&map[string]string{cfg.Name: ""})
-	r, err := ring.New([]string{cfg.Name}, cfg.Ring)
+	rings, err := ringview.New(cfg.Name, cfg.Ring)
 	if err != nil {
 		return nil, fmt.Errorf("rpc: %w", err)
 	}
+	s.rings = rings
+	r, _ := rings.Ring()
 	s.view.Store(&view{ring: r, members: []cluster.Member{{Name: cfg.Name, State: cluster.Alive}}, bootstrap: true})
 	ctx, cancel := context.WithCancel(context.Background())
 	s.bgCancel = cancel
@@ -418,95 +413,55 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 // moved are closed after the forward timeout, so calls in flight finish.
 // When the ring cannot be built (e.g. more members than partitions) it
 // keeps the old view and returns the error.
+//
+// The order of its steps matters, under setMu:
+//
+//  1. ringview makes the ring of the list (leaving and departing members
+//     out, the epoch, the history and departed members);
+//  2. the peer connections for the ring's members (dialed lazily);
+//  3. custody learns of a changed ring (what moves here, tombs of keys no
+//     longer owned) BEFORE the view is swapped, so that a check routed by
+//     the new ring finds what it awaits;
+//  4. the view is swapped: checks route by the new ring from here on;
+//  5. connections no longer in the view retire after the forward timeout;
+//  6. mismatching rings are warned about;
+//  7. the push loop hands off what this node no longer owns, and the
+//     stand-in loop hands on what it admitted for others (after the swap:
+//     a push works under the view it reads).
 func (s *Server) SetMembers(members []cluster.Member) error {
 	s.setMu.Lock()
 	defer s.setMu.Unlock()
 	old := s.view.Load()
 	s.lastInput = slices.Clone(members)
-	set := map[string]string{s.name: s.instanceID()}
-	restarted := false // a member is back under its name as another process
-	prevSet := *s.members.Load()
-	for _, m := range members {
-		set[m.Name] = m.Instance
-		if was := prevSet[m.Name]; was != "" && m.Instance != "" && was != m.Instance {
-			restarted = true
-		}
-	}
-	s.members.Store(&set)
-	// A member that said it is leaving (its hand-off done) is out of the
-	// ring at once, whether or not gossip has told of its leave yet.
-	ms := slices.DeleteFunc(slices.Clone(members), func(m cluster.Member) bool {
-		inst, ok := s.departing[m.Name]
-		return ok && m.Name != s.name && inst == m.Instance
-	})
-	for name := range s.departing {
-		if !slices.ContainsFunc(members, func(m cluster.Member) bool { return m.Name == name }) {
-			delete(s.departing, name) // gone from the gossip too
-		}
-	}
 	leaving := s.leaving.Load()
-	if leaving { // the ring excludes this node; its keys are handed off
-		ms = slices.DeleteFunc(ms, func(m cluster.Member) bool { return m.Name == s.name })
-		if len(ms) == 0 {
-			return nil
-		}
-	} else if !slices.ContainsFunc(ms, func(m cluster.Member) bool { return m.Name == s.name }) {
-		ms = append(ms, cluster.Member{Name: s.name, State: cluster.Alive})
-	}
-	slices.SortFunc(ms, func(a, b cluster.Member) int { return strings.Compare(a.Name, b.Name) })
-	names := make([]string, len(ms))
-	for i, m := range ms {
-		names[i] = m.Name
-	}
-	r, err := ring.New(names, s.ringCfg)
+	up, err := s.rings.Apply(viewMembers(members), s.instanceID(), leaving, time.Now())
 	if err != nil {
-		s.log.Error("cannot build ring; keeping the old one", "members", len(names), "error", err)
+		s.log.Error("cannot build ring; keeping the old one", "members", len(members), "error", err)
 		return fmt.Errorf("rpc: %w", err)
 	}
+	if up.Empty {
+		return nil
+	}
+	ms := membersNamed(members, up.Names, s.name)
 	peers := s.dialPeers(old.peers, ms)
-	changed := r.Fingerprint() != old.ring.Fingerprint()
-	if !changed {
-		r = old.ring // one ring per fingerprint: what awaits a hand-off refers to it
+	if up.Changed && !leaving {
+		s.custody.RingChanged(up.Prev, up.Ring, time.Now())
 	}
-	epoch := old.epoch
-	if changed {
-		epoch++
-	}
-	if changed && !leaving {
-		s.hmu.Lock()
-		prev := old.ring
-		if old.bootstrap {
-			prev = nil
-		}
-		s.moving.Store(s.newMovingIn(prev, r, s.moving.Load()))
-		s.noteRingLocked(old.ring, r)
-		s.ringChanged = time.Now()
-		if !old.bootstrap {
-			s.rememberRingLocked(old.ring)
-		}
-		for k, t := range s.ho.tombs {
-			if r.Owner([]byte(k)) != s.name || time.Now().After(t.until) {
-				delete(s.ho.tombs, k)
-			}
-		}
-		s.tombCount.Store(int64(len(s.ho.tombs)))
-		s.hmu.Unlock()
-	}
-	s.view.Store(&view{ring: r, members: ms, peers: peers, epoch: epoch, bootstrap: old.bootstrap && !changed})
+	s.view.Store(&view{ring: up.Ring, members: ms, peers: peers, epoch: up.Epoch, bootstrap: s.rings.Bootstrap()})
 	for name, p := range old.peers {
 		if peers[name] != p {
 			go s.retire(p, s.forwardTimeout) // off the membership path
 		}
 	}
-	s.checkRings(ms, r)
-	if changed {
-		s.log.Info("ring rebuilt", "members", len(ms), "fingerprint", r.Fingerprint(), "epoch", epoch)
+	s.warnMismatches(up.Mismatches)
+	if up.Changed {
+		s.log.Info("ring rebuilt", "members", len(ms), "fingerprint", up.Ring.Fingerprint(), "epoch", up.Epoch)
 		if !leaving {
 			s.signalPush()
 		}
 		s.signalStandIn()
 	}
-	if restarted && !changed && !leaving {
+	if up.Restarted && !up.Changed && !leaving {
 		// Its old process's copies here go to the new one (orphans),
 		// also when the ring did not change on the way.
 		s.signalPush()
@@ -514,17 +469,45 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 	return nil
 }
 
+// viewMembers is what ringview needs of ms.
+func viewMembers(ms []cluster.Member) []ringview.Member {
+	out := make([]ringview.Member, len(ms))
+	for i, m := range ms {
+		out[i] = ringview.Member{Name: m.Name, Instance: m.Instance, RingMembers: m.RingMembers,
+			RingFingerprint: m.RingFingerprint, Version: m.Version}
+	}
+	return out
+}
+
+// membersNamed returns the members of ms named in names (sorted), in that
+// order; self, when named and not listed, as an alive member.
+func membersNamed(ms []cluster.Member, names []string, self string) []cluster.Member {
+	out := make([]cluster.Member, 0, len(names))
+	for _, name := range names {
+		i := slices.IndexFunc(ms, func(m cluster.Member) bool { return m.Name == name })
+		if i < 0 {
+			out = append(out, cluster.Member{Name: self, State: cluster.Alive})
+			continue
+		}
+		out = append(out, ms[i])
+	}
+	return out
+}
+
 // isMember reports whether name is this node or in the member list the
 // ring was last built from (with TLS, only members whose certificate this
 // node verified).
 func (s *Server) isMember(name string) bool {
-	_, ok := (*s.members.Load())[name]
+	_, ok := s.rings.Instance(name)
 	return ok
 }
 
 // memberInstance returns member's gossiped instance id as of the last
 // member list ("" if unknown or not a member).
-func (s *Server) memberInstance(name string) string { return (*s.members.Load())[name] }
+func (s *Server) memberInstance(name string) string {
+	inst, _ := s.rings.Instance(name)
+	return inst
+}
 
 // memberLeaving takes name out of the ring: it said it has handed off all
 // its keys and is leaving (gossip may tell of it late, or, if its leave
@@ -543,10 +526,7 @@ func (s *Server) memberLeaving(name, instance string) {
 		s.setMu.Unlock()
 		return
 	}
-	if s.departing == nil {
-		s.departing = map[string]string{}
-	}
-	s.departing[name] = inst
+	s.rings.Departing(name, inst)
 	in := s.lastInput
 	s.setMu.Unlock()
 	_ = s.SetMembers(in)
@@ -673,7 +653,7 @@ func (s *Server) route(ctx context.Context, v *view, reqs []request, idx []int, 
 		buf = ring.Key(buf[:0], r.name, r.key)
 		owner := v.ring.Owner(buf)
 		if owner == s.name {
-			if to := s.tombFor(buf); to != "" {
+			if to := s.custody.TombFor(buf, time.Now()); to != "" {
 				// A peer pulled the key: this ring is behind. The key's
 				// state is there; it decides. (decideOwned checks again
 				// under its gate; here such checks go in one call per peer.)
@@ -810,23 +790,24 @@ func (s *Server) decideOwned(ctx context.Context, v *view, storeKey []byte, r re
 		if testHookDecideOwned != nil {
 			testHookDecideOwned(s, storeKey)
 		}
-		if mi := s.awaiting(v, storeKey); mi != nil {
+		if mi := s.custody.Awaiting(v.ring, storeKey, time.Now()); mi != nil {
 			s.settle(ctx, v, mi, storeKey)
 		}
 		s.foldStandIn(storeKey)
-		s.decideGate.RLock()
-		now := s.view.Load()
-		moved := now.ring != v.ring
-		to := s.tombFor(storeKey)
-		if (!moved && to == "") || !reroute {
-			d := s.decide(storeKey, &r)
-			s.decideGate.RUnlock()
+		var (
+			d   *sluicev1.Decision
+			now *view
+		)
+		decided, moved, to := s.custody.Decide(storeKey, v.epoch, func() uint64 {
+			now = s.view.Load()
+			return now.epoch
+		}, !reroute, func() { d = s.decide(storeKey, &r) })
+		if decided {
 			if moved && now.ring.Owner(storeKey) != s.name {
 				s.signalPush() // the key is no longer this node's
 			}
 			return d
 		}
-		s.decideGate.RUnlock()
 		owner := now.ring.Owner(storeKey)
 		if owner == s.name && to == "" {
 			v = now
@@ -865,7 +846,7 @@ func (s *Server) decide(storeKey []byte, r *request) *sluicev1.Decision {
 		return &sluicev1.Decision{Limit: c.Limit, Owner: s.name, Error: err.Error()}
 	}
 	if d.Allowed && c.Hits > 0 && s.replication.Factor > 0 {
-		s.dirty.add(storeKey)
+		s.dirty.Add(storeKey)
 	}
 	pd := toProto(d, s.name)
 	if d.Allowed && c.Hits > 0 && !d.NoRoom {
@@ -918,7 +899,7 @@ func (s *Server) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sl
 			// A member pulled the key from here (as its new owner, or
 			// this node's copy and stand-in hits): its checks are that
 			// member's to decide now.
-			to := s.tombFor(buf)
+			to := s.custody.TombFor(buf, time.Now())
 			switch {
 			case s.leaving.Load():
 				// Its windows are being handed off: the sender decides.
@@ -954,7 +935,7 @@ func (s *Server) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sl
 		buf = ring.Key(buf[:0], r.name, r.key)
 		owner := v.ring.Owner(buf)
 		if owner == s.name {
-			if to := s.tombFor(buf); to != "" && !req.Reforwarded {
+			if to := s.custody.TombFor(buf, time.Now()); to != "" && !req.Reforwarded {
 				owner = to
 			}
 		}
@@ -1035,7 +1016,7 @@ func (s *Server) reforward(ctx context.Context, v *view, owner string, reqs []re
 		// with only its answer lost.
 		if now.ring.Fingerprint() != v.ring.Fingerprint() && reqs[i].pb.RefundAtNs == 0 {
 			buf = ring.Key(buf[:0], reqs[i].name, reqs[i].key)
-			if now.ring.Owner(buf) == s.name && s.tombFor(buf) == "" {
+			if now.ring.Owner(buf) == s.name && s.custody.TombFor(buf, time.Now()) == "" {
 				out[i] = s.decideOwned(ctx, now, buf, reqs[i], false)
 				continue
 			}
@@ -1073,25 +1054,15 @@ func (s *Server) awaitLeaveHandOff(ctx context.Context) {
 	}
 }
 
-// checkRings warns, and counts, when a member with the same member set as
-// this node's ring gossips another ring fingerprint: the two were built
-// with different ring configs or library versions and disagree on owners.
-func (s *Server) checkRings(ms []cluster.Member, r *ring.Ring) {
+// warnMismatches warns, and counts, each member newly seen with the same
+// member set as this node's ring but another ring fingerprint: the two
+// were built with different ring configs or library versions and disagree
+// on owners.
+func (s *Server) warnMismatches(ms []ringview.Mismatch) {
 	for _, m := range ms {
-		if m.Name == s.name || m.RingMembers != r.MembersHash() || m.RingFingerprint == "" {
-			continue
-		}
-		if m.RingFingerprint == r.Fingerprint() {
-			s.mismatch.Delete(m.Name)
-			continue
-		}
-		if prev, ok := s.mismatch.Load(m.Name); ok && prev == m.RingFingerprint {
-			continue
-		}
-		s.mismatch.Store(m.Name, m.RingFingerprint)
 		s.stats.ringMismatch.Add(1)
 		s.log.Warn("RING MISMATCH: a member has the same members but another ring fingerprint; owners disagree (check partition count, load, replication factor and sluice version on every node)",
-			"member", m.Name, "its_fingerprint", m.RingFingerprint, "our_fingerprint", r.Fingerprint(),
+			"member", m.Member, "its_fingerprint", m.Theirs, "our_fingerprint", m.Ours,
 			"its_version", m.Version, "ring_library", ring.Library)
 	}
 }

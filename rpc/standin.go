@@ -71,7 +71,7 @@ func (s *Server) standInDecide(key []byte, r request) *sluicev1.Decision {
 	k := string(key)
 	s.fbMu.Lock()
 	now := s.store.Now()
-	rep, hasRep := s.replicas.get(k)
+	rep, hasRep := s.replicas.Get(k)
 	e, ok := s.fbBase[k]
 	if ok && !e.base.IsZero() {
 		if _, held := s.fallback.Get(k); !held {
@@ -176,7 +176,7 @@ func (s *Server) foldStandIn(key []byte) {
 	s.store.MergeState(string(key), d, s.store.Now())
 	s.stats.standInReturned.Add(1)
 	if s.replication.Factor > 0 {
-		s.dirty.add(key)
+		s.dirty.Add(key)
 	}
 }
 
@@ -231,7 +231,7 @@ func (s *Server) flushStandIns(ctx context.Context) {
 		if o == s.name {
 			// Not while the key's state may still be on its way here:
 			// its next check folds them in once it has settled.
-			if !s.leaving.Load() && s.awaiting(v, []byte(k)) == nil {
+			if !s.leaving.Load() && s.custody.Awaiting(v.ring, []byte(k), time.Now()) == nil {
 				s.foldStandIn([]byte(k))
 			}
 			continue
@@ -255,26 +255,15 @@ func (s *Server) flushStandIns(ctx context.Context) {
 			}
 			hits := map[string]hit{}
 			now := s.store.Now()
-			s.hmu.Lock()
-			for _, k := range ks {
-				if _, busy := s.ho.outgoing[k]; busy {
-					continue // in a hand-off or a pull now: next time
-				}
-				if d, gen, ok := s.standInHits(k, now); ok {
+			// Keys in a hand-off or a pull now are left for next time.
+			marked := s.custody.MarkOutgoingIf(ks, done, func(k string) bool {
+				d, gen, ok := s.standInHits(k, now)
+				if ok {
 					hits[k] = hit{d, gen}
-					s.ho.outgoing[k] = done
 				}
-			}
-			s.hmu.Unlock()
-			defer func() {
-				s.hmu.Lock()
-				for k := range hits {
-					if s.ho.outgoing[k] == done {
-						delete(s.ho.outgoing, k)
-					}
-				}
-				s.hmu.Unlock()
-			}()
+				return ok
+			})
+			defer s.custody.ClearOutgoing(marked, done)
 			if len(hits) == 0 {
 				return
 			}
@@ -400,7 +389,7 @@ func (s *Server) answerUnavailable(ctx context.Context, reqs []request, fs []fai
 			out[f.index] = &sluicev1.Decision{Allowed: false, Limit: r.check.Limit, Owner: s.name, Degraded: true}
 			continue
 		}
-		if to := s.tombFor(buf); to != "" && to != f.owner && v.peers[to] != nil {
+		if to := s.custody.TombFor(buf, time.Now()); to != "" && to != f.owner && v.peers[to] != nil {
 			// The key's new owner pulled it from here (copy and stand-in
 			// hits): it decides the key now, although this node's ring
 			// still names the old owner.

@@ -26,6 +26,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/certs"
 	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/rpc/internal/security"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
@@ -224,9 +225,9 @@ func TestPeerMethodsRefuseStrangers(t *testing.T) {
 	}
 	for _, n := range nodes {
 		st := n.Server().Stats()
-		if st.ReceivedRPCs != 0 || st.ReceivedChecks != 0 || st.ReceivedHandOff != 0 || n.Server().replicas.len() != 0 {
+		if st.ReceivedRPCs != 0 || st.ReceivedChecks != 0 || st.ReceivedHandOff != 0 || n.Server().replicas.Len() != 0 {
 			t.Errorf("%s: received %d calls, %d checks, %d handed-off keys, holds %d replicas; want none",
-				n.Name(), st.ReceivedRPCs, st.ReceivedChecks, st.ReceivedHandOff, n.Server().replicas.len())
+				n.Name(), st.ReceivedRPCs, st.ReceivedChecks, st.ReceivedHandOff, n.Server().replicas.Len())
 		}
 	}
 	for _, n := range nodes {
@@ -256,13 +257,13 @@ func peerNameOf(t *testing.T, p *testPKI, n *testNode) (string, bool) {
 		t.Fatal(err)
 	}
 	var got atomic.Value
-	cs, err := newCertSource(n.cfg.TLSCert, n.cfg.TLSKey, n.cfg.TLSCA, testLogger())
+	cs, err := security.NewCertSource(security.CertFiles{Cert: n.cfg.TLSCert, Key: n.cfg.TLSKey, CA: n.cfg.TLSCA}, "", testLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(cs.serverConfig(tls.RequireAndVerifyClientCert, []string{"h2"}))),
+	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(cs.ServerConfig(tls.RequireAndVerifyClientCert, []string{"h2"}))),
 		grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-			name, ok := peerName(ctx)
+			name, ok := security.PeerName(ctx)
 			got.Store([2]any{name, ok})
 			return nil, status.Error(codes.Aborted, "seen")
 		}))
@@ -316,10 +317,10 @@ func TestUnverifiedMemberNeverEntersRing(t *testing.T) {
 	// presents node2's certificate, never node1's.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := nodes[0].certs.verifyMember(ctx, "node2", nodes[1].GRPCAddr()); err != nil {
+	if err := nodes[0].certs.VerifyMember(ctx, "node2", nodes[1].GRPCAddr()); err != nil {
 		t.Fatalf("verifying node2 at its address: %v", err)
 	}
-	if err := nodes[0].certs.verifyMember(ctx, "node1", nodes[1].GRPCAddr()); err == nil || !strings.Contains(err.Error(), `want peer "node1"`) {
+	if err := nodes[0].certs.VerifyMember(ctx, "node1", nodes[1].GRPCAddr()); err == nil || !strings.Contains(err.Error(), `want peer "node1"`) {
 		t.Fatalf("node2's address taken for node1: %v, want a name mismatch", err)
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/sluicehq/sluice/internal/testcluster"
 	"github.com/sluicehq/sluice/internal/testnet"
 	"github.com/sluicehq/sluice/middleware"
+	"github.com/sluicehq/sluice/proxyrules"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -81,21 +82,21 @@ func (s *seed) proxyTimeout(t *testing.T, app *httptest.Server, addrs []string, 
 		tmp := writeFiles(t, map[string]string{"proxy.yaml": edit(string(data)), "limits.yaml": string(lim)})
 		file = filepath.Join(tmp, "proxy.yaml")
 	}
-	rs, err := loadRules(file, func(k string) (string, bool) { v, ok := seedSecrets[k]; return v, ok })
+	rs, err := proxyrules.Load(file, func(k string) (string, bool) { v, ok := seedSecrets[k]; return v, ok })
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs.now = s.clock.Now
+	rs.Now = s.clock.Now
 	if !short {
 		// A loaded machine (the race detector, other tests) must not be
 		// mistaken for an outage: only failOpen keeps the file's timeout.
-		rs.timeout = 20 * time.Second
+		rs.Timeout = 20 * time.Second
 	}
 	logger := testcluster.Logger()
 	if log != nil {
 		logger = slog.New(slog.NewTextHandler(log, nil))
 	}
-	c, err := client.New(client.Config{Addrs: addrs, Timeout: rs.timeout, FailureMode: rs.failure, Logger: logger})
+	c, err := client.New(client.Config{Addrs: addrs, Timeout: rs.Timeout, FailureMode: rs.Failure, Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import (
 
 // TestImportDirections fails when window or ring gains network, logging or
 // other non-allowed dependencies, cluster depends on anything of ours, or
-// client or middleware reach past rpc's generated types.
+// client, middleware or proxyrules reach past rpc's generated types.
 func TestImportDirections(t *testing.T) {
 	allowed := map[string][]string{
 		// the package: prefixes of the non-standard imports it may have (transitively)
@@ -23,6 +23,13 @@ func TestImportDirections(t *testing.T) {
 		// (vtprotobuf's helpers come with the generated types' fast marshalling code)
 		"github.com/sluicehq/sluice/client":     {"github.com/sluicehq/sluice/client", "github.com/sluicehq/sluice/rpc/sluicev1", "google.golang.org/", "golang.org/x/", "github.com/planetscale/vtprotobuf/protohelpers"},
 		"github.com/sluicehq/sluice/middleware": {"github.com/sluicehq/sluice/middleware", "github.com/sluicehq/sluice/client", "github.com/sluicehq/sluice/rpc/sluicev1", "google.golang.org/", "golang.org/x/", "github.com/dunglas/httpsfv", "github.com/planetscale/vtprotobuf/protohelpers"},
+		// the proxy's rules file: the middleware it configures, the limits file it reads (with
+		// limits' own window, file watching and YAML), never the server
+		// rpc's pure rooms: no gRPC (nor rpc's generated types, which
+		// bring it), memberlist or Prometheus; the windows and the ring only
+		"github.com/sluicehq/sluice/rpc/internal/custody":  {"github.com/sluicehq/sluice/rpc/internal/custody", "github.com/sluicehq/sluice/window", "github.com/sluicehq/sluice/ring", "github.com/buraksezer/consistent", "github.com/cespare/xxhash/v2"},
+		"github.com/sluicehq/sluice/rpc/internal/ringview": {"github.com/sluicehq/sluice/rpc/internal/ringview", "github.com/sluicehq/sluice/ring", "github.com/buraksezer/consistent", "github.com/cespare/xxhash/v2"},
+		"github.com/sluicehq/sluice/proxyrules":            {"github.com/sluicehq/sluice/proxyrules", "github.com/sluicehq/sluice/middleware", "github.com/sluicehq/sluice/client", "github.com/sluicehq/sluice/limits", "github.com/sluicehq/sluice/window", "github.com/sluicehq/sluice/internal/filewatch", "github.com/sluicehq/sluice/rpc/sluicev1", "github.com/fsnotify/fsnotify", "go.yaml.in/yaml/v3", "google.golang.org/", "golang.org/x/", "github.com/dunglas/httpsfv", "github.com/planetscale/vtprotobuf/protohelpers"},
 	}
 	for pkg, prefixes := range allowed {
 		out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", pkg).CombinedOutput()
@@ -36,6 +43,29 @@ func TestImportDirections(t *testing.T) {
 			}
 			if !ok {
 				t.Errorf("%s depends on %s, which it may not", pkg, dep)
+			}
+		}
+	}
+}
+
+// TestRoomsDoNotImportRPC fails when a package under rpc/internal (rpc's
+// rooms, e.g. rpc/internal/security) depends on package rpc itself: the
+// rooms serve rpc, never the other way round.
+func TestRoomsDoNotImportRPC(t *testing.T) {
+	const rpc = "github.com/sluicehq/sluice/rpc"
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Deps " "}}`, rpc+"/internal/...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if !strings.Contains(string(out), rpc+"/internal/security ") {
+		t.Fatalf("go list lists no rpc/internal/security:\n%s", out)
+	}
+	for _, line := range lines {
+		deps := strings.Fields(line)
+		for _, dep := range deps[1:] {
+			if dep == rpc {
+				t.Errorf("%s depends on %s, which it may not", deps[0], rpc)
 			}
 		}
 	}

@@ -1,0 +1,368 @@
+package custody
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/window"
+)
+
+var t0 = time.Unix(3600*500_000, 0)
+
+// hourly is the check the tests count with: 10 hits an hour, fixed window.
+func hourly(hits int64) window.Check {
+	return window.Check{Algorithm: window.FixedWindow, Limit: 10, Window: time.Hour, Hits: hits}
+}
+
+// fixture is a custody of node "b" over a store on a manual clock, and a
+// wall clock for tombs that the test moves.
+type fixture struct {
+	c     *Custody
+	store *window.Store
+	clock *window.ManualClock
+	wall  time.Time
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	f := &fixture{clock: window.NewManualClock(t0), wall: t0}
+	f.store = window.NewStore(window.StoreConfig{Clock: f.clock})
+	f.c = New(Config{Self: "b", Store: f.store, HandOffTimeout: 10 * time.Second, Now: func() time.Time { return f.wall }})
+	return f
+}
+
+// hit applies n hits to key in f's store and returns what is left.
+func (f *fixture) hit(t *testing.T, key string, n int64) int64 {
+	t.Helper()
+	d, err := f.store.Apply(key, hourly(n), f.clock.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.Remaining
+}
+
+// remaining returns what st leaves of 10 an hour at t0.
+func remaining(t *testing.T, st window.State) int64 {
+	t.Helper()
+	s := window.NewStore(window.StoreConfig{Clock: window.NewManualClock(t0)})
+	s.MergeState("k", st, t0)
+	d, err := s.Apply("k", hourly(0), t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.Remaining
+}
+
+func mustRing(t *testing.T, members ...string) *ring.Ring {
+	t.Helper()
+	r, err := ring.New(members, ring.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// keyOwnedBy returns a key that r gives to owner.
+func keyOwnedBy(t *testing.T, r *ring.Ring, owner string) []byte {
+	t.Helper()
+	for i := range 10000 {
+		k := ring.Key(nil, "n", string(rune('a'+i%26))+string(rune('0'+i/26%10))+string(rune('0'+i/260)))
+		if r.Owner(k) == owner {
+			return k
+		}
+	}
+	t.Fatalf("no key owned by %s", owner)
+	return nil
+}
+
+func TestDecideUnderTheGate(t *testing.T) {
+	tests := []struct {
+		name           string
+		routed, now    uint64
+		tomb           bool
+		force          bool
+		wantDecided    bool
+		wantMoved      bool
+		wantTombTarget string
+	}{
+		{name: "same ring, no tomb", routed: 3, now: 3, wantDecided: true},
+		{name: "ring changed", routed: 3, now: 4, wantMoved: true},
+		{name: "ring changed, reforwarded", routed: 3, now: 4, force: true, wantDecided: true, wantMoved: true},
+		{name: "pulled away", routed: 3, now: 3, tomb: true, wantTombTarget: "c"},
+		{name: "pulled away, reforwarded", routed: 3, now: 3, tomb: true, force: true, wantDecided: true, wantTombTarget: "c"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t)
+			if tt.tomb {
+				f.hit(t, "k", 1)
+				if _, _, err := f.c.GiveUp(context.Background(), "k", "c", "", true, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			applied := false
+			decided, moved, to := f.c.Decide([]byte("k"), tt.routed, func() uint64 { return tt.now }, tt.force, func() { applied = true })
+			if decided != tt.wantDecided || applied != tt.wantDecided || moved != tt.wantMoved || to != tt.wantTombTarget {
+				t.Fatalf("Decide = decided %v (applied %v), moved %v, to %q; want %v, %v, %q",
+					decided, applied, moved, to, tt.wantDecided, tt.wantMoved, tt.wantTombTarget)
+			}
+		})
+	}
+}
+
+func TestGiveUpTakesTheStateAndLeavesATomb(t *testing.T) {
+	tests := []struct {
+		name     string
+		to       string
+		owned    bool
+		held     bool
+		wantTomb string
+	}{
+		{name: "owned here", to: "c", owned: true, wantTomb: "c"},
+		{name: "held for the puller (a copy, stand-in hits)", to: "c", held: true, wantTomb: "c"},
+		{name: "neither owned nor held", to: "c"},
+		{name: "to itself", to: "b", owned: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.hit(t, "k", 4)
+			called := false
+			st, ok, err := f.c.GiveUp(context.Background(), "k", tt.to, "", tt.owned, func() bool { called = true; return tt.held })
+			if err != nil || !ok || !called {
+				t.Fatalf("GiveUp: ok %v, also called %v, err %v", ok, called, err)
+			}
+			if got := remaining(t, st); got != 6 {
+				t.Fatalf("given-up state leaves %d, want 6", got)
+			}
+			if _, held := f.store.Get("k"); held {
+				t.Fatal("the store still holds the key")
+			}
+			if got := f.c.TombFor([]byte("k"), f.wall); got != tt.wantTomb {
+				t.Fatalf("TombFor = %q, want %q", got, tt.wantTomb)
+			}
+			if tt.wantTomb != "" {
+				if got := f.c.TombFor([]byte("k"), f.wall.Add(10*time.Second+time.Nanosecond)); got != "" {
+					t.Fatalf("TombFor after the hand-off timeout = %q, want none", got)
+				}
+			}
+		})
+	}
+}
+
+func TestRingChangeDropsTombsOfKeysNoLongerOwned(t *testing.T) {
+	f := newFixture(t)
+	ab := mustRing(t, "a", "b")
+	kept := keyOwnedBy(t, ab, "b")
+	r2 := mustRing(t, "a", "b", "c")
+	gone := keyOwnedBy(t, r2, "c")
+	for _, k := range [][]byte{kept, gone} {
+		f.hit(t, string(k), 1)
+		if _, _, err := f.c.GiveUp(context.Background(), string(k), "c", "", true, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r2.Owner(kept) != "b" {
+		t.Skip("the kept key moved too")
+	}
+	f.c.RingChanged(ab, r2, f.wall)
+	if got := f.c.TombFor(kept, f.wall); got != "c" {
+		t.Errorf("tomb of a key still owned: %q, want c", got)
+	}
+	if got := f.c.TombFor(gone, f.wall); got != "" {
+		t.Errorf("tomb of a key no longer owned: %q, want none", got)
+	}
+}
+
+func TestTakeOutSendsOnlyWhatWasCountedBeyondTheCopy(t *testing.T) {
+	f := newFixture(t)
+	f.hit(t, "k", 3) // the copy's 3 hits, taken over from c's process i1
+	cp, _ := f.store.Get("k")
+	f.c.NoteTakeover("k", Takeover{Owner: "c", Instance: "i1", State: cp})
+	f.hit(t, "k", 2) // counted here beyond the copy
+
+	b := f.c.TakeOut([]string{"k", "absent"}, "c", "i1")
+	if len(b.Keys) != 1 || b.Keys[0] != "k" {
+		t.Fatalf("TakeOut took %v, want [k]", b.Keys)
+	}
+	if got := remaining(t, b.States[0]); got != 8 {
+		t.Fatalf("to the copy's own process: %d left, want 8 (only the 2 beyond the copy)", got)
+	}
+	if got := f.c.Stats().ReplicaReturned; got != 1 {
+		t.Fatalf("ReplicaReturned = %d, want 1", got)
+	}
+	// The send failed: everything goes back, the takeover too.
+	f.c.PutBack(b, f.clock.Now())
+	f.c.End(b)
+	if got := f.hit(t, "k", 0); got != 5 {
+		t.Fatalf("after PutBack %d left, want 5", got)
+	}
+	// To another process of c: the whole state.
+	b = f.c.TakeOut([]string{"k"}, "c", "i2")
+	f.c.End(b)
+	if got := remaining(t, b.States[0]); got != 5 {
+		t.Fatalf("to another process: %d left, want 5 (the whole state)", got)
+	}
+}
+
+func TestTakeoversOfItselfOrUnknownAreNotRemembered(t *testing.T) {
+	for _, tk := range []Takeover{{Owner: "b", Instance: "i0"}, {Owner: "", Instance: "i1"}, {Owner: "c"}} {
+		f := newFixture(t)
+		f.hit(t, "k", 3)
+		cp, _ := f.store.Get("k")
+		tk.State = cp
+		f.c.NoteTakeover("k", tk)
+		b := f.c.TakeOut([]string{"k"}, tk.Owner, tk.Instance)
+		f.c.End(b)
+		if got := remaining(t, b.States[0]); got != 7 {
+			t.Errorf("takeover %+v: %d left, want 7 (nothing subtracted)", tk, got)
+		}
+	}
+}
+
+func TestSweepForgetsEndedTakeovers(t *testing.T) {
+	f := newFixture(t)
+	f.hit(t, "k", 3)
+	cp, _ := f.store.Get("k")
+	f.c.NoteTakeover("k", Takeover{Owner: "c", Instance: "i1", State: cp})
+	f.c.SweepTakenOver(t0.Add(time.Hour))
+	b := f.c.TakeOut([]string{"k"}, "c", "i1")
+	f.c.End(b)
+	if got := remaining(t, b.States[0]); got != 7 || f.c.Stats().ReplicaReturned != 0 {
+		t.Fatalf("after the copy's window ended: %d left (returned %d), want the whole state", got, f.c.Stats().ReplicaReturned)
+	}
+}
+
+func TestGiveUpWaitsForAKeyOnItsWayOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(t)
+		f.hit(t, "k", 2)
+		b := f.c.TakeOut([]string{"k"}, "c", "")
+		var got atomic.Bool
+		go func() {
+			_, ok, err := f.c.GiveUp(context.Background(), "k", "d", "", true, nil)
+			got.Store(err == nil && !ok) // the key left with the push
+		}()
+		synctest.Wait()
+		if got.Load() {
+			t.Fatal("GiveUp returned while the key was on its way out")
+		}
+		f.c.End(b)
+		synctest.Wait()
+		if !got.Load() {
+			t.Fatal("GiveUp did not return, or found the key, after the push ended")
+		}
+		// A caller that gives up first gets its context's error.
+		f.hit(t, "k", 1)
+		b = f.c.TakeOut([]string{"k"}, "c", "")
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() { _, _, err := f.c.GiveUp(ctx, "k", "d", "", true, nil); errc <- err }()
+		synctest.Wait()
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Fatalf("GiveUp with a cancelled ctx: %v, want context.Canceled", err)
+		}
+		f.c.End(b)
+	})
+}
+
+func TestMarkOutgoingIfSkipsKeysOnTheirWayOut(t *testing.T) {
+	f := newFixture(t)
+	f.hit(t, "busy", 1)
+	b := f.c.TakeOut([]string{"busy"}, "c", "")
+	ch := make(chan struct{})
+	var asked []string
+	marked := f.c.MarkOutgoingIf([]string{"busy", "x", "y"}, ch, func(k string) bool { asked = append(asked, k); return k == "x" })
+	if len(marked) != 1 || marked[0] != "x" || len(asked) != 2 {
+		t.Fatalf("marked %v (asked %v), want [x] (asked x and y)", marked, asked)
+	}
+	f.c.ClearOutgoing(marked, ch)
+	close(ch)
+	f.c.End(b)
+	if err := f.c.WaitOutgoing(context.Background(), "x"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestMovingInUntilEveryMemberIsDone(t *testing.T) {
+	f := newFixture(t)
+	a := mustRing(t, "a", "c")
+	abc := mustRing(t, "a", "b", "c")
+	moved := keyOwnedBy(t, abc, "b")
+	f.c.RingChanged(a, abc, f.wall)
+	mi := f.c.Awaiting(abc, moved, f.wall)
+	if mi == nil || mi.Prev != a {
+		t.Fatalf("Awaiting = %+v, want the keys moved from a's ring", mi)
+	}
+	if other := keyOwnedBy(t, abc, "a"); f.c.Awaiting(abc, other, f.wall) != nil {
+		t.Fatal("awaiting a key this node does not own")
+	}
+	if f.c.Awaiting(a, moved, f.wall) != nil {
+		t.Fatal("awaiting under another ring")
+	}
+	f.c.NoteDone("a", abc.Fingerprint())
+	if f.c.Awaiting(abc, moved, f.wall) == nil {
+		t.Fatal("no longer awaiting after one of two members said done")
+	}
+	f.c.NoteDone("c", "another ring")
+	if f.c.Awaiting(abc, moved, f.wall) == nil {
+		t.Fatal("a done for another ring counted")
+	}
+	f.c.NoteDone("c", abc.Fingerprint())
+	if f.c.Awaiting(abc, moved, f.wall) != nil {
+		t.Fatal("still awaiting after every member said done")
+	}
+}
+
+func TestMovingInEndsAtTheHandOffTimeout(t *testing.T) {
+	f := newFixture(t)
+	abc := mustRing(t, "a", "b", "c")
+	f.c.RingChanged(nil, abc, f.wall) // from the bootstrap ring: everything moved in
+	k := keyOwnedBy(t, abc, "b")
+	if f.c.Awaiting(abc, k, f.wall.Add(10*time.Second)) == nil {
+		t.Fatal("not awaiting within the hand-off timeout")
+	}
+	if f.c.Awaiting(abc, k, f.wall.Add(10*time.Second+time.Nanosecond)) != nil {
+		t.Fatal("awaiting after the hand-off timeout")
+	}
+	if got := f.c.Stats().HandOffTimeouts; got != 1 {
+		t.Fatalf("HandOffTimeouts = %d, want 1", got)
+	}
+}
+
+func TestSettlePullsOnceAndOthersWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(t)
+		abc := mustRing(t, "a", "b", "c")
+		f.c.RingChanged(nil, abc, f.wall)
+		k := keyOwnedBy(t, abc, "b")
+		mi := f.c.Awaiting(abc, k, f.wall)
+		release := make(chan struct{})
+		var pulls atomic.Int32
+		var from []string
+		pull := func(fr []string) { pulls.Add(1); from = fr; <-release }
+		var settled atomic.Int32
+		for range 3 {
+			go func() { f.c.Settle(context.Background(), mi, k, pull); settled.Add(1) }()
+		}
+		synctest.Wait()
+		if pulls.Load() != 1 || settled.Load() != 0 {
+			t.Fatalf("while pulling: %d pulls, %d settled; want 1, 0", pulls.Load(), settled.Load())
+		}
+		if len(from) != 2 || from[0] != "a" || from[1] != "c" {
+			t.Fatalf("pulled from %v, want [a c]", from)
+		}
+		close(release)
+		synctest.Wait()
+		if settled.Load() != 3 {
+			t.Fatalf("%d of 3 settled after the pull", settled.Load())
+		}
+		f.c.Settle(context.Background(), mi, k, func([]string) { t.Fatal("pulled a settled key again") })
+	})
+}
