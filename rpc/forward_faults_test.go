@@ -26,12 +26,11 @@ import (
 func TestForwardStreamDrainAnswersWhatItDecided(t *testing.T) {
 	entered, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	testHookDecideOwned = func(s *Server, k []byte) {
+	hookDecideOwned(t, func(s *Server, k []byte) {
 		if bytes.Contains(k, []byte("slow")) {
 			once.Do(func() { close(entered); <-release })
 		}
-	}
-	t.Cleanup(func() { testHookDecideOwned = nil })
+	})
 	n := startNode(t, "solo", windowClock())
 	st, err := dialPeer(t, n.GRPCAddr()).ForwardStream(context.Background())
 	if err != nil {

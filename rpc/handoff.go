@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -370,9 +369,19 @@ func handOffSend(st sluicev1.PeerService_HandOffClient, req *sluicev1.HandOffReq
 	case err != nil:
 		return err
 	case resp.Error != "":
-		return errors.New(resp.Error)
+		return refusal(resp.Error)
 	}
 	return nil
+}
+
+// refusal is the error of a receiver's refusal, which comes as text
+// (HandOffResponse.error): the sentinel of this package that it names
+// (errLeaving), so that callers match it with errors.Is, or the text.
+func refusal(text string) error {
+	if text == errLeaving.Error() {
+		return errLeaving
+	}
+	return errors.New(text)
 }
 
 // handOffEnd closes st's sending side and waits for the receiver to end
@@ -447,10 +456,10 @@ func (s *Server) HandOff(stream sluicev1.PeerService_HandOffServer) error {
 			resp.Error = fmt.Sprintf("ring_fingerprint: %s differs from the receiver's %s; retry when the rings agree",
 				req.RingFingerprint, v.ring.Fingerprint())
 		default:
-			if reason := s.vetSender(stream.Context(), req.Sender); reason != "" {
+			if err := s.vetSender(stream.Context(), req.Sender); err != nil {
 				s.stats.handOffRefused.Add(int64(len(req.States)))
-				s.log.Warn("hand-off refused", "sender", req.Sender, "keys", len(req.States), "reason", reason)
-				resp.Error = reason
+				s.log.Warn("hand-off refused", "sender", req.Sender, "keys", len(req.States), "reason", err)
+				resp.Error = err.Error()
 				break
 			}
 			type merge struct {
@@ -517,10 +526,10 @@ func (s *Server) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluicev1
 	case len(req.Keys) == 0 || len(req.Keys) > handOffBatch:
 		return nil, invalidArgument(&fieldError{"keys", fmt.Sprintf("must hold 1..%d keys, got %d", handOffBatch, len(req.Keys))})
 	}
-	if reason := s.vetPuller(ctx, req.Sender); reason != "" {
+	if err := s.vetPuller(ctx, req.Sender); err != nil {
 		s.stats.handOffRefused.Add(int64(len(req.Keys)))
-		s.log.Warn("pull refused", "sender", req.Sender, "keys", len(req.Keys), "reason", reason)
-		return nil, status.Error(codes.PermissionDenied, "sluice: pull refused: "+reason)
+		s.log.Warn("pull refused", "sender", req.Sender, "keys", len(req.Keys), "reason", err)
+		return nil, status.Error(codes.PermissionDenied, "sluice: pull refused: "+err.Error())
 	}
 	for i, kb := range req.Keys {
 		if len(kb) == 0 {
@@ -684,7 +693,7 @@ func (s *Server) handOffAll(ctx context.Context) error {
 			continue
 		}
 		for m, err := range failed {
-			if c := status.Code(err); c == codes.Unavailable || c == codes.Canceled || strings.Contains(err.Error(), errLeaving.Error()) {
+			if c := status.Code(err); c == codes.Unavailable || c == codes.Canceled || errors.Is(err, errLeaving) {
 				skip[m] = true
 			}
 		}
@@ -718,27 +727,31 @@ const (
 func (s *Server) recentRings(v *view) []*ring.Ring { return s.rings.Recent(v.ring, time.Now()) }
 
 // vetSender returns why a hand-off from the member named sender is
-// refused whole, or "" to go on: the name must be another member of this
+// refused whole (errNotMember, wrapped, for a stranger), or nil to go on: the name must be another member of this
 // node's ring, now or within ringview.HistoryAge, and, when the transport
 // proves the caller's identity (ServerConfig.PeerIdentity; with TLS, the
 // verified certificate's member name), it must be that name. This is the
 // one place a hand-off's claimed sender is bound to its caller.
-func (s *Server) vetSender(ctx context.Context, sender string) string {
+func (s *Server) vetSender(ctx context.Context, sender string) error {
 	if s.peerIdentity != nil {
 		if proved, ok := s.peerIdentity(ctx); ok && proved != sender {
-			return fmt.Sprintf("sender: %q is not the caller's identity", sender)
+			return fmt.Errorf("sender: %q is not the caller's identity", sender)
 		}
 	}
 	if sender == s.name {
-		return "sender: names the receiver itself"
+		return errors.New("sender: names the receiver itself")
 	}
 	for _, r := range s.recentRings(s.view.Load()) {
 		if r.Has(sender) {
-			return ""
+			return nil
 		}
 	}
-	return fmt.Sprintf("sender: %q is not a member of the receiver's ring", sender)
+	return fmt.Errorf("sender: %q is %w", sender, errNotMember)
 }
+
+// errNotMember refuses a peer call whose sender is not in the receiver's
+// ring, now or lately (vetSender); a pull waits a moment on it.
+var errNotMember = errors.New("not a member of the receiver's ring")
 
 // pullerWait bounds how long a Pull from a member this node has not heard
 // of yet waits for gossip to bring it (a new member may pull before the
@@ -802,19 +815,20 @@ func (s *Server) waitPullerOwns(ctx context.Context, sender, fp string, keys [][
 // never).
 func (s *Server) lastRingChange() time.Time { return s.rings.LastChange() }
 
-// vetPuller returns why a Pull from sender is refused, or "": a pull
+// vetPuller returns why a Pull from sender is refused, or nil: a pull
 // takes keys' state away, so it must come from a member (see vetSender),
-// waiting up to pullerWait for one that is not in this node's ring yet.
-func (s *Server) vetPuller(ctx context.Context, sender string) string {
+// waiting up to pullerWait for one that is not in this node's ring yet
+// (while the refusal is errNotMember).
+func (s *Server) vetPuller(ctx context.Context, sender string) error {
 	deadline := time.Now().Add(pullerWait)
 	for {
-		reason := s.vetSender(ctx, sender)
-		if reason == "" || !strings.Contains(reason, "not a member") || time.Now().After(deadline) {
-			return reason
+		err := s.vetSender(ctx, sender)
+		if err == nil || !errors.Is(err, errNotMember) || time.Now().After(deadline) {
+			return err
 		}
 		select {
 		case <-ctx.Done():
-			return reason
+			return err
 		case <-time.After(10 * time.Millisecond):
 		}
 	}

@@ -384,12 +384,11 @@ func TestCheckDecidedAsTheRingChangesGoesToTheNewOwner(t *testing.T) {
 		once     sync.Once
 		storeKey []byte
 	)
-	testHookDecideOwned = func(s *Server, k []byte) {
+	hookDecideOwned(t, func(s *Server, k []byte) {
 		if s.name == "node2" && armed.Load() && string(k) == string(storeKey) {
 			once.Do(func() { close(entered); <-release })
 		}
-	}
-	t.Cleanup(func() { testHookDecideOwned = nil }) // runs after the nodes' cleanups
+	})
 	clock := windowClock()
 	nodes := startScenarioCluster(t, 3, clock)
 	key := keyOwnedBy(t, nodes[0], "handoff", "node2")

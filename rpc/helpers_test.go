@@ -61,6 +61,9 @@ func startNodeWith(t *testing.T, name string, clock window.Clock, cfg NodeConfig
 	t.Helper()
 	cfg.Name, cfg.GRPCAddr, cfg.GossipAddr, cfg.Join = name, "127.0.0.1:0", "127.0.0.1:0", join
 	cfg.Profile, cfg.Clock, cfg.LeaveTimeout = cluster.Local, clock, time.Second
+	if cfg.hooks == nil {
+		cfg.hooks = &testHooks{decideOwned: decideOwnedHook}
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger()
 	}
@@ -164,3 +167,14 @@ func dialPeer(t *testing.T, addr string) sluicev1.PeerServiceClient {
 
 // windowClock returns a manual clock at windowStart.
 func windowClock() *window.ManualClock { return window.NewManualClock(windowStart) }
+
+// decideOwnedHook is the decideOwned hook (see testHooks) of the nodes
+// started from now on; set it with hookDecideOwned.
+var decideOwnedHook func(s *Server, storeKey []byte)
+
+// hookDecideOwned makes f the decideOwned hook of the nodes the test
+// starts after it, until the test (and its nodes' cleanups) ends.
+func hookDecideOwned(t *testing.T, f func(s *Server, storeKey []byte)) {
+	decideOwnedHook = f
+	t.Cleanup(func() { decideOwnedHook = nil }) // runs after the nodes' cleanups
+}

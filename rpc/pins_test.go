@@ -58,11 +58,10 @@ func TestPinPulledKeyGoesToThePuller(t *testing.T) {
 	// owner node1.
 	for _, via := range []*testNode{n1, n2} {
 		d := check(t, via.client, rc)
+		// (node1's store may hold the key again after the first: node3,
+		// which does not own it, hands it home after deciding.)
 		if d.Owner != "node3" {
 			t.Fatalf("check via %s after the pull: %+v, want sent on to the puller node3", via.Name(), d)
-		}
-		if _, ok := n1.Store().Get(string(key)); ok {
-			t.Fatalf("check via %s: node1 decided the pulled key", via.Name())
 		}
 	}
 	if got := n1.Server().Stats().Reforwarded; got < 2 {

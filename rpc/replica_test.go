@@ -383,7 +383,7 @@ func TestFlapReturnsOnlyWhatWasCountedBeyondTheCopy(t *testing.T) {
 	takeovers := m.Stats().ReplicaTakeovers
 	// Gossip would undo the flap at its next event (this node's own new
 	// ring fingerprint is one): hold its member lists until the flap ends.
-	m.holdMembers.Store(true)
+	m.hooks.holdMembers.Store(true)
 	if err := m.SetMembers(flapped); err != nil {
 		t.Fatal(err)
 	}
@@ -397,7 +397,7 @@ func TestFlapReturnsOnlyWhatWasCountedBeyondTheCopy(t *testing.T) {
 		t.Fatalf("during the flap, via %s: %+v, want allowed by node2 with 3 left", other, d)
 	}
 	returned := m.Stats().ReplicaReturned
-	m.holdMembers.Store(false)
+	m.hooks.holdMembers.Store(false)
 	if err := m.SetMembers(members); err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ func TestReviewForwardDeadlineIsWallClockSkewSensitive(t *testing.T) {
 	rc := &sluicev1.RateLimitCheck{Name: "skew", Key: "k", Hits: proto.Int64(1), Limit: 10, WindowMs: 60_000}
 	// A member's requests carry their sending time on its clock: the
 	// owner reads deadlines on the sender's clock (deadlineHere).
-	n.Server().holdMembers.Store(true) // gossip's lists (node1 alone) must not undo it
+	n.Server().hooks.holdMembers.Store(true) // gossip's lists (node1 alone) must not undo it
 	if err := n.Server().SetMembers([]cluster.Member{{Name: "node1", State: cluster.Alive}, {Name: "node9", GRPCAddr: "127.0.0.1:1", State: cluster.Alive}}); err != nil {
 		t.Fatal(err)
 	}

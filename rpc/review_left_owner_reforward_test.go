@@ -45,7 +45,7 @@ func TestReviewCheckOfALeftOwnerReforwardedToALaggingRingStartsFresh(t *testing.
 		}
 	}
 	waitCopied(t, n2, key, n1, n3)
-	n3.Server().holdMembers.Store(true) // node3 hears of the death late
+	n3.Server().hooks.holdMembers.Store(true) // node3 hears of the death late
 	n2.Kill()
 	eventually(t, "node1 to drop node2", func() bool { return !n1.Server().view.Load().ring.Has("node2") })
 

@@ -22,12 +22,11 @@ import (
 // is meant to count nothing anywhere).
 func TestReviewReforwardedCheckOutlivesItsSendersDeadline(t *testing.T) {
 	var slowAt atomic.Pointer[Server]
-	testHookDecideOwned = func(s *Server, k []byte) {
+	hookDecideOwned(t, func(s *Server, k []byte) {
 		if s == slowAt.Load() && bytes.Contains(k, []byte("refwd-deadline")) {
 			time.Sleep(400 * time.Millisecond) // the owner is slow (a pull, a busy lock)
 		}
-	}
-	t.Cleanup(func() { testHookDecideOwned = nil }) // after the nodes' cleanups
+	})
 	clock := windowClock()
 	nodes := startCluster(t, 2, clock)
 	n1, n2 := nodes[0], nodes[1]

@@ -80,6 +80,8 @@ type ServerConfig struct {
 	// names another member is refused. nil: no transport identity; the
 	// sender field is checked against the ring alone. (Optional)
 	PeerIdentity func(ctx context.Context) (string, bool)
+
+	hooks *testHooks // tests' seams; nil: none
 }
 
 // Server implements sluicev1.RateLimitServiceServer and
@@ -113,9 +115,8 @@ type Server struct {
 	// joined, set by StartNode before serving, reports whether the node
 	// has joined its cluster (Node.joinedCluster); nil: always.
 	joined func() bool
-	// holdMembers, set by tests that call SetMembers by hand, makes the
-	// node ignore gossip's member lists meanwhile.
-	holdMembers atomic.Bool
+	// hooks are tests' seams (nil outside tests; see testHooks).
+	hooks *testHooks
 	// handingOff is closed when Leave's first hand-off pass has ended (set
 	// by Leave before leaving is; nil before).
 	handingOff atomic.Pointer[chan struct{}]
@@ -362,6 +363,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		cfg.HandOffTimeout = DefaultHandOffTimeout
 	}
 	s := &Server{
+		hooks:          cfg.hooks,
 		inflight:       inflight{max: int64(max(cfg.MaxInflight, 0))},
 		peerIdentity:   cfg.PeerIdentity,
 		name:           cfg.Name,
@@ -787,8 +789,8 @@ func minDeadline(reqs []request, is []int) int64 {
 // hop) it is decided here all the same, and handed off after.
 func (s *Server) decideOwned(ctx context.Context, v *view, storeKey []byte, r request, reroute bool) *sluicev1.Decision {
 	for {
-		if testHookDecideOwned != nil {
-			testHookDecideOwned(s, storeKey)
+		if h := s.hooks; h != nil && h.decideOwned != nil {
+			h.decideOwned(s, storeKey)
 		}
 		if mi := s.custody.Awaiting(v.ring, storeKey, time.Now()); mi != nil {
 			s.settle(ctx, v, mi, storeKey)
@@ -822,10 +824,18 @@ func (s *Server) decideOwned(ctx context.Context, v *view, storeKey []byte, r re
 	}
 }
 
-// testHookDecideOwned, when set (by tests, before any node starts), runs
-// as a check of a key this node owns under the view its call took is about
-// to be decided (before any pull of its state).
-var testHookDecideOwned func(s *Server, storeKey []byte)
+// testHooks are the seams tests reach a node through, given in the
+// unexported hooks field of NodeConfig or ServerConfig (nil: none, as
+// outside tests).
+type testHooks struct {
+	// decideOwned, when set, runs as a check of a key this node owns
+	// under the view its call took is about to be decided (before any
+	// pull of its state).
+	decideOwned func(s *Server, storeKey []byte)
+	// holdMembers, set by tests that call SetMembers by hand, makes the
+	// node ignore gossip's member lists meanwhile.
+	holdMembers atomic.Bool
+}
 
 // decide applies one validated check to this node's store at the store's
 // clock, and marks the key for replication when it changed.

@@ -466,9 +466,9 @@ func (s *Server) standInForward(ctx context.Context, v *view, h string, reqs []r
 // merged. It returns the states merged and, when the whole request is
 // refused, why.
 func (s *Server) mergeStandIns(ctx context.Context, v *view, req *sluicev1.HandOffRequest) (int64, string) {
-	if reason := s.vetSender(ctx, req.Sender); reason != "" {
+	if err := s.vetSender(ctx, req.Sender); err != nil {
 		s.stats.handOffRefused.Add(int64(len(req.States)))
-		return 0, reason
+		return 0, err.Error()
 	}
 	if dl := s.deadlineHere(req.Sender, req.DeadlineUnixNs, req.SentUnixNs, time.Now()); dl > 0 && time.Now().UnixNano() > dl {
 		s.stats.expired.Add(int64(len(req.States)))
