@@ -24,6 +24,7 @@ import (
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/rpc/internal/custody"
 	"github.com/sluicehq/sluice/rpc/internal/forward"
+	"github.com/sluicehq/sluice/rpc/internal/handoff"
 	"github.com/sluicehq/sluice/rpc/internal/replica"
 	"github.com/sluicehq/sluice/rpc/internal/ringview"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
@@ -122,16 +123,18 @@ type Server struct {
 	handingOff atomic.Pointer[chan struct{}]
 	// custody keeps the keys this node owns (see package custody for
 	// its gate and the lock order).
-	custody    *custody.Custody
-	pushSignal chan struct{}
-	replicas   *replica.Store
-	dirty      *replica.DirtySet
-	fallback   *window.Store // windows of degraded (owner unavailable) decisions; see standin.go
-	fbMu       sync.Mutex    // guards fbBase and fbGen, and orders the fallback windows' changes
-	fbBase     map[string]*standInEntry
-	fbGen      uint64
-	fbKeys     atomic.Int64 // len(fbBase)
-	flushMu    sync.Mutex   // one flushStandIns at a time
+	custody *custody.Custody
+	// handoff moves key state in and out of this node (see package
+	// handoff): the push loop, pulls, a leave's hand-off, the receivers.
+	handoff  *handoff.Mover
+	replicas *replica.Store
+	dirty    *replica.DirtySet
+	fallback *window.Store // windows of degraded (owner unavailable) decisions; see standin.go
+	fbMu     sync.Mutex    // guards fbBase and fbGen, and orders the fallback windows' changes
+	fbBase   map[string]*standInEntry
+	fbGen    uint64
+	fbKeys   atomic.Int64 // len(fbBase)
+	flushMu  sync.Mutex   // one flushStandIns at a time
 	// standInSignal asks the stand-in loop to hand on stand-in hits now.
 	standInSignal chan struct{}
 	instance      atomic.Pointer[string] // this node's gossiped instance id
@@ -170,9 +173,7 @@ type counters struct {
 	localChecks, forwardedChecks, noConnection, receivedRPCs, receivedChecks atomic.Int64
 
 	reforwarded, notOwnerApplied, viewMismatch, ringMismatch             atomic.Int64
-	degraded, movedWithoutState, ownerLost, replicaBehind                atomic.Int64
-	handedOff, receivedHandOff, handOffErrors, pulls, replicaTakeovers   atomic.Int64
-	replicated, handOffRefused                                           atomic.Int64
+	degraded, replicaBehind, replicated                                  atomic.Int64
 	standInAdmitted, standInReturned, standInForwarded, expired, refunds atomic.Int64
 }
 
@@ -305,25 +306,25 @@ func (s *Server) Stats() Stats {
 		ViewMismatch:      s.stats.viewMismatch.Load(),
 		RingMismatch:      s.stats.ringMismatch.Load(),
 		Degraded:          s.stats.degraded.Load(),
-		MovedWithoutState: s.stats.movedWithoutState.Load(),
-		OwnerLost:         s.stats.ownerLost.Load(),
+		MovedWithoutState: s.handoff.Counters.MovedWithoutState.Load(),
+		OwnerLost:         s.handoff.Counters.OwnerLost.Load(),
 		ReplicaBehind:     s.stats.replicaBehind.Load(),
 		EvictedLive:       s.store.Stats().EvictedLive,
 		KeysRefused:       s.store.Stats().Refused,
 		InflightRefused:   s.inflight.refused.Load(),
-		HandOffRefused:    s.stats.handOffRefused.Load(),
+		HandOffRefused:    s.handoff.Counters.Refused.Load(),
 		HandOffTimeouts:   s.custody.Stats().HandOffTimeouts,
-		HandedOff:         s.stats.handedOff.Load(),
-		ReceivedHandOff:   s.stats.receivedHandOff.Load(),
-		HandOffErrors:     s.stats.handOffErrors.Load(),
-		Pulls:             s.stats.pulls.Load(),
-		ReplicaTakeovers:  s.stats.replicaTakeovers.Load(),
+		HandedOff:         s.handoff.Counters.HandedOff.Load(),
+		ReceivedHandOff:   s.handoff.Counters.Received.Load(),
+		HandOffErrors:     s.handoff.Counters.Errors.Load(),
+		Pulls:             s.handoff.Counters.Pulls.Load(),
+		ReplicaTakeovers:  s.handoff.Counters.Takeovers.Load(),
 		ReplicaReturned:   s.custody.Stats().ReplicaReturned,
 		Replicated:        s.stats.replicated.Load(),
 		Replicas:          s.replicas.Len(),
 		StandInAdmitted:   s.stats.standInAdmitted.Load(),
 		StandInForwarded:  s.stats.standInForwarded.Load(),
-		StandInReturned:   s.stats.standInReturned.Load(),
+		StandInReturned:   s.stats.standInReturned.Load() + s.handoff.Counters.StandInReturned.Load(),
 		Expired:           s.stats.expired.Load(),
 		Refunds:           s.stats.refunds.Load(),
 	}
@@ -379,7 +380,6 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		draining:       make(chan struct{}),
 		handOffTimeout: cfg.HandOffTimeout,
 		replication:    cfg.Replication.WithDefaults(),
-		pushSignal:     make(chan struct{}, 1),
 		replicas:       replica.NewStore(),
 		dirty:          replica.NewDirtySet(),
 		// Degraded answers while an owner is unreachable: a fresh budget
@@ -401,7 +401,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s.view.Store(&view{ring: r, members: []cluster.Member{{Name: cfg.Name, State: cluster.Alive}}, bootstrap: true})
 	ctx, cancel := context.WithCancel(context.Background())
 	s.bgCancel = cancel
-	s.bg.Go(func() { s.pushLoop(ctx) })
+	s.handoff = s.newMover()
+	s.bg.Go(func() { s.handoff.Run(ctx) })
 	s.bg.Go(func() { s.standInLoop(ctx) })
 	if s.replication.Factor > 0 {
 		s.bg.Go(func() { s.replicateLoop(ctx) })

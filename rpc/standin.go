@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/rpc/internal/forward"
+	"github.com/sluicehq/sluice/rpc/internal/handoff"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
@@ -304,7 +305,7 @@ func (s *Server) sendStandIns(ctx context.Context, p *peer, states map[string]wi
 		// would count them twice.
 		now := time.Now()
 		req.DeadlineUnixNs, req.SentUnixNs = now.Add(s.forwardTimeout/2).UnixNano(), now.UnixNano()
-		if err := handOffSend(st, req); err != nil {
+		if err := handoff.Send(st, req); err != nil {
 			return err
 		}
 		req.States = req.States[:0]
@@ -322,7 +323,7 @@ func (s *Server) sendStandIns(ctx context.Context, p *peer, states map[string]wi
 	if err := flush(); err != nil {
 		return err
 	}
-	return handOffEnd(st)
+	return handoff.End(st)
 }
 
 // standInHolder returns the member that decides the keys of owner in its
@@ -465,9 +466,9 @@ func (s *Server) standInForward(ctx context.Context, v *view, h string, reqs []r
 // be a member and each state plausible; nothing of a refused state is
 // merged. It returns the states merged and, when the whole request is
 // refused, why.
-func (s *Server) mergeStandIns(ctx context.Context, v *view, req *sluicev1.HandOffRequest) (int64, string) {
+func (s *Server) mergeStandIns(ctx context.Context, r *ring.Ring, req *sluicev1.HandOffRequest) (int64, string) {
 	if err := s.vetSender(ctx, req.Sender); err != nil {
-		s.stats.handOffRefused.Add(int64(len(req.States)))
+		s.handoff.Counters.Refused.Add(int64(len(req.States)))
 		return 0, err.Error()
 	}
 	if dl := s.deadlineHere(req.Sender, req.DeadlineUnixNs, req.SentUnixNs, time.Now()); dl > 0 && time.Now().UnixNano() > dl {
@@ -475,24 +476,24 @@ func (s *Server) mergeStandIns(ctx context.Context, v *view, req *sluicev1.HandO
 		return 0, "deadline_unix_ns: the request came after its sender's deadline; nothing merged (the sender sends the hits again)"
 	}
 	now := s.store.Now()
-	members := int64(len(v.ring.Members()) + 1)
+	members := int64(len(r.Members()) + 1)
 	var merged int64
 	for i, ks := range req.States {
-		st, reason := decodeKeyState(i, ks)
+		st, reason := s.handoff.DecodeKeyState(i, ks)
 		if reason == "" {
 			if err := st.Plausible(now, handOffClockSlack, window.MaxLimit*min(members, 1<<9)); err != nil {
 				reason = fmt.Sprintf("states[%d].state: %v", i, err)
 			}
 		}
 		if reason != "" {
-			s.stats.handOffRefused.Add(1)
+			s.handoff.Counters.Refused.Add(1)
 			s.log.Warn("stand-in state refused", "sender", req.Sender, "key", KeyFingerprint(ks.GetKey()), "reason", reason)
 			continue
 		}
 		s.addStandIn(string(ks.Key), st)
 		merged++
 	}
-	s.stats.receivedHandOff.Add(merged)
+	s.handoff.Counters.Received.Add(merged)
 	if merged > 0 {
 		s.signalStandIn()
 	}
