@@ -2,33 +2,25 @@ package rpc
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/reflection"
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limits"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/rls"
 	"github.com/sluicehq/sluice/rpc/internal/security"
-	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
-
-	"github.com/sluicehq/sluice/internal/filewatch"
 )
 
 // NodeConfig configures a whole node: gRPC server, gossip and windows.
@@ -221,244 +213,64 @@ type Node struct {
 // has joined. It returns an error naming the setting when cfg is invalid
 // or an address cannot be bound.
 func StartNode(cfg NodeConfig) (*Node, error) {
-	if cfg.Name == "" {
-		return nil, errors.New("name: required (a unique, stable member name)")
-	}
-	if cfg.GRPCAddr == "" {
-		cfg.GRPCAddr = "127.0.0.1:7070"
-	}
-	if cfg.GossipAddr == "" {
-		cfg.GossipAddr = "127.0.0.1:7946"
-	}
-	if cfg.LeaveTimeout <= 0 {
-		cfg.LeaveTimeout = 5 * time.Second
-	}
-	if cfg.SweepInterval <= 0 {
-		cfg.SweepInterval = 5 * time.Second
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
+	// The steps, in an order that matters:
+	//
+	//  1. the config, defaulted and checked, the advertised host, and
+	//     security (protected mode, client auth, TLS and token files):
+	//     every refusal of the config comes before anything is bound;
+	//  2. the gRPC and HTTP listeners: the advertised gRPC port is the
+	//     bound one (the OS may pick it), and gossip advertises it;
+	//  3. the core: windows, metrics and the Server (its loops start);
+	//  4. the gossip cluster, not joined yet; the Server learns the
+	//     instance it gossips;
+	//  5. the Node with its gRPC server, health NOT_SERVING, and its
+	//     readiness set into health and Server.Check before anything
+	//     serves;
+	//  6. the ring from the members gossip knows (setMembers), then the
+	//     member watch that rebuilds it, and the rest of the background
+	//     work;
+	//  7. the HTTP face, the join, then gRPC; health turns SERVING at once
+	//     for a cluster of one, else once the node is ready.
+	//
+	// From step 2 on, an error closes what the steps before it opened, the
+	// last first (opened); from step 5 on nothing fails.
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	log := cfg.Logger.With("node", cfg.Name)
-	advertised, err := advertise(cfg.GRPCAddr, cfg.AdvertiseHost)
+	host, err := advertise(cfg.GRPCAddr, cfg.AdvertiseHost)
 	if err != nil {
 		return nil, err
 	}
-	if err := protectedMode(cfg); err != nil {
-		return nil, err
-	}
-	mode, err := cfg.clientAuth()
+	sec, err := loadSecurity(cfg, log)
 	if err != nil {
 		return nil, err
 	}
-	var cs *security.CertSource
-	if cfg.TLSCert != "" {
-		// The certificate must be this node's, now and on every reload.
-		files := security.CertFiles{Cert: cfg.TLSCert, Key: cfg.TLSKey, CA: cfg.TLSCA}
-		if cs, err = security.NewCertSource(files, cfg.Name, log.With("component", "tls")); err != nil {
-			return nil, err
-		}
-	}
-	var ts *security.TokenSet
-	if cfg.TokenFile != "" {
-		if ts, err = security.NewTokenSet(cfg.TokenFile, log.With("component", "tokens")); err != nil {
-			return nil, err
-		}
-	}
-	lis, err := net.Listen("tcp", cfg.GRPCAddr)
-	if err != nil {
-		return nil, fmt.Errorf("grpc_addr: %w", err)
-	}
-	// The advertised port is the bound one (the OS may have picked it).
-	advertised = net.JoinHostPort(advertised, strconv.Itoa(lis.Addr().(*net.TCPAddr).Port))
 
-	if cfg.SettleTime <= 0 {
-		cfg.SettleTime = time.Second
-	}
-	if cfg.NameKeyShare < 0 || cfg.NameKeyShare > 100 {
-		return nil, fmt.Errorf("name_key_share: must be in 1..100 (percent), got %d", cfg.NameKeyShare)
-	}
-	if cfg.NameKeyShare == 0 {
-		cfg.NameKeyShare = DefaultNameKeyShare
-	}
-	cfg.GRPC = cfg.GRPC.withDefaults()
-	storeCfg := window.StoreConfig{Clock: cfg.Clock, MaxKeys: cfg.MaxKeys, OnKeyCap: cfg.OnKeyCap}
-	if cfg.MaxKeys > 0 && cfg.NameKeyShare < 100 {
-		storeCfg.MaxKeysPerGroup = max(cfg.MaxKeys*cfg.NameKeyShare/100, 1)
-		storeCfg.Group = nameGroup(cfg.Limits)
-	}
-	store := window.NewStore(storeCfg)
-	metrics := NewMetrics()
-	// With TLS a peer proves its member name by its certificate; the
-	// hand-off checks that the sender it names is the caller.
-	peerIdentity := cfg.PeerIdentity
-	if peerIdentity == nil && cs != nil {
-		peerIdentity = security.PeerName
-	}
-	srv, err := NewServer(ServerConfig{
-		Name: cfg.Name, Store: store, Ring: cfg.Ring,
-		ForwardTimeout: cfg.ForwardTimeout, Batch: cfg.Batch, Logger: log.With("component", "rpc"),
-		Limits: cfg.Limits, Observer: metrics, DialOptions: cfg.DialOptions,
-		HandOffTimeout: cfg.HandOffTimeout, Replication: cfg.Replication,
-		PeerCredentials: security.PeerCredentials(cs),
-		MaxInflight:     max(cfg.GRPC.MaxInflight, 0), PeerIdentity: peerIdentity, hooks: cfg.hooks,
-	})
+	var opened closers
+	lis, err := listen(cfg, host) // on an error it has closed what it bound
 	if err != nil {
-		lis.Close()
 		return nil, err
 	}
-	metrics.Attach(srv, store, cfg.Limits)
-	var httpLis net.Listener
-	if cfg.HTTPAddr != "" {
-		if httpLis, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
-			lis.Close()
-			return nil, fmt.Errorf("http_addr: %w", err)
-		}
-	}
-	cl, err := cluster.New(cluster.Config{
-		Name: cfg.Name, BindAddr: cfg.GossipAddr, AdvertiseHost: cfg.AdvertiseHost,
-		GRPCAddr: advertised, Region: cfg.Region, Version: cfg.Version,
-		Profile: cfg.Profile, Logger: cfg.Logger, Keys: cfg.GossipKeys, Label: cfg.ClusterLabel,
-	})
+	opened.add(lis.close)
+	c, err := newCore(cfg, sec, log)
 	if err != nil {
-		lis.Close()
-		if httpLis != nil {
-			httpLis.Close()
-		}
-		srv.Close()
-		return nil, err
+		return nil, opened.closeAll(err)
 	}
-	inst := cl.Instance()
-	srv.instance.Store(&inst)
-	// Stream workers serve RPCs on long-lived goroutines instead of a new
-	// goroutine (and a new, growing stack) per RPC. gRPC starts a fresh
-	// goroutine whenever every worker is busy, and a check waiting on its
-	// owner keeps its worker busy, so there must be about as many workers
-	// as checks in flight: with one per CPU, most RPCs grew a stack (10 %
-	// of a node's CPU under spread load, 3 % with streamWorkers).
-	auth := security.NewAuthenticator(security.AuthConfig{Mode: mode, TLS: cs != nil, Tokens: ts, IsMember: srv.isMember, HasNumbers: hasNumbers})
-	sopts := slices.Concat([]grpc.ServerOption{grpc.NumStreamWorkers(streamWorkers), codecServerOption}, windowServerOptions, cfg.GRPC.serverOptions())
-	if cs != nil {
-		ca := tls.VerifyClientCertIfGiven // token or either: a call may come without one
-		if mode == ClientAuthMTLS {
-			ca = tls.RequireAndVerifyClientCert
-		}
-		sopts = append(sopts, grpc.Creds(credentials.NewTLS(cs.ServerConfig(ca, []string{"h2"}))))
+	opened.add(c.server.Close)
+	cl, err := newCluster(cfg, lis.advertised, c.server)
+	if err != nil {
+		return nil, opened.closeAll(err)
 	}
-	if cs != nil || ts != nil {
-		sopts = append(sopts, grpc.ChainUnaryInterceptor(auth.UnaryInterceptor), grpc.ChainStreamInterceptor(auth.StreamInterceptor))
-	}
-	gs := grpc.NewServer(append(sopts, cfg.ServerOptions...)...)
-	hs := health.NewServer()
-	healthNames := []string{"", sluicev1.RateLimitService_ServiceDesc.ServiceName}
-	rh := &readyHealth{Server: hs}
-	sluicev1.RegisterRateLimitServiceServer(gs, srv)
-	sluicev1.RegisterPeerServiceServer(gs, srv)
-	healthpb.RegisterHealthServer(gs, rh)
-	var rlsSvc *rls.Service
-	if cfg.RLS != nil {
-		rlsSvc = rls.NewService(cfg.RLS, srv, rls.Options{Clock: cfg.Clock, Logger: log.With("component", "rls")})
-		rlsSvc.Register(gs)
-		metrics.AttachRLS(rlsSvc)
-		healthNames = append(healthNames, rls.ServiceName)
-	}
-	for _, name := range healthNames { // health.NewServer starts "" at SERVING
-		hs.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
-	}
-	reflection.Register(gs)
 
 	ctx, cancel := context.WithCancel(context.Background())
-	n := &Node{cfg: cfg, lis: lis, grpcAddr: advertised, grpc: gs, health: hs,
-		cluster: cl, server: srv, store: store, metrics: metrics, log: log, cancel: cancel, failed: make(chan error, 1),
-		publish: make(chan struct{}, 1), certs: cs, tokens: ts, auth: auth,
-		admit:    make(chan struct{}, 1),
-		joinDone: make(chan struct{}, 1), healthNames: healthNames}
-	if cs != nil {
-		n.verifier = n.newVerifier(cs)
-	}
-	n.lastChange.Store(time.Now().UnixNano())
-	if len(cfg.Join) == 0 {
-		n.joined.Store(true) // a cluster of one: nothing to join
-	}
-	// Set before anything serves: health asks Ready, and Check refuses
-	// client checks until the node has joined.
-	rh.sync = n.syncHealth
-	srv.joined = func() bool { return n.joinedCluster() == nil }
-	n.rls = rlsSvc
-	n.setMembers()
-	n.wg.Go(func() { n.watchMembers(ctx) })
-	if cs != nil {
-		n.wg.Go(func() { n.verifier.Run(ctx) })
-	}
-	if files := n.reloadFiles(); len(files) > 0 {
-		n.wg.Go(func() {
-			onError := func(err error) { log.Warn("watching TLS and token files", "error", err) }
-			if err := filewatch.Watch(ctx, files, func() { _ = n.ReloadTLS() }, onError); err != nil {
-				log.Warn("not watching the TLS and token files; reload them with SIGHUP", "error", err)
-			}
-		})
-	}
-	n.wg.Go(func() { n.publishRing(ctx) })
-	secure := cfg
-	secure.Insecure = false
-	if setting, addr := exposed(cfg); setting != "" && protectedMode(secure) != nil {
-		metrics.insecure.Set(1)
-		n.wg.Go(func() { security.WarnInsecure(ctx, log, setting, addr) })
-	}
-	n.wg.Go(func() {
-		store.RunSweeper(ctx, cfg.SweepInterval, func(_ int, took time.Duration) { metrics.ObserveSweep(took) })
-	})
-	if httpLis != nil {
-		h, err := NewHTTPHandler(HTTPConfig{Server: srv, Ready: n.Ready, Metrics: metrics, auth: auth})
-		if err != nil { // cannot happen: the gateway's registration does not fail
-			log.Error("no HTTP face", "error", err)
-		} else {
-			n.http = cfg.HTTP.Apply(&http.Server{Handler: h, ErrorLog: httpErrorLog(log)})
-			if cs != nil {
-				// Any mode: /healthz and /readyz stay open to probes
-				// without a certificate; the handler checks the rest.
-				n.http.TLSConfig = cs.ServerConfig(tls.VerifyClientCertIfGiven, []string{"h2", "http/1.1"})
-				httpLis = tls.NewListener(httpLis, n.http.TLSConfig)
-			}
-			n.httpAddr = httpLis.Addr().String()
-			n.wg.Go(func() {
-				if err := n.http.Serve(httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-					log.Error("http server stopped", "error", err)
-				}
-			})
-		}
-	}
-	n.wg.Go(func() {
-		_, err := cl.Join(ctx, cfg.Join)
-		if err == nil {
-			n.joinOK.Store(true)
-			select { // watchMembers rebuilds the ring from what the join merged
-			case n.joinDone <- struct{}{}:
-			default:
-			}
-		}
-		switch {
-		case errors.Is(err, cluster.ErrNameTaken):
-			n.refused.Store(true)
-			// Stop gossip without a leave message: a leave under this
-			// name would remove the other, rightful member.
-			log.Error("refusing to take part in the cluster", "error", err)
-			hs.Shutdown()
-			_ = cl.Shutdown()
-			n.failed <- err
-		case err != nil && ctx.Err() == nil:
-			log.Error("could not join the cluster", "error", err)
-		}
-	})
-	n.wg.Go(func() {
-		if err := gs.Serve(lis); err != nil {
-			log.Error("grpc server stopped", "error", err)
-		}
-	})
-	if !n.syncHealth() { // a cluster of one serves at once
-		n.wg.Go(func() { n.serveWhenReady(ctx) })
-	}
-	log.Info("node started", "grpc_addr", advertised, "gossip_addr", cl.GossipAddr(), "http_addr", n.httpAddr, "region", cfg.Region)
+	n := newNode(cfg, log, sec, lis, c, cl, cancel)
+	n.startLoops(ctx)
+	n.serveHTTP(lis.http)
+	n.join(ctx)
+	n.serveGRPC(ctx)
+	log.Info("node started", "grpc_addr", n.grpcAddr, "gossip_addr", cl.GossipAddr(), "http_addr", n.httpAddr, "region", cfg.Region)
 	return n, nil
 }
 
