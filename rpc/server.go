@@ -1,6 +1,33 @@
 // Package rpc is a sluice node's gRPC face: the public RateLimitService
 // (Check, Members), the PeerService that nodes forward checks over, and the
 // routing of each check to the owner of its key on the ring.
+//
+// It keeps the faces and the composition; each concern has a room of its
+// own under rpc/internal, and no room imports rpc:
+//
+//   - custody: the keys this node owns (decisions under the gate, tombs,
+//     take-outs, moving-in, takeovers); pure, no sockets;
+//   - ringview: member list to ring (epochs, history, departed members);
+//     pure, time passed in;
+//   - handoff: moving key state (push loop, leave, pulls, the HandOff and
+//     Pull receivers and their vetting);
+//   - forward: peer connections and the one forward path (batcher, peer
+//     stream, per-peer stats);
+//   - replica: copies on successors;
+//   - security: client auth, tokens, TLS, peer identity, member
+//     verification, protected mode.
+//
+// Rooms talk through small interfaces their consumer owns (handoff.Node,
+// handoff.StandIns, replica.View, forward.Observer...).
+//
+// # Lock order
+//
+// setMu (SetMembers, Leave, memberLeaving) → custody's gate → custody's mu
+// → a replica shard lock or fbMu (stand-in windows; also taken alone) →
+// window.Store shard locks. ringview's, forward's and the replica store's
+// locks are leaves: nothing is called with them held (replica.Store.Orphans
+// calls its callbacks with no lock held). See package custody for the
+// rules of the gate.
 package rpc
 
 import (
