@@ -23,8 +23,9 @@
 // # Lock order
 //
 // setMu (SetMembers, Leave, memberLeaving) → custody's gate → custody's mu
-// → a replica shard lock or fbMu (stand-in windows; also taken alone) →
-// window.Store shard locks. ringview's, forward's and the replica store's
+// → fbMu (the stand-in windows) → a replica shard lock → window.Store
+// shard locks, each step skippable (e.g. a stand-in decision takes fbMu,
+// then a replica shard lock). ringview's, forward's and the replica store's
 // locks are leaves: nothing is called with them held (replica.Store.Orphans
 // calls its callbacks with no lock held). See package custody for the
 // rules of the gate.

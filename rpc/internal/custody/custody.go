@@ -20,8 +20,8 @@
 //     write-locked by whatever takes keys out (TakeOut, GiveUp)
 //  3. Custody's mu (tombs, outgoing keys, moving-in maps, takeovers)
 //  4. what a caller's function given to GiveUp or MarkOutgoingIf takes
-//     under mu: a replica shard lock (replica.Store.Take), the stand-in
-//     windows' lock (rpc's fbMu)
+//     under mu: the stand-in windows' lock (rpc's fbMu), then a replica
+//     shard lock (replica.Store.Take; a leaf: it calls nothing)
 //  5. the window.Store shard locks, innermost (Take, MergeState, Apply)
 //
 // Nothing here calls out of the package with mu held except the functions
