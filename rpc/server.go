@@ -619,8 +619,13 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (*sluice
 	for i := range pending {
 		pending[i] = i
 	}
-	// A failed forward is retried once if the ring changed meanwhile: the
-	// key may have moved, possibly to this node.
+	// A failed forward is retried once if the view changed meanwhile: the
+	// key may have moved, possibly to this node. The view's pointer is
+	// compared on purpose: every SetMembers, Leave and Close stores a new
+	// view, so a view that is still the same one means no membership
+	// change at all (not even a peer's new address, which a retry would
+	// dial), while the ring's own identity is its epoch (see
+	// custody.Custody.Decide).
 	for attempt := 0; len(pending) > 0; attempt++ {
 		v := s.view.Load()
 		failed := s.route(ctx, v, reqs, pending, out)
