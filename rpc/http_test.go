@@ -23,12 +23,19 @@ import (
 
 func httpDo(t *testing.T, method, url, body string) (int, string) {
 	t.Helper()
+	return httpDoWith(t, http.DefaultClient, method, url, body)
+}
+
+// httpDoWith sends a request of method to url with body (JSON) through
+// client, and returns the status and the body of the answer.
+func httpDoWith(t *testing.T, client *http.Client, method, url, body string) (int, string) {
+	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,8 +38,16 @@ func (d *stallDialer) set(held bool) {
 }
 
 func (d *stallDialer) option() grpc.DialOption {
+	return d.optionOver(func(ctx context.Context, addr string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	})
+}
+
+// optionOver is option for connections that dial makes (e.g. an
+// inprocCluster's).
+func (d *stallDialer) optionOver(dial func(ctx context.Context, addr string) (net.Conn, error)) grpc.DialOption {
 	return grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		c, err := dial(ctx, addr)
 		if err != nil {
 			return nil, err
 		}
