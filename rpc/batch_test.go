@@ -15,7 +15,7 @@ import (
 // the default policy) or, once node1 saw node2 go, by node1 as owner.
 func TestDeadOwnerFailsChecksWithinTimeout(t *testing.T) {
 	clock := windowClock()
-	nodes := startCluster(t, 2, clock)
+	nodes := startInprocCluster(t, 2, clock)
 	k := keyOwnedBy(t, nodes[0], "api", "node2")
 	nodes[1].Kill()
 	start := time.Now()

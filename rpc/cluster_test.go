@@ -17,13 +17,14 @@ import (
 	"github.com/sluicehq/sluice/window"
 )
 
-// Three nodes with real memberlist and gRPC on 127.0.0.1: 30 hits on each
+// Three nodes (in process: gRPC over bufconn, members set by hand; the
+// e2e suite runs real processes): 30 hits on each
 // of 5 keys (limit 20 per minute), concurrently and spread over all nodes,
 // admit exactly 20 per key for every algorithm; every node names the same
 // owner for a key; the keys land on at least 2 owners.
 func TestThreeNodesExactAdmission(t *testing.T) {
 	clock := window.NewManualClock(windowStart)
-	nodes := startCluster(t, 3, clock)
+	nodes := startInprocCluster(t, 3, clock)
 	keys := []string{"user:1", "user:2", "user:3", "user:4", "user:5"}
 
 	owners := map[string]bool{}
@@ -116,7 +117,7 @@ func TestSelfOwnerNeverForwardsToItself(t *testing.T) {
 // In a cluster, a check for a key the entry node owns never leaves it.
 func TestOwnedKeyStaysLocalInCluster(t *testing.T) {
 	clock := window.NewManualClock(windowStart)
-	nodes := startCluster(t, 3, clock)
+	nodes := startInprocCluster(t, 3, clock)
 	for _, n := range nodes {
 		k := keyOwnedBy(t, n, "api", n.Name())
 		before := make([]Stats, len(nodes))
@@ -145,7 +146,7 @@ func TestOneBudgetRoundRobin(t *testing.T) {
 	for _, size := range []int{2, 3} {
 		t.Run(fmt.Sprintf("%d_nodes", size), func(t *testing.T) {
 			clock := window.NewManualClock(windowStart)
-			nodes := startCluster(t, size, clock)
+			nodes := startInprocCluster(t, size, clock)
 			for i := 0; i < 30; i++ {
 				d := check(t, nodes[i%size].client, &sluicev1.RateLimitCheck{Name: "api", Key: "user:7", Hits: proto.Int64(1), Limit: 10, WindowMs: 60000})
 				wantRemaining := max(int64(9-i), 0)
@@ -167,7 +168,7 @@ func TestOneBudgetRoundRobin(t *testing.T) {
 // for every algorithm.
 func TestConcurrentHitsExact(t *testing.T) {
 	clock := window.NewManualClock(windowStart)
-	nodes := startCluster(t, 3, clock)
+	nodes := startInprocCluster(t, 3, clock)
 	for _, alg := range algorithms {
 		for _, spread := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/spread=%v", alg, spread), func(t *testing.T) {
@@ -203,7 +204,7 @@ func TestConcurrentHitsExact(t *testing.T) {
 // from 50 goroutines: all allowed, and a peek after reports 99000.
 func TestConcurrentHitsUnderLimitAllCounted(t *testing.T) {
 	clock := window.NewManualClock(windowStart)
-	nodes := startCluster(t, 3, clock)
+	nodes := startInprocCluster(t, 3, clock)
 	rc := func(hits int64) *sluicev1.RateLimitCheck {
 		return &sluicev1.RateLimitCheck{Name: "api", Key: "tenant:big", Hits: proto.Int64(hits), Limit: 100000, WindowMs: 60000}
 	}
@@ -271,7 +272,7 @@ func TestDuplicateNameIsRefused(t *testing.T) {
 // Checks of one request on a key owned by another node are applied in
 // request order, also when some of them ask for no batching.
 func TestForwardedChecksKeepRequestOrder(t *testing.T) {
-	nodes := startCluster(t, 2, windowClock())
+	nodes := startInprocCluster(t, 2, windowClock())
 	var keys []string // keys of "order" that node2 owns
 	for i := 0; len(keys) < 20; i++ {
 		if k := fmt.Sprint("k", i); nodes[0].Server().Owner("order", k) == "node2" {

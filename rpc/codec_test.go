@@ -6,9 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
@@ -81,14 +79,9 @@ func TestVTCodecMatchesProto(t *testing.T) {
 // node does: a name or key that is not UTF-8 is refused with
 // InvalidArgument naming the field, and nothing is counted.
 func TestNotUTF8Refused(t *testing.T) {
-	n := startNode(t, "node1", windowClock())
+	n := startInprocNode(t, "node1", windowClock())
 	// A client with the same codec can send what proto.Marshal refuses.
-	conn, err := grpc.NewClient(n.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()), codecDialOption)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	c := sluicev1.NewRateLimitServiceClient(conn)
+	c := sluicev1.NewRateLimitServiceClient(n.conn(t, codecDialOption))
 	for _, tc := range []struct{ name, key, field string }{
 		{"login\xff", "k", "checks[0].name"},
 		{"login", "user:\xc3", "checks[0].key"},
@@ -98,7 +91,7 @@ func TestNotUTF8Refused(t *testing.T) {
 			t.Fatalf("%q/%q: %v, want InvalidArgument on %s", tc.name, tc.key, err, tc.field)
 		}
 	}
-	if k := n.server.store.Stats().Keys; k != 0 {
+	if k := n.Server().store.Stats().Keys; k != 0 {
 		t.Fatalf("the refused checks left %d keys in the store", k)
 	}
 	d := check(t, n.client, &sluicev1.RateLimitCheck{Name: "login", Key: "user:é", Hits: proto.Int64(0), Limit: 10, WindowMs: 60000})

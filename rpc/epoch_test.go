@@ -16,9 +16,9 @@ import (
 // decided where it lands (never a third hop). Both cases are counted, and
 // so is the sender's differing ring view.
 func TestForwardToNonOwnerIsReforwardedOnce(t *testing.T) {
-	nodes := startCluster(t, 2, windowClock())
+	nodes := startInprocCluster(t, 2, windowClock())
 	k := keyOwnedBy(t, nodes[0], "refwd", "node2")
-	peer1 := dialPeer(t, nodes[0].GRPCAddr())
+	peer1 := nodes[0].peer(t)
 	rc := &sluicev1.RateLimitCheck{Name: "refwd", Key: k, Hits: proto.Int64(1), Limit: 5, WindowMs: 60000}
 
 	resp, err := peer1.Forward(context.Background(), &sluicev1.ForwardRequest{Sender: "stale", RingFingerprint: "0000000000000000",
@@ -81,7 +81,7 @@ func TestRingMismatchIsReported(t *testing.T) {
 // and local (the default) decides from this node's replica of the key, so
 // the 7 hits the dead owner had counted (and replicated) still count.
 func TestOwnerUnavailablePolicies(t *testing.T) {
-	nodes := startCluster(t, 2, windowClock())
+	nodes := startInprocCluster(t, 2, windowClock())
 	k := keyOwnedBy(t, nodes[0], "policy", "node2")
 	rc := func(p sluicev1.OwnerUnavailablePolicy) *sluicev1.RateLimitCheck {
 		return &sluicev1.RateLimitCheck{Name: "policy", Key: k, Hits: proto.Int64(1), Limit: 10, WindowMs: 60000, OnOwnerUnavailable: p}

@@ -93,9 +93,9 @@ func withNamed(c *sluicev1.RateLimitCheck) *sluicev1.RateLimitCheck {
 // degraded, and one whose own policy says allow, allowed and degraded.
 func TestNamedLimitPolicyWhenTheOwnerIsDown(t *testing.T) {
 	clock := windowClock()
-	a := startNodeCfg(t, NodeConfig{Name: "node1", Clock: clock, Limits: mustParseLimits(t, failModeLimits)})
-	b := startNodeCfg(t, NodeConfig{Name: "node2", Clock: clock, Join: []string{a.GossipAddr()}, Limits: mustParseLimits(t, failModeLimits)})
-	waitRingAgrees(t, []*testNode{a, b})
+	nodes := startInproc(t, NodeConfig{Name: "node1", Clock: clock, Limits: mustParseLimits(t, failModeLimits)},
+		NodeConfig{Name: "node2", Clock: clock, Limits: mustParseLimits(t, failModeLimits)})
+	a, b := nodes[0], nodes[1]
 	k := keyOwnedBy(t, a, "login", "node2")
 	if d := check(t, a.client, named("login", k)); !d.Allowed || d.Degraded || d.Owner != "node2" {
 		t.Fatalf("before the kill: %+v", d)

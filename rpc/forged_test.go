@@ -53,7 +53,7 @@ func handOff(t *testing.T, c sluicev1.PeerServiceClient, req *sluicev1.HandOffRe
 // encodings, and a state that would replace the key's count.
 func TestForgedHandOffsRefused(t *testing.T) {
 	clock := windowClock()
-	nodes := startCluster(t, 2, clock)
+	nodes := startInprocCluster(t, 2, clock)
 	n1, n2 := nodes[0], nodes[1]
 	victim := keyOwnedBy(t, n1, "api", "node1")
 	other := keyOwnedBy(t, n1, "api", "node2")
@@ -77,7 +77,7 @@ func TestForgedHandOffsRefused(t *testing.T) {
 	// replaced it: a newer state (a second ahead, within the clock slack)
 	// of another algorithm and window, with nothing consumed.
 	fresh := encodeState(window.TokenBucket, time.Minute, now.Add(time.Second), 0, 0, 5)
-	peer := dialPeer(t, n1.GRPCAddr())
+	peer := n1.peer(t)
 	for _, tc := range []struct {
 		what    string
 		req     *sluicev1.HandOffRequest

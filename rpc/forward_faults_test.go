@@ -31,8 +31,8 @@ func TestForwardStreamDrainAnswersWhatItDecided(t *testing.T) {
 			once.Do(func() { close(entered); <-release })
 		}
 	})
-	n := startNode(t, "solo", windowClock())
-	st, err := dialPeer(t, n.GRPCAddr()).ForwardStream(context.Background())
+	n := startInprocNode(t, "solo", windowClock())
+	st, err := n.peer(t).ForwardStream(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,63 +3,32 @@ package rpc
 import (
 	"cmp"
 	"context"
-	"net"
 	"strconv"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
-	"github.com/sluicehq/sluice/window"
 )
 
-// bufServers starts a Server for each name, each serving its peer API on
-// a bufconn listener of its own (no sockets, no gossip) and dialing the
-// others' listeners: a member's GRPCAddr is bufAddr(name). Their member
-// lists are the test's to set.
+// bufServers starts a Server for each name on an in-process cluster (see
+// inprocCluster: each serves on a bufconn listener of its own, no
+// sockets, no gossip), with a store of at most 1000 keys: a member's
+// GRPCAddr is bufAddr(name). Their member lists are the test's to set.
 func bufServers(t testing.TB, names ...string) map[string]*Server {
 	t.Helper()
-	lis := map[string]*bufconn.Listener{}
-	for _, name := range names {
-		lis[name] = bufconn.Listen(1 << 20)
-	}
-	dialer := grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-		l, ok := lis[addr]
-		if !ok {
-			return nil, &net.AddrError{Err: "no such bufconn listener", Addr: addr}
-		}
-		return l.DialContext(ctx)
-	})
+	c := newInproc(t)
 	out := map[string]*Server{}
 	for _, name := range names {
-		s, err := NewServer(ServerConfig{
-			Name:        name,
-			Store:       window.NewStore(window.StoreConfig{Clock: windowClock(), MaxKeys: 1000}),
-			Logger:      testLogger(),
-			DialOptions: []grpc.DialOption{dialer},
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		gs := grpc.NewServer(codecServerOption)
-		sluicev1.RegisterPeerServiceServer(gs, s)
-		go gs.Serve(lis[name])
-		t.Cleanup(func() {
-			s.Drain()
-			gs.Stop()
-			s.Close()
-		})
-		out[name] = s
+		out[name] = c.start(NodeConfig{Name: name, Clock: windowClock(), MaxKeys: 1000, NameKeyShare: 100}).Server()
 	}
 	return out
 }
 
 // bufAddr is the address of name's listener in bufServers.
-func bufAddr(name string) string { return "passthrough:///" + name }
+func bufAddr(name string) string { return inprocAddr(name) }
 
 // bufMembers returns the members names, at their bufServers addresses.
 func bufMembers(names ...string) []cluster.Member {

@@ -138,8 +138,9 @@ func check(t *testing.T, c sluicev1.RateLimitServiceClient, rc *sluicev1.RateLim
 	return resp.Decisions[0]
 }
 
-// keyOwnedBy returns a key of limit name that owner owns on n's ring.
-func keyOwnedBy(t *testing.T, n *testNode, name, owner string) string {
+// keyOwnedBy returns a key of limit name that owner owns on n's ring (n
+// a *testNode or an *inprocNode).
+func keyOwnedBy(t *testing.T, n interface{ Server() *Server }, name, owner string) string {
 	t.Helper()
 	for i := 0; i < 10000; i++ {
 		k := "user:" + strconv.Itoa(i)

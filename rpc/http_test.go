@@ -23,12 +23,19 @@ import (
 
 func httpDo(t *testing.T, method, url, body string) (int, string) {
 	t.Helper()
+	return httpDoWith(t, http.DefaultClient, method, url, body)
+}
+
+// httpDoWith sends a request of method to url with body (JSON) through
+// client, and returns the status and the body of the answer.
+func httpDoWith(t *testing.T, client *http.Client, method, url, body string) (int, string) {
+	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +51,7 @@ func httpDo(t *testing.T, method, url, body string) (int, string) {
 // in the JSON form of the same messages.
 func TestHTTPCheckMatchesGRPC(t *testing.T) {
 	clock := windowClock()
-	n := startNodeCfg(t, NodeConfig{Name: "node1", Clock: clock, HTTPAddr: "127.0.0.1:0"})
+	n := startInproc(t, NodeConfig{Name: "node1", Clock: clock, HTTPAddr: "127.0.0.1:0"})[0]
 	base := "http://" + n.HTTPAddr()
 	for _, alg := range algorithms {
 		for i := 0; i < 5; i++ {
@@ -52,7 +59,7 @@ func TestHTTPCheckMatchesGRPC(t *testing.T) {
 				return &sluicev1.RateLimitCheck{Name: "api", Key: key, Limit: 3, WindowMs: 60_000, Algorithm: alg, Hits: proto.Int64(1)}
 			}
 			body := fmt.Sprintf(`{"checks":[{"name":"api","key":"http-%s","hits":1,"limit":3,"window_ms":"60000","algorithm":%q}]}`, alg, alg.String())
-			code, out := httpDo(t, "POST", base+"/v1/check", body)
+			code, out := n.httpDo(t, "POST", base+"/v1/check", body)
 			if code != http.StatusOK {
 				t.Fatalf("%s: POST /v1/check = %d %s", alg, code, out)
 			}
@@ -71,7 +78,7 @@ func TestHTTPCheckMatchesGRPC(t *testing.T) {
 		}
 		clock.Advance(time.Hour)
 	}
-	code, out := httpDo(t, "GET", base+"/v1/members", "")
+	code, out := n.httpDo(t, "GET", base+"/v1/members", "")
 	if code != http.StatusOK || !strings.Contains(out, `"self":"node1"`) {
 		t.Fatalf("GET /v1/members = %d %s", code, out)
 	}
@@ -80,7 +87,7 @@ func TestHTTPCheckMatchesGRPC(t *testing.T) {
 // C12 over HTTP: bad numbers get 400 and a status naming the field;
 // nothing is counted.
 func TestHTTPBadInput(t *testing.T) {
-	n := startNodeCfg(t, NodeConfig{Name: "node1", HTTPAddr: "127.0.0.1:0"})
+	n := startInproc(t, NodeConfig{Name: "node1", HTTPAddr: "127.0.0.1:0"})[0]
 	url := "http://" + n.HTTPAddr() + "/v1/check"
 	for _, tc := range []struct{ check, field string }{
 		{`"limit":0,"window_ms":1000`, "checks[0].limit"},
@@ -98,7 +105,7 @@ func TestHTTPBadInput(t *testing.T) {
 			key = ""
 		}
 		body := `{"checks":[{"name":"api",` + key + tc.check + `}]}`
-		code, out := httpDo(t, "POST", url, body)
+		code, out := n.httpDo(t, "POST", url, body)
 		var st struct {
 			Code    int    `json:"code"`
 			Message string `json:"message"`
@@ -111,16 +118,16 @@ func TestHTTPBadInput(t *testing.T) {
 		}
 	}
 	for _, body := range []string{`{"checks":[`, `{"checks":[{"nme":"x"}]}`, `[]`} {
-		if code, out := httpDo(t, "POST", url, body); code != http.StatusBadRequest {
+		if code, out := n.httpDo(t, "POST", url, body); code != http.StatusBadRequest {
 			t.Errorf("malformed %s: %d %s, want 400", body, code, out)
 		}
 	}
 	big := `{"checks":[{"name":"api","key":"` + strings.Repeat("k", MaxHTTPBodyBytes) + `"}]}`
-	if code, out := httpDo(t, "POST", url, big); code != http.StatusRequestEntityTooLarge || !strings.Contains(out, "at most") {
+	if code, out := n.httpDo(t, "POST", url, big); code != http.StatusRequestEntityTooLarge || !strings.Contains(out, "at most") {
 		t.Errorf("a body over 1 MiB: %d %.200s, want 413", code, out)
 	}
 	for _, tc := range []struct{ method, path, allow string }{{"GET", "/v1/check", "POST"}, {"PUT", "/v1/check", "POST"}, {"POST", "/v1/members", "GET"}} {
-		if code, out := httpDo(t, tc.method, "http://"+n.HTTPAddr()+tc.path, ""); code != http.StatusMethodNotAllowed || !strings.Contains(out, "use "+tc.allow) {
+		if code, out := n.httpDo(t, tc.method, "http://"+n.HTTPAddr()+tc.path, ""); code != http.StatusMethodNotAllowed || !strings.Contains(out, "use "+tc.allow) {
 			t.Errorf("%s %s: %d %s, want 405", tc.method, tc.path, code, out)
 		}
 	}

@@ -38,8 +38,16 @@ func (d *stallDialer) set(held bool) {
 }
 
 func (d *stallDialer) option() grpc.DialOption {
+	return d.optionOver(func(ctx context.Context, addr string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	})
+}
+
+// optionOver is option for connections that dial makes (e.g. an
+// inprocCluster's).
+func (d *stallDialer) optionOver(dial func(ctx context.Context, addr string) (net.Conn, error)) grpc.DialOption {
 	return grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		c, err := dial(ctx, addr)
 		if err != nil {
 			return nil, err
 		}
@@ -70,14 +78,16 @@ func (c *stallConn) Write(b []byte) (int, error) {
 func TestChecksThatReachTheOwnerLateAreNotApplied(t *testing.T) {
 	clock := windowClock()
 	stall := newStallDialer()
-	cfg := NodeConfig{ForwardTimeout: 50 * time.Millisecond, Replication: fastReplication.Replication}
+	c := newInproc(t)
+	cfg := NodeConfig{Clock: clock, ForwardTimeout: 50 * time.Millisecond, Replication: fastReplication.Replication}
 	n1cfg := cfg
-	n1cfg.DialOptions = []grpc.DialOption{stall.option()}
-	n1 := startNodeWith(t, "node1", clock, n1cfg)
-	n2 := startNodeWith(t, "node2", clock, cfg, n1.GossipAddr())
-	n3 := startNodeWith(t, "node3", clock, cfg, n1.GossipAddr())
-	nodes := []*testNode{n1, n2, n3}
-	waitRingAgrees(t, nodes)
+	n1cfg.Name, n1cfg.DialOptions = "node1", []grpc.DialOption{stall.optionOver(c.dial)}
+	n1 := c.start(n1cfg)
+	cfg.Name = "node2"
+	n2 := c.start(cfg)
+	cfg.Name = "node3"
+	c.start(cfg)
+	c.join()
 	k := keyOwnedBy(t, n1, "late", "node2")
 	deny := &sluicev1.RateLimitCheck{Name: "late", Key: k, Hits: proto.Int64(1), Limit: 100, WindowMs: 3_600_000,
 		OnOwnerUnavailable: sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_DENY}
@@ -104,7 +114,7 @@ func TestChecksThatReachTheOwnerLateAreNotApplied(t *testing.T) {
 		return n2.Server().Stats().Expired >= 1
 	})
 	time.Sleep(200 * time.Millisecond) // let any other late request land (not a wait for a state: the assertion below must hold after it)
-	if d := peekRemaining(t, n2, deny); d != 99 {
+	if d := peek(t, n2.client, deny).Remaining; d != 99 {
 		st, _ := n2.Store().Get(key)
 		t.Fatalf("after the path healed node2 has %d left (state %+v), want 99: %d late checks answered degraded deny were applied", d, st, 99-d)
 	}

@@ -61,12 +61,9 @@ func named(name, key string) *sluicev1.RateLimitCheck {
 // configuration. Shadow limits answer allowed and say so.
 func TestNamedLimitsAcrossTheCluster(t *testing.T) {
 	clock := windowClock()
-	entry := startNodeCfg(t, NodeConfig{Name: "node1", Clock: clock, Limits: mustParseLimits(t, testLimits)})
-	nodes := []*testNode{entry}
-	for _, name := range []string{"node2", "node3"} {
-		nodes = append(nodes, startNodeCfg(t, NodeConfig{Name: name, Clock: clock, Join: []string{entry.GossipAddr()}}))
-	}
-	waitRingAgrees(t, nodes)
+	nodes := startInproc(t, NodeConfig{Name: "node1", Clock: clock, Limits: mustParseLimits(t, testLimits)},
+		NodeConfig{Name: "node2", Clock: clock}, NodeConfig{Name: "node3", Clock: clock})
+	entry := nodes[0]
 
 	for _, tc := range []struct {
 		prefix  string
@@ -145,9 +142,7 @@ func TestLimitsReloadUnderLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nodes := []*testNode{startNodeCfg(t, NodeConfig{Name: "node1", Limits: src})}
-	nodes = append(nodes, startNodeCfg(t, NodeConfig{Name: "node2", Limits: src, Join: []string{nodes[0].GossipAddr()}}))
-	waitRingAgrees(t, nodes)
+	nodes := startInproc(t, NodeConfig{Name: "node1", Limits: src}, NodeConfig{Name: "node2", Limits: src})
 
 	var (
 		wg       sync.WaitGroup
@@ -206,16 +201,16 @@ var _ window.Clock = (*window.ManualClock)(nil)
 // checks alternating between the versions.
 func TestNamedLimitsOwnerNumbersWin(t *testing.T) {
 	clock := windowClock()
-	a := startNodeCfg(t, NodeConfig{Name: "a", Clock: clock,
-		Limits: mustParseLimits(t, "limits:\n  api:\n    limit: 2\n    window: 1m\n")})
-	b := startNodeCfg(t, NodeConfig{Name: "b", Clock: clock, Join: []string{a.GossipAddr()},
-		Limits: mustParseLimits(t, "limits:\n  api:\n    limit: 2\n    window: 2m\n")})
-	waitRingAgrees(t, []*testNode{a, b})
-	for _, owner := range []*testNode{a, b} {
+	nodes := startInproc(t, NodeConfig{Name: "a", Clock: clock,
+		Limits: mustParseLimits(t, "limits:\n  api:\n    limit: 2\n    window: 1m\n")},
+		NodeConfig{Name: "b", Clock: clock,
+			Limits: mustParseLimits(t, "limits:\n  api:\n    limit: 2\n    window: 2m\n")})
+	a, b := nodes[0], nodes[1]
+	for _, owner := range []*inprocNode{a, b} {
 		key := keyOwnedBy(t, a, "api", owner.Name())
 		allowed := 0
 		for i := 0; i < 8; i++ {
-			entry := []*testNode{a, b}[i%2]
+			entry := []*inprocNode{a, b}[i%2]
 			if d := check(t, entry.client, named("api", key)); d.Allowed {
 				allowed++
 			}

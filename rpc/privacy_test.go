@@ -134,9 +134,9 @@ func TestNoKeysOrIPsInLogsOrErrors(t *testing.T) {
 // 10000 client IPs (as keys, and in proxy headers) add at most 10 series
 // to /metrics.
 func TestMetricSeriesBounded(t *testing.T) {
-	n := startNodeCfg(t, NodeConfig{Name: "node1", Clock: windowClock(), HTTPAddr: "127.0.0.1:0", Limits: mustParseLimits(t, testLimits)})
+	n := startInproc(t, NodeConfig{Name: "node1", Clock: windowClock(), HTTPAddr: "127.0.0.1:0", Limits: mustParseLimits(t, testLimits)})[0]
 	series := func() map[string]bool {
-		_, out := httpDo(t, "GET", "http://"+n.HTTPAddr()+"/metrics", "")
+		_, out := n.httpDo(t, "GET", "http://"+n.HTTPAddr()+"/metrics", "")
 		m := map[string]bool{}
 		for _, line := range strings.Split(out, "\n") {
 			if line == "" || line[0] == '#' {
@@ -169,7 +169,7 @@ func TestMetricSeriesBounded(t *testing.T) {
 		sb.WriteString(`]}`)
 		req, _ := http.NewRequest("POST", "http://"+n.HTTPAddr()+"/v1/check", strings.NewReader(sb.String()))
 		req.Header.Set("X-Forwarded-For", fmt.Sprintf("192.0.2.%d", b))
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := n.httpClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}

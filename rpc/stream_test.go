@@ -14,8 +14,8 @@ import (
 // graceful stop does not wait for peers to hang up; requests answered
 // before were answered in full.
 func TestForwardStreamEndsOnDrain(t *testing.T) {
-	n := startNode(t, "solo", windowClock())
-	st, err := dialPeer(t, n.GRPCAddr()).ForwardStream(context.Background())
+	n := startInprocNode(t, "solo", windowClock())
+	st, err := n.peer(t).ForwardStream(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

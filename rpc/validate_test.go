@@ -20,7 +20,7 @@ import (
 // serving.
 func TestBadInputIsRefusedByField(t *testing.T) {
 	clock := window.NewManualClock(windowStart)
-	n := startNode(t, "solo", clock)
+	n := startInprocNode(t, "solo", clock)
 	good := func() *sluicev1.RateLimitCheck {
 		return &sluicev1.RateLimitCheck{Name: "api", Key: "user:1", Hits: proto.Int64(1), Limit: 10, WindowMs: 60000}
 	}
@@ -84,7 +84,7 @@ func TestBadInputIsRefusedByField(t *testing.T) {
 		t.Fatalf("after bad input: %v, want allowed with remaining 9", d)
 	}
 	// The peer API validates too.
-	_, err := dialPeer(t, n.GRPCAddr()).Forward(context.Background(), &sluicev1.ForwardRequest{Checks: with(func(c *sluicev1.RateLimitCheck) { c.Limit = 0 })})
+	_, err := n.peer(t).Forward(context.Background(), &sluicev1.ForwardRequest{Checks: with(func(c *sluicev1.RateLimitCheck) { c.Limit = 0 })})
 	if status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("Forward with limit 0: %v, want InvalidArgument", err)
 	}
@@ -94,7 +94,7 @@ func TestBadInputIsRefusedByField(t *testing.T) {
 // and nothing in any answer is negative except that -1.
 func TestCapacityExceeded(t *testing.T) {
 	clock := window.NewManualClock(windowStart)
-	n := startNode(t, "solo", clock)
+	n := startInprocNode(t, "solo", clock)
 	for _, alg := range algorithms {
 		d := check(t, n.client, &sluicev1.RateLimitCheck{Name: "api", Key: "k", Hits: proto.Int64(11), Limit: 10, WindowMs: 60000, Algorithm: alg})
 		if d.Allowed || d.RetryAfter != -1 || d.Remaining != 10 || d.Limit != 10 || d.ResetTime != windowStart.UnixMilli() || d.Delay != 0 {
@@ -106,8 +106,8 @@ func TestCapacityExceeded(t *testing.T) {
 // On the peer stream a refused request gets a response naming the field,
 // and the stream goes on serving the next request in order.
 func TestForwardStreamRefusesAndGoesOn(t *testing.T) {
-	n := startNode(t, "solo", window.NewManualClock(windowStart))
-	st, err := dialPeer(t, n.GRPCAddr()).ForwardStream(context.Background())
+	n := startInprocNode(t, "solo", window.NewManualClock(windowStart))
+	st, err := n.peer(t).ForwardStream(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestForwardStreamRefusesAndGoesOn(t *testing.T) {
 // A check that leaves hits unset consumes one hit (a peek needs an
 // explicit 0), so a client that forgets the field is still limited.
 func TestHitsDefaultToOne(t *testing.T) {
-	n := startNode(t, "solo", window.NewManualClock(windowStart))
+	n := startInprocNode(t, "solo", window.NewManualClock(windowStart))
 	c := &sluicev1.RateLimitCheck{Name: "api", Key: "forgetful", Limit: 2, WindowMs: 60000}
 	for i, want := range []bool{true, true, false} {
 		if d := check(t, n.client, c); d.Allowed != want || d.Remaining != int64(max(1-i, 0)) {
