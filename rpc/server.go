@@ -689,7 +689,7 @@ func (s *Server) route(ctx context.Context, v *view, reqs []request, idx []int, 
 		buf = ring.Key(buf[:0], r.name, r.key)
 		owner := v.ring.Owner(buf)
 		if owner == s.name {
-			if to := s.custody.TombFor(buf, time.Now()); to != "" {
+			if to := s.custody.TombFor(buf); to != "" {
 				// A peer pulled the key: this ring is behind. The key's
 				// state is there; it decides. (decideOwned checks again
 				// under its gate; here such checks go in one call per peer.)
@@ -826,7 +826,7 @@ func (s *Server) decideOwned(ctx context.Context, v *view, storeKey []byte, r re
 		if h := s.hooks; h != nil && h.decideOwned != nil {
 			h.decideOwned(s, storeKey)
 		}
-		if mi := s.custody.Awaiting(v.ring, storeKey, time.Now()); mi != nil {
+		if mi := s.custody.Awaiting(v.ring, storeKey); mi != nil {
 			s.settle(ctx, v, mi, storeKey)
 		}
 		s.foldStandIn(storeKey)
@@ -943,7 +943,7 @@ func (s *Server) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sl
 			// A member pulled the key from here (as its new owner, or
 			// this node's copy and stand-in hits): its checks are that
 			// member's to decide now.
-			to := s.custody.TombFor(buf, time.Now())
+			to := s.custody.TombFor(buf)
 			switch {
 			case s.leaving.Load():
 				// Its windows are being handed off: the sender decides.
@@ -979,7 +979,7 @@ func (s *Server) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sl
 		buf = ring.Key(buf[:0], r.name, r.key)
 		owner := v.ring.Owner(buf)
 		if owner == s.name {
-			if to := s.custody.TombFor(buf, time.Now()); to != "" && !req.Reforwarded {
+			if to := s.custody.TombFor(buf); to != "" && !req.Reforwarded {
 				owner = to
 			}
 		}
@@ -1060,7 +1060,7 @@ func (s *Server) reforward(ctx context.Context, v *view, owner string, reqs []re
 		// with only its answer lost.
 		if now.ring.Fingerprint() != v.ring.Fingerprint() && reqs[i].pb.RefundAtNs == 0 {
 			buf = ring.Key(buf[:0], reqs[i].name, reqs[i].key)
-			if now.ring.Owner(buf) == s.name && s.custody.TombFor(buf, time.Now()) == "" {
+			if now.ring.Owner(buf) == s.name && s.custody.TombFor(buf) == "" {
 				out[i] = s.decideOwned(ctx, now, buf, reqs[i], false)
 				continue
 			}

@@ -232,7 +232,7 @@ func (s *Server) flushStandIns(ctx context.Context) {
 		if o == s.name {
 			// Not while the key's state may still be on its way here:
 			// its next check folds them in once it has settled.
-			if !s.leaving.Load() && s.custody.Awaiting(v.ring, []byte(k), time.Now()) == nil {
+			if !s.leaving.Load() && s.custody.Awaiting(v.ring, []byte(k)) == nil {
 				s.foldStandIn([]byte(k))
 			}
 			continue
@@ -390,7 +390,7 @@ func (s *Server) answerUnavailable(ctx context.Context, reqs []request, fs []fai
 			out[f.index] = &sluicev1.Decision{Allowed: false, Limit: r.check.Limit, Owner: s.name, Degraded: true}
 			continue
 		}
-		if to := s.custody.TombFor(buf, time.Now()); to != "" && to != f.owner && v.peers[to] != nil {
+		if to := s.custody.TombFor(buf); to != "" && to != f.owner && v.peers[to] != nil {
 			// The key's new owner pulled it from here (copy and stand-in
 			// hits): it decides the key now, although this node's ring
 			// still names the old owner.

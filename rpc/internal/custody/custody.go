@@ -212,13 +212,14 @@ func (c *Custody) newMovingInLocked(prev, next *ring.Ring, old *MovingIn, now ti
 
 // Awaiting returns the MovingIn that covers key under the ring r, or nil
 // when key's state is here (or cannot come any more: the hand-off's time
-// ended at now, counted in Stats.HandOffTimeouts).
-func (c *Custody) Awaiting(r *ring.Ring, key []byte, now time.Time) *MovingIn {
+// has ended, counted in Stats.HandOffTimeouts). It costs an atomic load
+// when nothing is awaited (the clock is read only when something is).
+func (c *Custody) Awaiting(r *ring.Ring, key []byte) *MovingIn {
 	mi := c.moving.Load()
 	if mi == nil || mi.Ring.Fingerprint() != r.Fingerprint() || !mi.parts[r.Partition(key)] {
 		return nil
 	}
-	if now.After(mi.deadline) {
+	if c.now().After(mi.deadline) {
 		c.mu.Lock()
 		if c.moving.Load() == mi {
 			c.moving.Store(nil)
@@ -301,7 +302,7 @@ func (c *Custody) Decide(key []byte, routed uint64, current func() uint64, force
 	c.gate.RLock()
 	defer c.gate.RUnlock()
 	moved = current() != routed
-	to = c.TombFor(key, c.now())
+	to = c.TombFor(key)
 	if (!moved && to == "") || force {
 		apply()
 		return true, moved, to
@@ -310,16 +311,16 @@ func (c *Custody) Decide(key []byte, routed uint64, current func() uint64, force
 }
 
 // TombFor returns the member a key this node owns was given to by a pull,
-// or "" when none was (or the tomb's time ended at now). It costs an
-// atomic load when there are no tombs.
-func (c *Custody) TombFor(key []byte, now time.Time) string {
+// or "" when none was (or the tomb's time has ended). It costs an atomic
+// load when there are no tombs (the clock is read only when there are).
+func (c *Custody) TombFor(key []byte) string {
 	if c.tombCount.Load() == 0 {
 		return ""
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t, ok := c.tombs[string(key)]
-	if !ok || now.After(t.until) {
+	if !ok || c.now().After(t.until) {
 		return ""
 	}
 	return t.to

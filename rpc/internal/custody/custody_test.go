@@ -143,11 +143,12 @@ func TestGiveUpTakesTheStateAndLeavesATomb(t *testing.T) {
 			if _, held := f.store.Get("k"); held {
 				t.Fatal("the store still holds the key")
 			}
-			if got := f.c.TombFor([]byte("k"), f.wall); got != tt.wantTomb {
+			if got := f.c.TombFor([]byte("k")); got != tt.wantTomb {
 				t.Fatalf("TombFor = %q, want %q", got, tt.wantTomb)
 			}
 			if tt.wantTomb != "" {
-				if got := f.c.TombFor([]byte("k"), f.wall.Add(10*time.Second+time.Nanosecond)); got != "" {
+				f.wall = f.wall.Add(10*time.Second + time.Nanosecond)
+				if got := f.c.TombFor([]byte("k")); got != "" {
 					t.Fatalf("TombFor after the hand-off timeout = %q, want none", got)
 				}
 			}
@@ -171,10 +172,10 @@ func TestRingChangeDropsTombsOfKeysNoLongerOwned(t *testing.T) {
 		t.Skip("the kept key moved too")
 	}
 	f.c.RingChanged(ab, r2, f.wall)
-	if got := f.c.TombFor(kept, f.wall); got != "c" {
+	if got := f.c.TombFor(kept); got != "c" {
 		t.Errorf("tomb of a key still owned: %q, want c", got)
 	}
-	if got := f.c.TombFor(gone, f.wall); got != "" {
+	if got := f.c.TombFor(gone); got != "" {
 		t.Errorf("tomb of a key no longer owned: %q, want none", got)
 	}
 }
@@ -296,26 +297,26 @@ func TestMovingInUntilEveryMemberIsDone(t *testing.T) {
 	abc := mustRing(t, "a", "b", "c")
 	moved := keyOwnedBy(t, abc, "b")
 	f.c.RingChanged(a, abc, f.wall)
-	mi := f.c.Awaiting(abc, moved, f.wall)
+	mi := f.c.Awaiting(abc, moved)
 	if mi == nil || mi.Prev != a {
 		t.Fatalf("Awaiting = %+v, want the keys moved from a's ring", mi)
 	}
-	if other := keyOwnedBy(t, abc, "a"); f.c.Awaiting(abc, other, f.wall) != nil {
+	if other := keyOwnedBy(t, abc, "a"); f.c.Awaiting(abc, other) != nil {
 		t.Fatal("awaiting a key this node does not own")
 	}
-	if f.c.Awaiting(a, moved, f.wall) != nil {
+	if f.c.Awaiting(a, moved) != nil {
 		t.Fatal("awaiting under another ring")
 	}
 	f.c.NoteDone("a", abc.Fingerprint())
-	if f.c.Awaiting(abc, moved, f.wall) == nil {
+	if f.c.Awaiting(abc, moved) == nil {
 		t.Fatal("no longer awaiting after one of two members said done")
 	}
 	f.c.NoteDone("c", "another ring")
-	if f.c.Awaiting(abc, moved, f.wall) == nil {
+	if f.c.Awaiting(abc, moved) == nil {
 		t.Fatal("a done for another ring counted")
 	}
 	f.c.NoteDone("c", abc.Fingerprint())
-	if f.c.Awaiting(abc, moved, f.wall) != nil {
+	if f.c.Awaiting(abc, moved) != nil {
 		t.Fatal("still awaiting after every member said done")
 	}
 }
@@ -325,10 +326,12 @@ func TestMovingInEndsAtTheHandOffTimeout(t *testing.T) {
 	abc := mustRing(t, "a", "b", "c")
 	f.c.RingChanged(nil, abc, f.wall) // from the bootstrap ring: everything moved in
 	k := keyOwnedBy(t, abc, "b")
-	if f.c.Awaiting(abc, k, f.wall.Add(10*time.Second)) == nil {
+	f.wall = f.wall.Add(10 * time.Second)
+	if f.c.Awaiting(abc, k) == nil {
 		t.Fatal("not awaiting within the hand-off timeout")
 	}
-	if f.c.Awaiting(abc, k, f.wall.Add(10*time.Second+time.Nanosecond)) != nil {
+	f.wall = f.wall.Add(time.Nanosecond)
+	if f.c.Awaiting(abc, k) != nil {
 		t.Fatal("awaiting after the hand-off timeout")
 	}
 	if got := f.c.Stats().HandOffTimeouts; got != 1 {
@@ -342,7 +345,7 @@ func TestSettlePullsOnceAndOthersWait(t *testing.T) {
 		abc := mustRing(t, "a", "b", "c")
 		f.c.RingChanged(nil, abc, f.wall)
 		k := keyOwnedBy(t, abc, "b")
-		mi := f.c.Awaiting(abc, k, f.wall)
+		mi := f.c.Awaiting(abc, k)
 		release := make(chan struct{})
 		var pulls atomic.Int32
 		var from []string

@@ -235,7 +235,7 @@ func TestGiveUpDuringChurnLeavesATomb(t *testing.T) {
 	if len(resp.States) != 1 || f.m.Counters.HandedOff.Load() != 1 {
 		t.Fatalf("gave %d states (handed off %d), want 1", len(resp.States), f.m.Counters.HandedOff.Load())
 	}
-	if to := f.custody.TombFor(k, time.Now()); to != "c" {
+	if to := f.custody.TombFor(k); to != "c" {
 		t.Fatalf("tomb %q, want c", to)
 	}
 }
