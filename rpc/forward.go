@@ -8,7 +8,6 @@ import (
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/rpc/internal/forward"
-	"github.com/sluicehq/sluice/rpc/sluicev1"
 )
 
 // Defaults for BatchConfig.
@@ -27,26 +26,17 @@ type BatchConfig = forward.BatchConfig
 // A batch is a Forward call: the batcher's bound must be the receiver's.
 const _ = uint(forward.MaxBatch-MaxBatch) + uint(MaxBatch-forward.MaxBatch)
 
-// peer is a member's connection as rpc uses it: fwd carries forwarded
-// checks to it (see forward.Peer.Forward); client, the same connection's
-// PeerService client, carries hand-offs, pulls and replication.
-type peer struct {
-	name   string
-	client sluicev1.PeerServiceClient
-	fwd    *forward.Peer
-}
-
 // dialPeers returns the peers of the members ms (this node excluded): a
 // member's peer of old when its address is the same, else a new
 // connection (a member that cannot be dialed is left out, and logged).
-func (s *Server) dialPeers(old map[string]*peer, ms []cluster.Member) map[string]*peer {
-	peers := make(map[string]*peer, len(ms))
+func (s *Server) dialPeers(old map[string]*forward.Peer, ms []cluster.Member) map[string]*forward.Peer {
+	peers := make(map[string]*forward.Peer, len(ms))
 	cfg := forward.Config{Sender: s.name, Timeout: s.forwardTimeout, Batch: s.batch, View: s.ringStamp, Stats: s.peerStats}
 	for _, m := range ms {
 		if m.Name == s.name {
 			continue
 		}
-		if p, ok := old[m.Name]; ok && p.fwd.Addr() == m.GRPCAddr {
+		if p, ok := old[m.Name]; ok && p.Addr() == m.GRPCAddr {
 			peers[m.Name] = p
 			continue
 		}
@@ -59,7 +49,7 @@ func (s *Server) dialPeers(old map[string]*peer, ms []cluster.Member) map[string
 			s.log.Error("cannot connect to peer; leaving it out of the peer set", "peer", m.Name, "addr", m.GRPCAddr, "error", err)
 			continue
 		}
-		peers[m.Name] = &peer{name: m.Name, client: fp.Client(), fwd: fp}
+		peers[m.Name] = fp
 	}
 	return peers
 }
@@ -74,4 +64,4 @@ func (s *Server) ringStamp() (fingerprint string, epoch uint64) {
 // retire stops the peer's queue (failing what is queued) and closes its
 // connection after grace, so that calls in flight can finish; Server.Close
 // closes it at once.
-func (s *Server) retire(p *peer, grace time.Duration) { s.retired.Retire(p.fwd, grace) }
+func (s *Server) retire(p *forward.Peer, grace time.Duration) { s.retired.Retire(p, grace) }

@@ -9,7 +9,6 @@ import (
 
 	"github.com/sluicehq/sluice/rpc/internal/custody"
 	"github.com/sluicehq/sluice/rpc/internal/handoff"
-	"github.com/sluicehq/sluice/rpc/internal/replica"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
@@ -27,16 +26,9 @@ const DefaultHandOffTimeout = 10 * time.Second
 // handOffBatch is the most keys one HandOff request or Pull carries.
 const handOffBatch = handoff.Batch
 
-// handOffClockSlack is how far ahead of this node's clock a handed-off
-// state's time may be.
-const handOffClockSlack = handoff.ClockSlack
-
 // maxStoreKeyBytes is the longest store key: a name and a key at their
 // bounds, with the name's length prefix.
 const maxStoreKeyBytes = MaxNameBytes + MaxKeyBytes + 2
-
-// pullChurnWindow: see handoff.PullChurnWindow.
-const pullChurnWindow = handoff.PullChurnWindow
 
 // errLeaving refuses what a leaving node no longer takes.
 var errLeaving = handoff.ErrLeaving
@@ -72,7 +64,7 @@ func (w standIns) Pending() int64                       { return w.s.fbKeys.Load
 func (v *view) handOffView() handoff.View {
 	return handoff.View{Ring: v.ring, Peer: func(member string) sluicev1.PeerServiceClient {
 		if p := v.peers[member]; p != nil {
-			return p.client
+			return p.Client()
 		}
 		return nil
 	}}
@@ -83,20 +75,6 @@ func (v *view) handOffView() handoff.View {
 func (s *Server) settle(ctx context.Context, v *view, mi *custody.MovingIn, key []byte) {
 	s.handoff.Settle(ctx, v.handOffView(), mi, key)
 }
-
-// copyStandsIn reports whether the copy r may stand in for its key's lost
-// state under v (see handoff.Mover.CopyStandsIn).
-func (s *Server) copyStandsIn(v *view, r replica.Entry) bool {
-	return s.handoff.CopyStandsIn(v.ring, r)
-}
-
-// departed reports whether member was in this node's ring and has left
-// it (within the last 10 minutes) without coming back.
-func (s *Server) departed(member string) bool { return s.rings.Departed(member) }
-
-// lastRingChange returns when this node last replaced its ring (zero if
-// never).
-func (s *Server) lastRingChange() time.Time { return s.rings.LastChange() }
 
 // instanceID returns this node's gossiped instance id ("" if unknown).
 func (s *Server) instanceID() string {

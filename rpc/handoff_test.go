@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/rpc/internal/custody"
+	"github.com/sluicehq/sluice/rpc/internal/handoff"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
@@ -293,7 +294,7 @@ func TestPullOfAKeyNotOwnedIsRefused(t *testing.T) {
 	nodes := startCluster(t, 2, clock)
 	s1, s2 := nodes[0].Server(), nodes[1].Server()
 	eventually(t, "node1's ring to be stable past the churn window", func() bool {
-		return time.Since(s1.lastRingChange()) > pullChurnWindow
+		return time.Since(s1.rings.LastChange()) > handoff.PullChurnWindow
 	})
 	k := keyOwnedBy(t, nodes[0], "pull", "node1")
 	rc := &sluicev1.RateLimitCheck{Name: "pull", Key: k, Hits: proto.Int64(1), Limit: 10, WindowMs: 60000}

@@ -106,40 +106,25 @@ func (c *inprocCluster) start(cfg NodeConfig) *inprocNode {
 	if cfg.ForwardTimeout == 0 {
 		cfg.ForwardTimeout = 2 * time.Second // as startNode
 	}
-	if cfg.SweepInterval <= 0 {
-		cfg.SweepInterval = 5 * time.Second
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger()
 	}
 	if cfg.hooks == nil {
 		cfg.hooks = &testHooks{decideOwned: decideOwnedHook}
 	}
-	if cfg.NameKeyShare == 0 {
-		cfg.NameKeyShare = DefaultNameKeyShare
-	}
-	cfg.GRPC = cfg.GRPC.withDefaults()
-	log := cfg.Logger.With("node", cfg.Name)
-
-	storeCfg := window.StoreConfig{Clock: cfg.Clock, MaxKeys: cfg.MaxKeys, OnKeyCap: cfg.OnKeyCap}
-	if cfg.MaxKeys > 0 && cfg.NameKeyShare < 100 {
-		storeCfg.MaxKeysPerGroup = max(cfg.MaxKeys*cfg.NameKeyShare/100, 1)
-		storeCfg.Group = nameGroup(cfg.Limits)
-	}
-	store := window.NewStore(storeCfg)
-	metrics := NewMetrics()
-	srv, err := NewServer(ServerConfig{
-		Name: cfg.Name, Store: store, Ring: cfg.Ring,
-		ForwardTimeout: cfg.ForwardTimeout, Batch: cfg.Batch, Logger: log.With("component", "rpc"),
-		Limits: cfg.Limits, Observer: metrics,
-		DialOptions:    append([]grpc.DialOption{c.dialer()}, cfg.DialOptions...),
-		HandOffTimeout: cfg.HandOffTimeout, Replication: cfg.Replication,
-		MaxInflight: max(cfg.GRPC.MaxInflight, 0), PeerIdentity: cfg.PeerIdentity, hooks: cfg.hooks,
-	})
+	cfg, err := cfg.withDefaults()
 	if err != nil {
 		t.Fatal(err)
 	}
-	metrics.Attach(srv, store, cfg.Limits)
+	log := cfg.Logger.With("node", cfg.Name)
+	// As StartNode builds them (newCore), but dialing the others through
+	// their bufconn listeners.
+	cfg.DialOptions = append([]grpc.DialOption{c.dialer()}, cfg.DialOptions...)
+	core, err := newCore(cfg, secured{}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, metrics, srv := core.store, core.metrics, core.server
 	sopts := slices.Concat([]grpc.ServerOption{codecServerOption}, windowServerOptions, cfg.GRPC.serverOptions(), cfg.ServerOptions)
 	gs := grpc.NewServer(sopts...)
 	sluicev1.RegisterRateLimitServiceServer(gs, srv)
@@ -210,7 +195,7 @@ func (c *inprocCluster) join() {
 	}
 	for _, n := range nodes {
 		for name, p := range n.srv.view.Load().peers {
-			if err := connectPeer(p.client); err != nil {
+			if err := connectPeer(p.Client()); err != nil {
 				c.t.Fatalf("%s cannot reach %s: %v", n.name, name, err)
 			}
 		}

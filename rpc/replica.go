@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/rpc/internal/forward"
 	"github.com/sluicehq/sluice/rpc/internal/replica"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
@@ -58,14 +59,14 @@ func (rv replicaView) Current() (*ring.Ring, replica.Sender, bool) {
 }
 
 // replicaPeers is replica.Sender over the peers of one view.
-type replicaPeers struct{ peers map[string]*peer }
+type replicaPeers struct{ peers map[string]*forward.Peer }
 
 func (rp replicaPeers) Replicate(ctx context.Context, member string, req *sluicev1.ReplicateRequest) error {
 	p := rp.peers[member]
 	if p == nil {
 		return errors.New("no connection")
 	}
-	_, err := p.client.Replicate(ctx, req)
+	_, err := p.Client().Replicate(ctx, req)
 	return err
 }
 

@@ -441,7 +441,7 @@ func TestCopyStandsIn(t *testing.T) {
 		{"a live member", replica.Entry{Owner: "node2", Instance: "0123456789abcdef"}, false},
 		{"a member never in the ring", replica.Entry{Owner: "node9", Instance: "0123456789abcdef"}, false},
 	} {
-		if got := s.copyStandsIn(v, tc.r); got != tc.want {
+		if got := s.handoff.CopyStandsIn(v.ring, tc.r); got != tc.want {
 			t.Errorf("%s: copyStandsIn %v, want %v", tc.name, got, tc.want)
 		}
 	}

@@ -188,9 +188,9 @@ type Server struct {
 // view is what routing needs, swapped whole on each membership change.
 type view struct {
 	ring    *ring.Ring
-	members []cluster.Member // sorted by name
-	peers   map[string]*peer // by member name, this node excluded
-	epoch   uint64           // ring builds that changed the fingerprint
+	members []cluster.Member         // sorted by name
+	peers   map[string]*forward.Peer // by member name, this node excluded
+	epoch   uint64                   // ring builds that changed the fingerprint
 	// bootstrap marks the view a Server starts with (a ring of itself
 	// alone, before it heard of any member): it owned nothing yet.
 	bootstrap bool
@@ -577,7 +577,7 @@ func (s *Server) Close() {
 	v := s.view.Load()
 	s.view.Store(&view{ring: v.ring, members: v.members, epoch: v.epoch})
 	for _, p := range v.peers {
-		p.fwd.Close()
+		p.Close()
 	}
 	s.retired.Close()
 }
@@ -744,7 +744,7 @@ func (s *Server) route(ctx context.Context, v *view, reqs []request, idx []int, 
 // batched with other requests' checks; when one of them is marked
 // no_batching they go at once in one call of their own. Either way nothing
 // waits longer than the forward timeout (plus the batch wait).
-func (s *Server) forward(ctx context.Context, p *peer, owner string, reqs []request, is []int, out []*sluicev1.Decision) []failure {
+func (s *Server) forward(ctx context.Context, p *forward.Peer, owner string, reqs []request, is []int, out []*sluicev1.Decision) []failure {
 	fail := func(err error) []failure {
 		fs := make([]failure, len(is))
 		for j, i := range is {
@@ -757,26 +757,21 @@ func (s *Server) forward(ctx context.Context, p *peer, owner string, reqs []requ
 		return fail(fmt.Errorf("owner %s: no connection to it", owner))
 	}
 	s.stats.forwardedChecks.Add(int64(len(is)))
-	checks := make([]*sluicev1.RateLimitCheck, len(is))
 	batch := true
-	for j, i := range is {
-		checks[j] = reqs[i].pb
+	for _, i := range is {
 		batch = batch && !reqs[i].pb.NoBatching
 	}
-	// The owner gets at most the forward timeout, and at most half the
-	// time the caller has left: the other half is for a stand-in's answer
-	// should the owner not answer, so that no check is counted for an
-	// answer the caller no longer waits for.
-	by := time.Now().Add(s.forwardTimeout)
+	// The owner gets at most the forward timeout (Forward's bound), and
+	// at most half the time the caller has left: the other half is for a
+	// stand-in's answer should the owner not answer, so that no check is
+	// counted for an answer the caller no longer waits for.
+	by := firstDeadline(reqs, is)
 	if d, ok := ctx.Deadline(); ok {
-		if half := time.Now().Add(time.Until(d) / 2); half.Before(by) {
+		if half := time.Now().Add(time.Until(d) / 2); by.IsZero() || half.Before(by) {
 			by = half
 		}
 	}
-	if dl := minDeadline(reqs, is); dl != 0 && time.Unix(0, dl).Before(by) {
-		by = time.Unix(0, dl)
-	}
-	ds, err := p.fwd.Forward(ctx, forward.Request{Checks: checks, By: by, NoBatching: !batch})
+	ds, err := p.Forward(ctx, forward.Request{Checks: checksOf(reqs, is), By: by, NoBatching: !batch})
 	if err != nil {
 		return fail(err)
 	}
@@ -799,16 +794,30 @@ func (s *Server) answered(owner string, is []int, ds []*sluicev1.Decision, out [
 	return late
 }
 
-// minDeadline returns the earliest deadline (this node's clock, Unix ns) of
-// the checks reqs[i], i in is, that came from a peer with one; 0: none.
-func minDeadline(reqs []request, is []int) int64 {
+// firstDeadline returns the earliest deadline (this node's clock) of the
+// checks reqs[i], i in is, that came from a peer with one (the first
+// sender waits no longer); the zero time when none did. Forwards pass it
+// as forward.Request.By, which the forward timeout bounds too.
+func firstDeadline(reqs []request, is []int) time.Time {
 	var dl int64
 	for _, i := range is {
 		if d := reqs[i].deadline; d != 0 && (dl == 0 || d < dl) {
 			dl = d
 		}
 	}
-	return dl
+	if dl == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, dl)
+}
+
+// checksOf returns the checks reqs[i], i in is, as they go on the wire.
+func checksOf(reqs []request, is []int) []*sluicev1.RateLimitCheck {
+	checks := make([]*sluicev1.RateLimitCheck, len(is))
+	for j, i := range is {
+		checks[j] = reqs[i].pb
+	}
+	return checks
 }
 
 // decideOwned decides a check of a key this node owns under v: when the
@@ -1017,20 +1026,12 @@ func (s *Server) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sl
 func (s *Server) reforward(ctx context.Context, v *view, owner string, reqs []request, is []int, out []*sluicev1.Decision) {
 	s.awaitLeaveHandOff(ctx)
 	s.stats.reforwarded.Add(int64(len(is)))
-	checks := make([]*sluicev1.RateLimitCheck, len(is))
-	for j, i := range is {
-		checks[j] = reqs[i].pb
-	}
 	var err error
 	if p := v.peers[owner]; p == nil {
 		err = fmt.Errorf("owner %s: no connection to it", owner)
 	} else {
-		by := time.Now().Add(s.forwardTimeout)
-		if dl := minDeadline(reqs, is); dl != 0 && time.Unix(0, dl).Before(by) {
-			by = time.Unix(0, dl) // the first sender's: it waits no longer
-		}
 		var ds []*sluicev1.Decision
-		ds, err = p.fwd.Forward(ctx, forward.Request{Checks: checks, By: by, Reforwarded: true})
+		ds, err = p.Forward(ctx, forward.Request{Checks: checksOf(reqs, is), By: firstDeadline(reqs, is), Reforwarded: true})
 		if err == nil {
 			if late := s.answered(owner, is, ds, out); len(late) > 0 {
 				s.answerUnavailable(ctx, reqs, late, out)

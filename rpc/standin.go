@@ -287,10 +287,10 @@ func (s *Server) flushStandIns(ctx context.Context) {
 
 // sendStandIns hands states to p in HandOff requests marked stand_in,
 // bounded by the forward timeout.
-func (s *Server) sendStandIns(ctx context.Context, p *peer, states map[string]window.State) error {
+func (s *Server) sendStandIns(ctx context.Context, p *forward.Peer, states map[string]window.State) error {
 	ctx, cancel := context.WithTimeout(ctx, s.forwardTimeout)
 	defer cancel()
-	st, err := p.client.HandOff(ctx)
+	st, err := p.Client().HandOff(ctx)
 	if err != nil {
 		return err
 	}
@@ -426,16 +426,9 @@ func (s *Server) standInForward(ctx context.Context, v *view, h string, reqs []r
 			owner = f.owner
 		}
 	}
-	by := time.Now().Add(s.forwardTimeout)
-	if dl := minDeadline(reqs, is); dl != 0 && time.Unix(0, dl).Before(by) {
-		by = time.Unix(0, dl) // the peer that sent the checks waits no longer
-	}
-	checks := make([]*sluicev1.RateLimitCheck, len(is))
-	for j, i := range is {
-		checks[j] = reqs[i].pb
-	}
 	s.stats.standInForwarded.Add(int64(len(is)))
-	ds, err := v.peers[h].fwd.Forward(ctx, forward.Request{Checks: checks, By: by, StandIn: true, UnreachableOwner: owner})
+	ds, err := v.peers[h].Forward(ctx, forward.Request{Checks: checksOf(reqs, is), By: firstDeadline(reqs, is),
+		StandIn: true, UnreachableOwner: owner})
 	var buf []byte
 	for j, i := range is {
 		if err == nil && ds[j].Error == "" {
@@ -476,12 +469,11 @@ func (s *Server) mergeStandIns(ctx context.Context, r *ring.Ring, req *sluicev1.
 		return 0, "deadline_unix_ns: the request came after its sender's deadline; nothing merged (the sender sends the hits again)"
 	}
 	now := s.store.Now()
-	members := int64(len(r.Members()) + 1)
 	var merged int64
 	for i, ks := range req.States {
 		st, reason := s.handoff.DecodeKeyState(i, ks)
 		if reason == "" {
-			if err := st.Plausible(now, handOffClockSlack, window.MaxLimit*min(members, 1<<9)); err != nil {
+			if err := s.handoff.Plausible(st, r, now); err != nil {
 				reason = fmt.Sprintf("states[%d].state: %v", i, err)
 			}
 		}

@@ -31,6 +31,16 @@ func SilentAddr(t testing.TB) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	Silent(t, lis)
+	return lis.Addr().String()
+}
+
+// Silent makes lis accept connections and never answer (a hung node, or
+// a host behind a firewall that drops packets) until the test ends, when
+// it closes lis and the connections it accepted. lis may be any listener
+// (a TCP one, gRPC's bufconn).
+func Silent(t testing.TB, lis net.Listener) {
+	t.Helper()
 	var (
 		mu    sync.Mutex
 		conns []net.Conn
@@ -57,5 +67,4 @@ func SilentAddr(t testing.TB) string {
 			c.Close()
 		}
 	})
-	return lis.Addr().String()
 }

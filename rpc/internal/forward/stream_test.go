@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/sluicehq/sluice/internal/testnet"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 )
 
@@ -92,32 +93,7 @@ func bufDialOptions(lis *bufconn.Listener) []grpc.DialOption {
 func silentListener(t testing.TB) *bufconn.Listener {
 	t.Helper()
 	lis := bufconn.Listen(1 << 20)
-	var (
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		lis.Close()
-		<-done
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
+	testnet.Silent(t, lis)
 	return lis
 }
 

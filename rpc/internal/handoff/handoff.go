@@ -488,8 +488,7 @@ func (m *Mover) pull(ctx context.Context, v View, mi *custody.MovingIn, key stri
 				// Hits the member admitted in the stead of the key's
 				// owner: they count whatever else came.
 				var st window.State
-				if err := st.UnmarshalBinary(ks.State); err == nil && string(ks.Key) == key &&
-					st.Plausible(now, ClockSlack, window.MaxLimit*min(int64(len(v.Ring.Members())+1), 1<<9)) == nil {
+				if err := st.UnmarshalBinary(ks.State); err == nil && string(ks.Key) == key && m.Plausible(st, v.Ring, now) == nil {
 					m.cfg.Custody.MergeIn(key, st, now)
 				}
 			}

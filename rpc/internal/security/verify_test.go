@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -54,18 +55,6 @@ func newFakeVerifier(f *fakeMembers, onAdmit func()) *Verifier {
 	return v
 }
 
-func equal[T comparable](a, b []T) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
 // Members enter only once verified, per incarnation; failures back off
 // 1 s doubling to 30 s; a new incarnation is tried at once; members that
 // leave are forgotten.
@@ -77,7 +66,7 @@ func TestVerifierAdmitsVerifiedIncarnations(t *testing.T) {
 	v := newFakeVerifier(f, nil)
 	ctx := context.Background()
 
-	if got := v.Admit(f.list()); !equal(got, []bool{true, false, false}) {
+	if got := v.Admit(f.list()); !slices.Equal(got, []bool{true, false, false}) {
 		t.Fatalf("before any verification: %v, want only this node", got)
 	}
 	if !v.Verifying([]Member{good, bad}) {
@@ -86,10 +75,10 @@ func TestVerifierAdmitsVerifiedIncarnations(t *testing.T) {
 	if !v.pass(ctx) {
 		t.Fatal("a pass admitting node2 said it admitted none")
 	}
-	if d := f.takeDialed(); !equal(d, []string{"node2", "node3"}) {
+	if d := f.takeDialed(); !slices.Equal(d, []string{"node2", "node3"}) {
 		t.Fatalf("dialed %v, want node2 and node3 (never this node)", d)
 	}
-	if got := v.Admit(f.list()); !equal(got, []bool{true, true, false}) {
+	if got := v.Admit(f.list()); !slices.Equal(got, []bool{true, true, false}) {
 		t.Fatalf("after a pass: %v, want node1 and node2", got)
 	}
 	if got := v.Failures(); !maps.Equal(got, map[string]int{"node3": 1}) {
@@ -107,7 +96,7 @@ func TestVerifierAdmitsVerifiedIncarnations(t *testing.T) {
 		}
 		f.now = f.now.Add(time.Millisecond)
 		v.pass(ctx)
-		if d := f.takeDialed(); !equal(d, []string{"node3"}) {
+		if d := f.takeDialed(); !slices.Equal(d, []string{"node3"}) {
 			t.Fatalf("after %d failures and %s: dialed %v, want node3", fails+1, wait, d)
 		}
 	}
@@ -125,7 +114,7 @@ func TestVerifierAdmitsVerifiedIncarnations(t *testing.T) {
 	if !v.pass(ctx) {
 		t.Fatal("the restarted node3 was not admitted")
 	}
-	if got := v.Admit(f.list()); !equal(got, []bool{true, true, true}) || len(v.Failures()) != 0 {
+	if got := v.Admit(f.list()); !slices.Equal(got, []bool{true, true, true}) || len(v.Failures()) != 0 {
 		t.Fatalf("after node3's restart: %v, failures %v", got, v.Failures())
 	}
 
@@ -133,7 +122,7 @@ func TestVerifierAdmitsVerifiedIncarnations(t *testing.T) {
 	// is forgotten.
 	moved := Member{"node2", "10.0.0.9:7070", "a"}
 	f.members = []Member{self, moved}
-	if got := v.Admit(f.list()); !equal(got, []bool{true, false}) {
+	if got := v.Admit(f.list()); !slices.Equal(got, []bool{true, false}) {
 		t.Fatalf("node2 at a new address: %v, want not admitted", got)
 	}
 	f.members = []Member{self, moved, restarted}
@@ -176,7 +165,7 @@ func TestVerifierRun(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("OnAdmit not called")
 	}
-	if got := v.Admit(f.list()); !equal(got, []bool{true, true}) {
+	if got := v.Admit(f.list()); !slices.Equal(got, []bool{true, true}) {
 		t.Fatalf("after Run: %v", got)
 	}
 	cancel()
