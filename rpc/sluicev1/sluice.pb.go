@@ -87,6 +87,72 @@ func (Algorithm) EnumDescriptor() ([]byte, []int) {
 	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{0}
 }
 
+// Scope says where a limit is enforced in a cluster of several regions
+// (serve --regions); with one region they are all the same.
+type Scope int32
+
+const (
+	// Unspecified: the limit's configured scope, else global with several
+	// regions.
+	Scope_SCOPE_UNSPECIFIED Scope = 0
+	// The limit is split into per-region slices (each region's weighted
+	// share, a smaller limit of the same algorithm) that never add up to
+	// more than the limit: a check is decided in the region it entered, and
+	// the regions together never admit more than the limit. A denial because
+	// the region's slice ran out sets Decision.slice_exhausted.
+	Scope_SCOPE_GLOBAL Scope = 1
+	// Each region enforces the whole limit on its own: decided in the
+	// region, at most regions x limit admitted per window in all.
+	Scope_SCOPE_REGIONAL Scope = 2
+	// The key's one owner in the home region (the first of serve --regions)
+	// decides, as in a single region: exact, at a cross-region round trip
+	// for checks entering another region.
+	Scope_SCOPE_EXACT Scope = 3
+)
+
+// Enum value maps for Scope.
+var (
+	Scope_name = map[int32]string{
+		0: "SCOPE_UNSPECIFIED",
+		1: "SCOPE_GLOBAL",
+		2: "SCOPE_REGIONAL",
+		3: "SCOPE_EXACT",
+	}
+	Scope_value = map[string]int32{
+		"SCOPE_UNSPECIFIED": 0,
+		"SCOPE_GLOBAL":      1,
+		"SCOPE_REGIONAL":    2,
+		"SCOPE_EXACT":       3,
+	}
+)
+
+func (x Scope) Enum() *Scope {
+	p := new(Scope)
+	*p = x
+	return p
+}
+
+func (x Scope) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Scope) Descriptor() protoreflect.EnumDescriptor {
+	return file_sluice_v1_sluice_proto_enumTypes[1].Descriptor()
+}
+
+func (Scope) Type() protoreflect.EnumType {
+	return &file_sluice_v1_sluice_proto_enumTypes[1]
+}
+
+func (x Scope) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Scope.Descriptor instead.
+func (Scope) EnumDescriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{1}
+}
+
 // OwnerUnavailablePolicy says how a node answers a check whose owner it
 // cannot reach. Every such answer has degraded set.
 type OwnerUnavailablePolicy int32
@@ -133,11 +199,11 @@ func (x OwnerUnavailablePolicy) String() string {
 }
 
 func (OwnerUnavailablePolicy) Descriptor() protoreflect.EnumDescriptor {
-	return file_sluice_v1_sluice_proto_enumTypes[1].Descriptor()
+	return file_sluice_v1_sluice_proto_enumTypes[2].Descriptor()
 }
 
 func (OwnerUnavailablePolicy) Type() protoreflect.EnumType {
-	return &file_sluice_v1_sluice_proto_enumTypes[1]
+	return &file_sluice_v1_sluice_proto_enumTypes[2]
 }
 
 func (x OwnerUnavailablePolicy) Number() protoreflect.EnumNumber {
@@ -146,7 +212,7 @@ func (x OwnerUnavailablePolicy) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OwnerUnavailablePolicy.Descriptor instead.
 func (OwnerUnavailablePolicy) EnumDescriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{1}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{2}
 }
 
 // RateLimitCheck asks to consume hits of key within the limit called name.
@@ -191,7 +257,12 @@ type RateLimitCheck struct {
 	// consumed at this Unix ns of its own clock (Decision.applied_at_ns), as
 	// window.Store.Refund does: only from the window they were counted in,
 	// never below zero.
-	RefundAtNs    int64 `protobuf:"varint,18,opt,name=refund_at_ns,json=refundAtNs,proto3" json:"refund_at_ns,omitempty"`
+	RefundAtNs int64 `protobuf:"varint,18,opt,name=refund_at_ns,json=refundAtNs,proto3" json:"refund_at_ns,omitempty"`
+	// Where the limit is enforced when the cluster has several regions
+	// (serve --regions). Unspecified: the scope of the limit configured under
+	// name (limits.yaml scope), else SCOPE_GLOBAL with several regions and
+	// SCOPE_REGIONAL with one. The node the client called resolves it.
+	Scope         Scope `protobuf:"varint,19,opt,name=scope,proto3,enum=sluice.v1.Scope" json:"scope,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -303,6 +374,13 @@ func (x *RateLimitCheck) GetRefundAtNs() int64 {
 	return 0
 }
 
+func (x *RateLimitCheck) GetScope() Scope {
+	if x != nil {
+		return x.Scope
+	}
+	return Scope_SCOPE_UNSPECIFIED
+}
+
 // Decision answers one check.
 type Decision struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -344,9 +422,21 @@ type Decision struct {
 	// checks consume all or none. allowed is then false, nothing of it is
 	// counted, remaining is what it was before the check, and retry_after is
 	// 0 (the check alone would pass; the denied one says when to retry).
-	Refunded      bool `protobuf:"varint,18,opt,name=refunded,proto3" json:"refunded,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Refunded bool `protobuf:"varint,18,opt,name=refunded,proto3" json:"refunded,omitempty"`
+	// The scope that applied (SCOPE_GLOBAL, SCOPE_REGIONAL or SCOPE_EXACT).
+	Scope Scope `protobuf:"varint,19,opt,name=scope,proto3,enum=sluice.v1.Scope" json:"scope,omitempty"`
+	// The region whose owner decided (for SCOPE_EXACT, the home region;
+	// otherwise the region the check entered).
+	Region string `protobuf:"bytes,20,opt,name=region,proto3" json:"region,omitempty"`
+	// For SCOPE_GLOBAL with several regions: the region's slice, the hits
+	// (per window, or the bucket's rate) this region may admit of limit;
+	// remaining counts down from it. 0 otherwise.
+	Slice int64 `protobuf:"varint,21,opt,name=slice,proto3" json:"slice,omitempty"`
+	// True when the check was denied because the region's slice ran out
+	// (SCOPE_GLOBAL, slice < limit): other regions may still have room.
+	SliceExhausted bool `protobuf:"varint,22,opt,name=slice_exhausted,json=sliceExhausted,proto3" json:"slice_exhausted,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Decision) Reset() {
@@ -459,6 +549,34 @@ func (x *Decision) GetAppliedAtNs() int64 {
 func (x *Decision) GetRefunded() bool {
 	if x != nil {
 		return x.Refunded
+	}
+	return false
+}
+
+func (x *Decision) GetScope() Scope {
+	if x != nil {
+		return x.Scope
+	}
+	return Scope_SCOPE_UNSPECIFIED
+}
+
+func (x *Decision) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *Decision) GetSlice() int64 {
+	if x != nil {
+		return x.Slice
+	}
+	return 0
+}
+
+func (x *Decision) GetSliceExhausted() bool {
+	if x != nil {
+		return x.SliceExhausted
 	}
 	return false
 }
@@ -1474,7 +1592,7 @@ var File_sluice_v1_sluice_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\n" +
-	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"\x83\x03\n" +
+	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"\xab\x03\n" +
 	"\x0eRateLimitCheck\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x17\n" +
@@ -1488,8 +1606,9 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05named\x18\x11 \x01(\bR\x05named\x12S\n" +
 	"\x14on_owner_unavailable\x18\t \x01(\x0e2!.sluice.v1.OwnerUnavailablePolicyR\x12onOwnerUnavailable\x12 \n" +
 	"\frefund_at_ns\x18\x12 \x01(\x03R\n" +
-	"refundAtNsB\a\n" +
-	"\x05_hits\"\xce\x02\n" +
+	"refundAtNs\x12&\n" +
+	"\x05scope\x18\x13 \x01(\x0e2\x10.sluice.v1.ScopeR\x05scopeB\a\n" +
+	"\x05_hits\"\xcd\x03\n" +
 	"\bDecision\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
@@ -1504,7 +1623,11 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x06shadow\x18\x10 \x01(\bR\x06shadow\x12\x1a\n" +
 	"\bdegraded\x18\t \x01(\bR\bdegraded\x12\"\n" +
 	"\rapplied_at_ns\x18\x11 \x01(\x03R\vappliedAtNs\x12\x1a\n" +
-	"\brefunded\x18\x12 \x01(\bR\brefunded\"g\n" +
+	"\brefunded\x18\x12 \x01(\bR\brefunded\x12&\n" +
+	"\x05scope\x18\x13 \x01(\x0e2\x10.sluice.v1.ScopeR\x05scope\x12\x16\n" +
+	"\x06region\x18\x14 \x01(\tR\x06region\x12\x14\n" +
+	"\x05slice\x18\x15 \x01(\x03R\x05slice\x12'\n" +
+	"\x0fslice_exhausted\x18\x16 \x01(\bR\x0esliceExhausted\"g\n" +
 	"\fCheckRequest\x121\n" +
 	"\x06checks\x18\x01 \x03(\v2\x19.sluice.v1.RateLimitCheckR\x06checks\x12$\n" +
 	"\x0eall_or_nothing\x18\x02 \x01(\bR\fallOrNothing\"B\n" +
@@ -1580,7 +1703,12 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x16ALGORITHM_FIXED_WINDOW\x10\x01\x12\x1c\n" +
 	"\x18ALGORITHM_SLIDING_WINDOW\x10\x02\x12\x1a\n" +
 	"\x16ALGORITHM_TOKEN_BUCKET\x10\x03\x12\x1a\n" +
-	"\x16ALGORITHM_LEAKY_BUCKET\x10\x04*\x91\x01\n" +
+	"\x16ALGORITHM_LEAKY_BUCKET\x10\x04*U\n" +
+	"\x05Scope\x12\x15\n" +
+	"\x11SCOPE_UNSPECIFIED\x10\x00\x12\x10\n" +
+	"\fSCOPE_GLOBAL\x10\x01\x12\x12\n" +
+	"\x0eSCOPE_REGIONAL\x10\x02\x12\x0f\n" +
+	"\vSCOPE_EXACT\x10\x03*\x91\x01\n" +
 	"\x16OwnerUnavailablePolicy\x12!\n" +
 	"\x1dOWNER_UNAVAILABLE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17OWNER_UNAVAILABLE_LOCAL\x10\x01\x12\x1b\n" +
@@ -1608,60 +1736,63 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 	return file_sluice_v1_sluice_proto_rawDescData
 }
 
-var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
 var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),              // 0: sluice.v1.Algorithm
-	(OwnerUnavailablePolicy)(0), // 1: sluice.v1.OwnerUnavailablePolicy
-	(*RateLimitCheck)(nil),      // 2: sluice.v1.RateLimitCheck
-	(*Decision)(nil),            // 3: sluice.v1.Decision
-	(*CheckRequest)(nil),        // 4: sluice.v1.CheckRequest
-	(*CheckResponse)(nil),       // 5: sluice.v1.CheckResponse
-	(*ForwardRequest)(nil),      // 6: sluice.v1.ForwardRequest
-	(*ForwardResponse)(nil),     // 7: sluice.v1.ForwardResponse
-	(*MembersRequest)(nil),      // 8: sluice.v1.MembersRequest
-	(*Member)(nil),              // 9: sluice.v1.Member
-	(*MembersResponse)(nil),     // 10: sluice.v1.MembersResponse
-	(*KeyState)(nil),            // 11: sluice.v1.KeyState
-	(*HandOffRequest)(nil),      // 12: sluice.v1.HandOffRequest
-	(*HandOffResponse)(nil),     // 13: sluice.v1.HandOffResponse
-	(*PullRequest)(nil),         // 14: sluice.v1.PullRequest
-	(*PullResponse)(nil),        // 15: sluice.v1.PullResponse
-	(*ReplicateRequest)(nil),    // 16: sluice.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),   // 17: sluice.v1.ReplicateResponse
+	(Scope)(0),                  // 1: sluice.v1.Scope
+	(OwnerUnavailablePolicy)(0), // 2: sluice.v1.OwnerUnavailablePolicy
+	(*RateLimitCheck)(nil),      // 3: sluice.v1.RateLimitCheck
+	(*Decision)(nil),            // 4: sluice.v1.Decision
+	(*CheckRequest)(nil),        // 5: sluice.v1.CheckRequest
+	(*CheckResponse)(nil),       // 6: sluice.v1.CheckResponse
+	(*ForwardRequest)(nil),      // 7: sluice.v1.ForwardRequest
+	(*ForwardResponse)(nil),     // 8: sluice.v1.ForwardResponse
+	(*MembersRequest)(nil),      // 9: sluice.v1.MembersRequest
+	(*Member)(nil),              // 10: sluice.v1.Member
+	(*MembersResponse)(nil),     // 11: sluice.v1.MembersResponse
+	(*KeyState)(nil),            // 12: sluice.v1.KeyState
+	(*HandOffRequest)(nil),      // 13: sluice.v1.HandOffRequest
+	(*HandOffResponse)(nil),     // 14: sluice.v1.HandOffResponse
+	(*PullRequest)(nil),         // 15: sluice.v1.PullRequest
+	(*PullResponse)(nil),        // 16: sluice.v1.PullResponse
+	(*ReplicateRequest)(nil),    // 17: sluice.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),   // 18: sluice.v1.ReplicateResponse
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	0,  // 0: sluice.v1.RateLimitCheck.algorithm:type_name -> sluice.v1.Algorithm
-	1,  // 1: sluice.v1.RateLimitCheck.on_owner_unavailable:type_name -> sluice.v1.OwnerUnavailablePolicy
-	2,  // 2: sluice.v1.CheckRequest.checks:type_name -> sluice.v1.RateLimitCheck
-	3,  // 3: sluice.v1.CheckResponse.decisions:type_name -> sluice.v1.Decision
-	2,  // 4: sluice.v1.ForwardRequest.checks:type_name -> sluice.v1.RateLimitCheck
-	3,  // 5: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
-	9,  // 6: sluice.v1.MembersResponse.members:type_name -> sluice.v1.Member
-	11, // 7: sluice.v1.HandOffRequest.states:type_name -> sluice.v1.KeyState
-	11, // 8: sluice.v1.PullResponse.states:type_name -> sluice.v1.KeyState
-	11, // 9: sluice.v1.PullResponse.replicas:type_name -> sluice.v1.KeyState
-	11, // 10: sluice.v1.PullResponse.stand_in:type_name -> sluice.v1.KeyState
-	11, // 11: sluice.v1.ReplicateRequest.states:type_name -> sluice.v1.KeyState
-	4,  // 12: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
-	8,  // 13: sluice.v1.RateLimitService.Members:input_type -> sluice.v1.MembersRequest
-	6,  // 14: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
-	6,  // 15: sluice.v1.PeerService.ForwardStream:input_type -> sluice.v1.ForwardRequest
-	12, // 16: sluice.v1.PeerService.HandOff:input_type -> sluice.v1.HandOffRequest
-	14, // 17: sluice.v1.PeerService.Pull:input_type -> sluice.v1.PullRequest
-	16, // 18: sluice.v1.PeerService.Replicate:input_type -> sluice.v1.ReplicateRequest
-	5,  // 19: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
-	10, // 20: sluice.v1.RateLimitService.Members:output_type -> sluice.v1.MembersResponse
-	7,  // 21: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
-	7,  // 22: sluice.v1.PeerService.ForwardStream:output_type -> sluice.v1.ForwardResponse
-	13, // 23: sluice.v1.PeerService.HandOff:output_type -> sluice.v1.HandOffResponse
-	15, // 24: sluice.v1.PeerService.Pull:output_type -> sluice.v1.PullResponse
-	17, // 25: sluice.v1.PeerService.Replicate:output_type -> sluice.v1.ReplicateResponse
-	19, // [19:26] is the sub-list for method output_type
-	12, // [12:19] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	2,  // 1: sluice.v1.RateLimitCheck.on_owner_unavailable:type_name -> sluice.v1.OwnerUnavailablePolicy
+	1,  // 2: sluice.v1.RateLimitCheck.scope:type_name -> sluice.v1.Scope
+	1,  // 3: sluice.v1.Decision.scope:type_name -> sluice.v1.Scope
+	3,  // 4: sluice.v1.CheckRequest.checks:type_name -> sluice.v1.RateLimitCheck
+	4,  // 5: sluice.v1.CheckResponse.decisions:type_name -> sluice.v1.Decision
+	3,  // 6: sluice.v1.ForwardRequest.checks:type_name -> sluice.v1.RateLimitCheck
+	4,  // 7: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
+	10, // 8: sluice.v1.MembersResponse.members:type_name -> sluice.v1.Member
+	12, // 9: sluice.v1.HandOffRequest.states:type_name -> sluice.v1.KeyState
+	12, // 10: sluice.v1.PullResponse.states:type_name -> sluice.v1.KeyState
+	12, // 11: sluice.v1.PullResponse.replicas:type_name -> sluice.v1.KeyState
+	12, // 12: sluice.v1.PullResponse.stand_in:type_name -> sluice.v1.KeyState
+	12, // 13: sluice.v1.ReplicateRequest.states:type_name -> sluice.v1.KeyState
+	5,  // 14: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
+	9,  // 15: sluice.v1.RateLimitService.Members:input_type -> sluice.v1.MembersRequest
+	7,  // 16: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
+	7,  // 17: sluice.v1.PeerService.ForwardStream:input_type -> sluice.v1.ForwardRequest
+	13, // 18: sluice.v1.PeerService.HandOff:input_type -> sluice.v1.HandOffRequest
+	15, // 19: sluice.v1.PeerService.Pull:input_type -> sluice.v1.PullRequest
+	17, // 20: sluice.v1.PeerService.Replicate:input_type -> sluice.v1.ReplicateRequest
+	6,  // 21: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
+	11, // 22: sluice.v1.RateLimitService.Members:output_type -> sluice.v1.MembersResponse
+	8,  // 23: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
+	8,  // 24: sluice.v1.PeerService.ForwardStream:output_type -> sluice.v1.ForwardResponse
+	14, // 25: sluice.v1.PeerService.HandOff:output_type -> sluice.v1.HandOffResponse
+	16, // 26: sluice.v1.PeerService.Pull:output_type -> sluice.v1.PullResponse
+	18, // 27: sluice.v1.PeerService.Replicate:output_type -> sluice.v1.ReplicateResponse
+	21, // [21:28] is the sub-list for method output_type
+	14, // [14:21] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -1675,7 +1806,7 @@ func file_sluice_v1_sluice_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
-			NumEnums:      2,
+			NumEnums:      3,
 			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   2,
