@@ -56,6 +56,13 @@ type Config struct {
 	// Region is a free-form region label carried in the metadata, e.g.
 	// "eu-west-1". Default "local". (Optional)
 	Region string
+	// Regions is the fingerprint of the cluster's region list
+	// (region.Config's Fingerprint, 16 hex digits; "" for none), carried
+	// in the metadata. A member whose fingerprint differs is refused, both
+	// ways, with a message naming it: a join through it fails, so that
+	// nodes that would divide limits differently never form one cluster.
+	// (Optional)
+	Regions string
 	// Version is the sluice version carried in the metadata. (Optional)
 	Version string
 	// Profile selects memberlist timings. Default LAN. (Optional)
@@ -132,6 +139,9 @@ var (
 	// name at another address. The node must not take part: names decide
 	// ownership.
 	ErrNameTaken = errors.New("cluster: name taken")
+	// ErrRegions: a member's region list differs from this node's; it is
+	// refused (and a join through it fails).
+	ErrRegions = errors.New("cluster: region lists differ")
 )
 
 // Cluster is this node's membership in a cluster. It is safe for
@@ -148,6 +158,11 @@ type Cluster struct {
 	// means this node is the newcomer (conflict holds the other's address).
 	joined   atomic.Bool
 	conflict atomic.Pointer[string]
+	// regions is the fingerprint of this node's region list (Config.Regions).
+	regions string
+	// regionsRefused is set when, before this node joined, a member list
+	// to merge held a member with another region list: Join fails.
+	regionsRefused atomic.Pointer[error]
 	// oldSelf is set when a join attempt was refused because another
 	// process of this name was alive or suspect (see NotifyMerge).
 	oldSelf atomic.Pointer[oldSelf]
@@ -194,7 +209,7 @@ func New(cfg Config) (*Cluster, error) {
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:])
 	instance := hex.EncodeToString(nonce[:])
-	meta, err := encodeMeta(metadata{GRPCAddr: cfg.GRPCAddr, Region: cfg.Region, Version: cfg.Version, Instance: instance})
+	meta, err := encodeMeta(metadata{GRPCAddr: cfg.GRPCAddr, Region: cfg.Region, Version: cfg.Version, Instance: instance, Regions: cfg.Regions})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
@@ -251,7 +266,8 @@ func New(cfg Config) (*Cluster, error) {
 	}
 	c := &Cluster{name: cfg.Name, log: cfg.Logger.With("node", cfg.Name), changes: make(chan struct{}, 1),
 		nodes: map[string]memberlist.Node{}, keyring: keyring, reconnect: newReconnector(cfg.ReconnectInterval, cfg.ReconnectTimeout),
-		md: metadata{GRPCAddr: cfg.GRPCAddr, Region: cfg.Region, Version: cfg.Version, Instance: instance}}
+		regions: cfg.Regions,
+		md:      metadata{GRPCAddr: cfg.GRPCAddr, Region: cfg.Region, Version: cfg.Version, Instance: instance, Regions: cfg.Regions}}
 	c.delegate.meta.Store(&meta)
 	mc.Delegate = &c.delegate
 	mc.Alive = (*admission)(c)
@@ -277,7 +293,8 @@ func New(cfg Config) (*Cluster, error) {
 // Join contacts the seeds (host:port gossip addresses) and merges their view
 // of the cluster into this node's, retrying every second until at least one
 // seed answers or ctx is done. It returns the number of seeds reached, an
-// error wrapping [ErrNameTaken] when the cluster already has a live member
+// error wrapping [ErrRegions] when a seed's cluster has another region
+// list, an error wrapping [ErrNameTaken] when the cluster already has a live member
 // of this node's name (the caller must then stop without a leave message,
 // which would remove the other), or an error wrapping [ErrJoin] with the
 // last failure when ctx ends first.
@@ -291,6 +308,9 @@ func (c *Cluster) Join(ctx context.Context, seeds []string) (int, error) {
 	for attempt := 1; ; attempt++ {
 		c.oldSelf.Store(nil)
 		n, err := c.list.Join(seeds)
+		if rerr := c.regionsRefused.Load(); rerr != nil && n == 0 {
+			return 0, *rerr
+		}
 		if other := c.conflict.Load(); other != nil {
 			return 0, fmt.Errorf("%w: a member named %q is already alive at %s; every node needs a unique name", ErrNameTaken, c.name, *other)
 		}
@@ -557,7 +577,14 @@ func (a *admission) admit(n *memberlist.Node) error {
 	}
 	err := CheckName(n.Name)
 	if err == nil {
-		_, err = decodeMeta(n.Meta)
+		var md metadata
+		md, err = decodeMeta(n.Meta)
+		if err == nil && md.Regions != a.regions {
+			err = fmt.Errorf("%w: member %q has region list %s, this node %s: every node needs the same --regions (names, weights and order)", ErrRegions, n.Name, fpOrNone(md.Regions), fpOrNone(a.regions))
+			if !a.joined.Load() {
+				a.regionsRefused.Store(&err)
+			}
+		}
 	}
 	if err != nil {
 		a.refused.Add(1)
@@ -568,6 +595,14 @@ func (a *admission) admit(n *memberlist.Node) error {
 		a.log.Warn("refusing a member with bad metadata", "member", fmt.Sprintf("%q", name), "error", err)
 	}
 	return err
+}
+
+// fpOrNone describes a region list's fingerprint for a message.
+func fpOrNone(fp string) string {
+	if fp == "" {
+		return "(none: a single region)"
+	}
+	return "fingerprint " + fp
 }
 
 // NotifyAlive implements memberlist.AliveDelegate.

@@ -33,6 +33,9 @@ type metadata struct {
 	// Instance is random per process start (16 hex digits): it tells a
 	// node that restarted under its name from the one before.
 	Instance string `json:"id,omitempty"`
+	// Regions is the fingerprint of the node's region list (16 hex
+	// digits; "" for none): members whose lists differ refuse each other.
+	Regions string `json:"rg,omitempty"`
 }
 
 var errMeta = errors.New("bad node metadata")
@@ -101,7 +104,7 @@ func checkMeta(m metadata) error {
 	if m.Version != "" && !isToken(m.Version, maxVersion) {
 		return fmt.Errorf("version: want at most %d bytes of [A-Za-z0-9._+-], got %q", maxVersion, m.Version)
 	}
-	for _, f := range []struct{ name, v string }{{"rf", m.RingFP}, {"rm", m.RingMembers}, {"id", m.Instance}} {
+	for _, f := range []struct{ name, v string }{{"rf", m.RingFP}, {"rm", m.RingMembers}, {"id", m.Instance}, {"rg", m.Regions}} {
 		if f.v == "" {
 			continue
 		}

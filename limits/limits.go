@@ -21,6 +21,7 @@
 //	    window: 1h
 //	    shadow: true            # never denies; would-be denials are reported
 //	    on_owner_unavailable: deny # local, allow or deny: when the key's owner cannot be reached
+//	    scope: exact            # with several regions: global (default: per-region slices), regional or exact
 //
 // A [Source] holds the file's current [Set] and reloads it atomically: a
 // file that does not parse is refused with an error naming its line, and
@@ -39,6 +40,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/window"
 )
 
@@ -61,6 +63,11 @@ type Limit struct {
 	// has its limit's own). OwnerUnavailableUnset when the file does not
 	// say either: the node's default, local.
 	OnOwnerUnavailable OwnerUnavailable
+	// Scope is where the limit is enforced in a cluster of several
+	// regions (scope in the file: global, regional or exact; an override
+	// that leaves it out has its limit's own). region.Unspecified when
+	// the file does not say: global with several regions.
+	Scope region.Scope
 }
 
 // OwnerUnavailable is a limit's policy for checks whose key's owner a
@@ -315,6 +322,7 @@ type fields struct {
 	burst     *int64
 	shadow    *bool
 	onOwner   *OwnerUnavailable
+	scope     *region.Scope
 	line      int
 }
 
@@ -388,6 +396,16 @@ func (p *parser) field(k, v *yaml.Node, path string, f *fields) (bool, error) {
 			return true, p.errf(v, path, "must be local, allow or deny, got %q", s)
 		}
 		f.onOwner = &o
+	case "scope":
+		var s string
+		if err := scalar(&s); err != nil {
+			return true, err
+		}
+		sc, err := region.ParseScope(s)
+		if err != nil || sc == region.Unspecified {
+			return true, p.errf(v, path, "must be global, regional or exact, got %q", s)
+		}
+		f.scope = &sc
 	default:
 		return false, nil
 	}
@@ -418,6 +436,9 @@ func (p *parser) resolve(f fields, base Limit, n *yaml.Node, path string) (Limit
 	}
 	if f.onOwner != nil {
 		l.OnOwnerUnavailable = *f.onOwner
+	}
+	if f.scope != nil {
+		l.Scope = *f.scope
 	}
 	if l.Algorithm == window.Unspecified {
 		l.Algorithm = window.FixedWindow
@@ -454,7 +475,7 @@ func (p *parser) named(name string, v *yaml.Node, path string) (*Named, error) {
 		}
 		ok, err := p.field(k, v, sub, &f)
 		if err == nil && !ok {
-			err = p.errf(k, sub, "unknown field (want limit, window, algorithm, burst, shadow, on_owner_unavailable or overrides)")
+			err = p.errf(k, sub, "unknown field (want limit, window, algorithm, burst, shadow, on_owner_unavailable, scope or overrides)")
 		}
 		return err
 	}); err != nil {
@@ -487,7 +508,7 @@ func (p *parser) named(name string, v *yaml.Node, path string) (*Named, error) {
 			}
 			ok, err := p.field(k, v, sub, &of)
 			if err == nil && !ok {
-				err = p.errf(k, sub, "unknown field (want key_prefix, limit, window, algorithm, burst, shadow or on_owner_unavailable)")
+				err = p.errf(k, sub, "unknown field (want key_prefix, limit, window, algorithm, burst, shadow, on_owner_unavailable or scope)")
 			}
 			return err
 		}); err != nil {

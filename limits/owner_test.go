@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/sluicehq/sluice/region"
 )
 
 // on_owner_unavailable: a limit's own policy, inherited by the overrides
@@ -64,7 +66,7 @@ func TestOnOwnerUnavailableRefusesBadValues(t *testing.T) {
 		{"limits:\n  api:\n    limit: 10\n    window: 1m\n    overrides:\n      - key_prefix: a\n        on_owner_unavailable: closed\n",
 			`f.yaml:7: limits.api.overrides[0].on_owner_unavailable: must be local, allow or deny, got "closed"`},
 		{"limits:\n  api:\n    limit: 10\n    window: 1m\n    on_owner_unavailabel: deny\n",
-			`f.yaml:5: limits.api.on_owner_unavailabel: unknown field (want limit, window, algorithm, burst, shadow, on_owner_unavailable or overrides)`},
+			`f.yaml:5: limits.api.on_owner_unavailabel: unknown field (want limit, window, algorithm, burst, shadow, on_owner_unavailable, scope or overrides)`},
 	} {
 		_, err := Parse("f.yaml", []byte(tc.file))
 		if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
@@ -82,5 +84,39 @@ func TestParseOwnerUnavailable(t *testing.T) {
 	}
 	if _, err := ParseOwnerUnavailable("open"); err == nil || !strings.Contains(err.Error(), `got "open"`) {
 		t.Errorf("ParseOwnerUnavailable(open): %v", err)
+	}
+}
+
+// scope takes global, regional or exact, on a limit and on an override
+// (which otherwise has its limit's), and nothing else.
+func TestScope(t *testing.T) {
+	set, err := Parse("f.yaml", []byte(`limits:
+  api:
+    limit: 10
+    window: 1m
+    scope: exact
+    overrides:
+      - key_prefix: "eu:"
+        scope: regional
+      - key_prefix: "x:"
+        limit: 3
+  web:
+    limit: 10
+    window: 1m
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, key string
+		want      region.Scope
+	}{{"api", "u", region.Exact}, {"api", "eu:1", region.Regional}, {"api", "x:1", region.Exact}, {"web", "u", region.Unspecified}} {
+		if l, _ := set.Resolve(tc.name, tc.key); l.Scope != tc.want {
+			t.Errorf("%s %s: scope %v, want %v", tc.name, tc.key, l.Scope, tc.want)
+		}
+	}
+	_, err = Parse("f.yaml", []byte("limits:\n  api:\n    limit: 10\n    window: 1m\n    scope: planet\n"))
+	if err == nil || !strings.Contains(err.Error(), `f.yaml:5: limits.api.scope: must be global, regional or exact, got "planet"`) {
+		t.Errorf("bad scope: %v", err)
 	}
 }

@@ -58,6 +58,11 @@ type Config struct {
 	// Load bounds a member's share: at most ceil(PartitionCount/members *
 	// Load) partitions each. Default 1.25; must be >= 1. (Optional)
 	Load float64
+	// Regions identifies the cluster's region list (region.Config's
+	// Fingerprint; "" for one region). It places no key, but it is part
+	// of the ring's Fingerprint, so that nodes given different region
+	// lists never count as agreeing about owners. (Optional)
+	Regions string
 }
 
 func (c Config) withDefaults() Config {
@@ -253,7 +258,7 @@ func (r *Ring) Shares() map[string]float64 {
 }
 
 // Fingerprint identifies the placement of keys: a hash of the sorted member
-// names, the Config and [Library], as 16 hex digits. Two rings with the same
+// names, the Config (its Regions too) and [Library], as 16 hex digits. Two rings with the same
 // fingerprint give every key the same owner.
 func (r *Ring) Fingerprint() string { return r.fingerprint }
 
@@ -261,6 +266,9 @@ func (r *Ring) computeFingerprint() string {
 	d := xxhash.New()
 	_, _ = d.WriteString(Library)
 	_, _ = fmt.Fprintf(d, "|%d|%d|%g|", r.cfg.PartitionCount, r.cfg.ReplicationFactor, r.cfg.Load)
+	if r.cfg.Regions != "" {
+		_, _ = fmt.Fprintf(d, "regions=%s|", r.cfg.Regions)
+	}
 	writeNames(d, r.members)
 	return fmt.Sprintf("%016x", d.Sum64())
 }

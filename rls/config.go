@@ -123,6 +123,19 @@ type Config struct {
 	files   []string
 	// onOwner is each domain's on_owner_unavailable (absent: unspecified).
 	onOwner map[string]sluicev1.OwnerUnavailablePolicy
+	// scope is each domain's scope (absent: unspecified).
+	scope map[string]sluicev1.Scope
+}
+
+// Scope returns the scope the checks of domain are sent with (the
+// domain's scope, a sluice extension of the rule format: global, regional
+// or exact, see DESIGN.md "Regions"). SCOPE_UNSPECIFIED (global with
+// several regions) when the file does not say, and for an unknown domain.
+func (c *Config) Scope(domain string) sluicev1.Scope {
+	if c == nil {
+		return sluicev1.Scope_SCOPE_UNSPECIFIED
+	}
+	return c.scope[domain]
 }
 
 // OnOwnerUnavailable returns the policy the checks of domain are sent
@@ -183,6 +196,15 @@ type yamlRoot struct {
 	Descriptors []yamlDescriptor `yaml:"descriptors"`
 	// OnOwnerUnavailable is sluice's own: local, allow or deny.
 	OnOwnerUnavailable *string `yaml:"on_owner_unavailable"`
+	// Scope is sluice's own: global, regional or exact.
+	Scope *string `yaml:"scope"`
+}
+
+// scopes are the values of scope.
+var scopes = map[string]sluicev1.Scope{
+	"global":   sluicev1.Scope_SCOPE_GLOBAL,
+	"regional": sluicev1.Scope_SCOPE_REGIONAL,
+	"exact":    sluicev1.Scope_SCOPE_EXACT,
 }
 
 // ownerPolicies are the values of on_owner_unavailable.
@@ -335,7 +357,7 @@ type builder struct {
 }
 
 func newBuilder() *builder {
-	return &builder{cfg: &Config{domains: map[string]*node{}, onOwner: map[string]sluicev1.OwnerUnavailablePolicy{}}, domainFiles: map[string]string{}}
+	return &builder{cfg: &Config{domains: map[string]*node{}, onOwner: map[string]sluicev1.OwnerUnavailablePolicy{}, scope: map[string]sluicev1.Scope{}}, domainFiles: map[string]string{}}
 }
 
 // add parses one file into b.cfg.
@@ -383,6 +405,13 @@ func (b *builder) add(file string, data []byte) (err error) {
 			return l.errorf(ypath{"on_owner_unavailable"}, "on_owner_unavailable", "want local, allow or deny, got %q", *v)
 		}
 	}
+	var scope sluicev1.Scope
+	if v := root.Scope; v != nil {
+		var ok bool
+		if scope, ok = scopes[*v]; !ok {
+			return l.errorf(ypath{"scope"}, "scope", "want global, regional or exact, got %q", *v)
+		}
+	}
 	dom := &node{id: "rls " + strconv.Quote(root.Domain)}
 	if err := l.loadLevel(dom, root.Domain, root.Domain, ypath{"descriptors"}, "descriptors", root.Descriptors); err != nil {
 		return err
@@ -391,6 +420,9 @@ func (b *builder) add(file string, data []byte) (err error) {
 	b.cfg.domains[root.Domain] = dom
 	if policy != sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_UNSPECIFIED {
 		b.cfg.onOwner[root.Domain] = policy
+	}
+	if scope != sluicev1.Scope_SCOPE_UNSPECIFIED {
+		b.cfg.scope[root.Domain] = scope
 	}
 	b.cfg.files = append(b.cfg.files, file)
 	return nil

@@ -172,3 +172,37 @@ descriptors:
 		t.Fatalf("calls %v, want user's, then a peek at gamma", ch.calls)
 	}
 }
+
+// scope, sluice's own key at the domain level: global, regional or exact;
+// every check of the domain carries it; anything else is refused with its
+// line; a file without it leaves the scope unspecified.
+func TestDomainScope(t *testing.T) {
+	cfg, err := rls.Parse(
+		rls.File{Name: "a.yaml", Data: []byte(strings.Replace(serviceRules, "domain: shop\n", "domain: shop\nscope: exact\n", 1))},
+		rls.File{Name: "b.yaml", Data: []byte("domain: b\nscope: regional\n")},
+		rls.File{Name: "c.yaml", Data: []byte("domain: c\n")},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for domain, want := range map[string]sluicev1.Scope{
+		"shop": sluicev1.Scope_SCOPE_EXACT, "b": sluicev1.Scope_SCOPE_REGIONAL,
+		"c": sluicev1.Scope_SCOPE_UNSPECIFIED, "zz": sluicev1.Scope_SCOPE_UNSPECIFIED,
+	} {
+		if got := cfg.Scope(domain); got != want {
+			t.Errorf("domain %s: %s, want %s", domain, got, want)
+		}
+	}
+	ch := newStoreChecker()
+	s := rls.NewService(cfg, ch, rls.Options{Clock: ch.clock, Logger: slog.New(slog.DiscardHandler)})
+	call(t, s, "shop", 0, desc("user", "u1"))
+	ch.mu.Lock()
+	if len(ch.calls) != 1 || ch.calls[0].Checks[0].Scope != sluicev1.Scope_SCOPE_EXACT {
+		t.Errorf("the domain's check was sent with %v", ch.calls)
+	}
+	ch.mu.Unlock()
+	_, err = rls.Parse(rls.File{Name: "bad.yaml", Data: []byte("domain: d\nscope: planet\n")})
+	if err == nil || !strings.Contains(err.Error(), `bad.yaml:2:8: scope: want global, regional or exact, got "planet"`) {
+		t.Errorf("bad scope: %v", err)
+	}
+}

@@ -131,6 +131,7 @@ type item struct {
 	hits   int64
 	window time.Duration
 	policy sluicev1.OwnerUnavailablePolicy // the domain's on_owner_unavailable
+	scope  sluicev1.Scope                  // the domain's scope
 }
 
 // ShouldRateLimit answers one status per descriptor, in request order,
@@ -187,6 +188,7 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest) ([]item, error) {
 	}
 	_, knownDomain := s.cfg.domains[req.GetDomain()]
 	policy := s.cfg.OnOwnerUnavailable(req.GetDomain())
+	scope := s.cfg.Scope(req.GetDomain())
 	plan := make([]item, len(descs))
 	replacing := map[string]bool{}
 	for i, d := range descs {
@@ -205,7 +207,7 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest) ([]item, error) {
 			if err != nil {
 				return nil, err
 			}
-			it.policy = policy
+			it.policy, it.scope = policy, scope
 			plan[i] = it
 			continue
 		}
@@ -226,7 +228,7 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest) ([]item, error) {
 		case m.Rule.RequestsPerUnit == 0:
 			plan[i] = item{kind: kindZero, rule: m.Rule, window: m.Rule.Window}
 		default:
-			plan[i] = item{kind: kindCheck, rule: m.Rule, name: m.Name, key: m.Key, hits: hits, window: m.Rule.Window, policy: policy}
+			plan[i] = item{kind: kindCheck, rule: m.Rule, name: m.Name, key: m.Key, hits: hits, window: m.Rule.Window, policy: policy, scope: scope}
 		}
 	}
 	for i, it := range plan {
@@ -404,7 +406,8 @@ func passes(d *sluicev1.Decision, hits int64) bool {
 }
 
 // check sends the checks plan[i], i in idx, in one batch (peek: hits 0;
-// else all or nothing), each with its domain's on_owner_unavailable, and
+// else all or nothing), each with its domain's on_owner_unavailable and
+// scope, and
 // returns their decisions in order, or UNAVAILABLE naming the first
 // descriptor that could not be decided.
 func (s *Service) check(ctx context.Context, plan []item, idx []int, peek bool) ([]*sluicev1.Decision, error) {
@@ -422,6 +425,7 @@ func (s *Service) check(ctx context.Context, plan []item, idx []int, peek bool) 
 			Limit: int64(it.rule.RequestsPerUnit), WindowMs: it.window.Milliseconds(),
 			Algorithm:          sluicev1.Algorithm_ALGORITHM_FIXED_WINDOW,
 			OnOwnerUnavailable: it.policy,
+			Scope:              it.scope,
 		}
 	}
 	if s.checker == nil {

@@ -26,13 +26,19 @@ type BatchConfig = forward.BatchConfig
 // A batch is a Forward call: the batcher's bound must be the receiver's.
 const _ = uint(forward.MaxBatch-MaxBatch) + uint(MaxBatch-forward.MaxBatch)
 
-// dialPeers returns the peers of the members ms (this node excluded): a
-// member's peer of old when its address is the same, else a new
-// connection (a member that cannot be dialed is left out, and logged).
-func (s *Server) dialPeers(old map[string]*forward.Peer, ms []cluster.Member) map[string]*forward.Peer {
-	peers := make(map[string]*forward.Peer, len(ms))
+// dialPeers returns the peers of the members ms and home (this node
+// excluded; home are the home region's members, to which exact checks go
+// from another region): a member's peer of old when its address is the
+// same, else a new connection (a member that cannot be dialed is left
+// out, and logged).
+func (s *Server) dialPeers(old map[string]*forward.Peer, ms, home []cluster.Member) map[string]*forward.Peer {
+	peers := make(map[string]*forward.Peer, len(ms)+len(home))
 	cfg := forward.Config{Sender: s.name, Timeout: s.forwardTimeout, Batch: s.batch, View: s.ringStamp, Stats: s.peerStats}
-	for _, m := range ms {
+	for i, m := range slices.Concat(ms, home) {
+		cfg.View = s.ringStamp
+		if i >= len(ms) {
+			cfg.View = s.homeStamp // the home region's members: their ring is the home ring
+		}
 		if m.Name == s.name {
 			continue
 		}

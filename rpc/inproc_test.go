@@ -80,7 +80,7 @@ func (c *inprocCluster) dialer() grpc.DialOption { return grpc.WithContextDialer
 // that sets one belongs on startNode.
 var inprocHonours = []string{"Name", "Clock", "Ring", "ForwardTimeout", "Batch", "HandOffTimeout",
 	"Replication", "SweepInterval", "MaxKeys", "OnKeyCap", "NameKeyShare", "GRPC", "HTTP", "HTTPAddr",
-	"Limits", "ServerOptions", "DialOptions", "Logger", "PeerIdentity", "hooks"}
+	"Limits", "ServerOptions", "DialOptions", "Logger", "PeerIdentity", "hooks", "Region", "Regions"}
 
 // start adds a node made from cfg as StartNode makes one (the store with
 // cfg's key cap and per-name share, the Server with cfg's limits and
@@ -130,7 +130,7 @@ func (c *inprocCluster) start(cfg NodeConfig) *inprocNode {
 	sluicev1.RegisterRateLimitServiceServer(gs, srv)
 	sluicev1.RegisterPeerServiceServer(gs, srv)
 	lis := bufconn.Listen(1 << 20)
-	n := &inprocNode{c: c, name: cfg.Name, srv: srv, store: store, metrics: metrics, gs: gs, lis: lis}
+	n := &inprocNode{c: c, name: cfg.Name, region: cfg.Region, srv: srv, store: store, metrics: metrics, gs: gs, lis: lis}
 	c.mu.Lock()
 	if _, dup := c.lis[cfg.Name]; dup {
 		c.mu.Unlock()
@@ -169,7 +169,7 @@ func (c *inprocCluster) members() []cluster.Member {
 	var ms []cluster.Member
 	for _, n := range c.nodes {
 		if _, live := c.lis[n.name]; live {
-			ms = append(ms, cluster.Member{Name: n.name, GRPCAddr: inprocAddr(n.name), State: cluster.Alive})
+			ms = append(ms, cluster.Member{Name: n.name, GRPCAddr: inprocAddr(n.name), Region: n.region, State: cluster.Alive})
 		}
 	}
 	slices.SortFunc(ms, func(a, b cluster.Member) int { return strings.Compare(a.Name, b.Name) })
@@ -258,6 +258,7 @@ func startInprocNode(t testing.TB, name string, clock window.Clock) *inprocNode 
 type inprocNode struct {
 	c       *inprocCluster
 	name    string
+	region  string
 	srv     *Server
 	store   *window.Store
 	metrics *Metrics

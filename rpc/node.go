@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limits"
+	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/rls"
 	"github.com/sluicehq/sluice/rpc/internal/security"
@@ -37,8 +38,16 @@ type NodeConfig struct {
 	// gRPC and gossip alike; default the listening hosts. Required when a
 	// listen address is a wildcard (0.0.0.0, ::). (Optional)
 	AdvertiseHost string
-	// Region labels the node, e.g. "eu-west-1". Default "local". (Optional)
+	// Region is the node's region, e.g. "eu-west-1". Default "local".
+	// With Regions it must be one of the list. (Optional)
 	Region string
+	// Regions is the cluster's region list (region.Parse of serve
+	// --regions), the same on every node: the ring then holds this
+	// region's members only, checks are decided in their region, and
+	// global limits are split into slices (DESIGN.md "Regions"). Members
+	// whose list differs are refused (cluster.ErrRegions). nil: one
+	// region, as before. (Optional)
+	Regions *region.Config
 	// Join lists gossip addresses (host:port) of members to join; empty
 	// starts a cluster of one. Joining retries in the background until one
 	// answers. (Optional)

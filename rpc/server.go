@@ -49,6 +49,7 @@ import (
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/limits"
+	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/rpc/internal/custody"
 	"github.com/sluicehq/sluice/rpc/internal/forward"
@@ -72,6 +73,15 @@ type ServerConfig struct {
 	Store *window.Store
 	// Ring shapes the ring; every node must use the same. (Optional)
 	Ring ring.Config
+	// Regions is the cluster's region list, the same on every node; nil:
+	// one region (every member in the ring). With a list, the ring holds
+	// the members of Region only, checks are decided in the region they
+	// entered (or, scope exact, in the home region), and global limits
+	// are split into per-region slices (see package region). (Optional)
+	Regions *region.Config
+	// Region is this node's region; with Regions it must be in the list.
+	// (Optional)
+	Region string
 	// ForwardTimeout bounds one forward to a peer. Default 2 s. (Optional)
 	ForwardTimeout time.Duration
 	// Logger for routing events. Default slog.Default(). (Optional)
@@ -124,6 +134,8 @@ type Server struct {
 	name           string
 	store          *window.Store
 	ringCfg        ring.Config
+	regions        *region.Config // nil: one region
+	region         string
 	forwardTimeout time.Duration
 	log            *slog.Logger
 	dialOpts       []grpc.DialOption
@@ -188,9 +200,14 @@ type Server struct {
 // view is what routing needs, swapped whole on each membership change.
 type view struct {
 	ring    *ring.Ring
-	members []cluster.Member         // sorted by name
-	peers   map[string]*forward.Peer // by member name, this node excluded
-	epoch   uint64                   // ring builds that changed the fingerprint
+	members []cluster.Member // sorted by name
+	// home is the home region's ring, for exact checks, when this node
+	// is in another region (nil otherwise, or when no home member is
+	// live); all is every member of every region (Members lists them).
+	home  *ring.Ring
+	all   []cluster.Member
+	peers map[string]*forward.Peer // by member name, this node excluded
+	epoch uint64                   // ring builds that changed the fingerprint
 	// bootstrap marks the view a Server starts with (a ring of itself
 	// alone, before it heard of any member): it owned nothing yet.
 	bootstrap bool
@@ -391,7 +408,13 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.HandOffTimeout <= 0 {
 		cfg.HandOffTimeout = DefaultHandOffTimeout
 	}
+	if err := checkRegions(cfg.Regions, cfg.Region); err != nil {
+		return nil, err
+	}
+	cfg.Ring.Regions = cfg.Regions.Fingerprint()
 	s := &Server{
+		regions:        cfg.Regions,
+		region:         cfg.Region,
 		hooks:          cfg.hooks,
 		inflight:       inflight{max: int64(max(cfg.MaxInflight, 0))},
 		peerIdentity:   cfg.PeerIdentity,
@@ -423,6 +446,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	rings, err := ringview.New(cfg.Name, cfg.Ring)
 	if err != nil {
 		return nil, fmt.Errorf("rpc: %w", err)
+	}
+	if cfg.Regions != nil {
+		rings.SetRegion(cfg.Region)
 	}
 	s.rings = rings
 	r, _ := rings.Ring()
@@ -474,11 +500,13 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 		return nil
 	}
 	ms := membersNamed(members, up.Names, s.name)
-	peers := s.dialPeers(old.peers, ms)
+	home := s.homeRing(old.home, members)
+	peers := s.dialPeers(old.peers, ms, homeMembers(home, members))
 	if up.Changed && !leaving {
 		s.custody.RingChanged(up.Prev, up.Ring, time.Now())
 	}
-	s.view.Store(&view{ring: up.Ring, members: ms, peers: peers, epoch: up.Epoch, bootstrap: s.rings.Bootstrap()})
+	s.view.Store(&view{ring: up.Ring, members: ms, peers: peers, epoch: up.Epoch, bootstrap: s.rings.Bootstrap(),
+		home: home, all: s.membersOf(members)})
 	for name, p := range old.peers {
 		if peers[name] != p {
 			go s.retire(p, s.forwardTimeout) // off the membership path
@@ -504,7 +532,7 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 func viewMembers(ms []cluster.Member) []ringview.Member {
 	out := make([]ringview.Member, len(ms))
 	for i, m := range ms {
-		out[i] = ringview.Member{Name: m.Name, Instance: m.Instance, RingMembers: m.RingMembers,
+		out[i] = ringview.Member{Name: m.Name, Instance: m.Instance, Region: m.Region, RingMembers: m.RingMembers,
 			RingFingerprint: m.RingFingerprint, Version: m.Version}
 	}
 	return out
@@ -614,10 +642,15 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (*sluice
 		return nil, err
 	}
 	defer s.inflight.release(len(reqs))
+	s.applyScopes(reqs, false)
 	out := make([]*sluicev1.Decision, len(reqs))
-	pending := make([]int, len(reqs))
-	for i := range pending {
-		pending[i] = i
+	pending := make([]int, 0, len(reqs))
+	for i := range reqs {
+		if reqs[i].noSlice {
+			out[i] = s.sliceDenial(&reqs[i])
+			continue
+		}
+		pending = append(pending, i)
 	}
 	// A failed forward is retried once if the view changed meanwhile: the
 	// key may have moved, possibly to this node. The view's pointer is
@@ -646,6 +679,7 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (*sluice
 	for i, d := range out {
 		r := &reqs[i]
 		d.AppliedAtNs = 0 // for peers only
+		s.regionAnswer(r, d)
 		outcome := OutcomeAllowed
 		switch {
 		case d.Error != "":
@@ -683,10 +717,24 @@ func (s *Server) route(ctx context.Context, v *view, reqs []request, idx []int, 
 	var (
 		remote, given map[string][]int
 		buf           []byte
+		failed        []failure
 	)
 	for _, i := range idx {
 		r := reqs[i]
 		buf = ring.Key(buf[:0], r.name, r.key)
+		if s.regions != nil && s.crossRegion(&r) {
+			// Exact: the key's owner in the home region decides.
+			if v.home == nil {
+				failed = append(failed, failure{index: i, owner: "home region " + s.regions.Home(), err: "no live member in the home region " + s.regions.Home()})
+				continue
+			}
+			if remote == nil {
+				remote = make(map[string][]int)
+			}
+			o := v.home.Owner(buf)
+			remote[o] = append(remote[o], i)
+			continue
+		}
 		owner := v.ring.Owner(buf)
 		if owner == s.name {
 			if to := s.custody.TombFor(buf); to != "" {
@@ -712,17 +760,16 @@ func (s *Server) route(ctx context.Context, v *view, reqs []request, idx []int, 
 		s.reforward(ctx, v, to, reqs, is, out)
 	}
 	if len(remote) == 0 {
-		return nil
+		return failed
 	}
-	if len(remote) == 1 { // the common case: no goroutine needed
+	if len(remote) == 1 && len(failed) == 0 { // the common case: no goroutine needed
 		for owner, is := range remote {
 			return s.forward(ctx, v.peers[owner], owner, reqs, is, out)
 		}
 	}
 	var (
-		mu     sync.Mutex
-		failed []failure
-		wg     sync.WaitGroup
+		mu sync.Mutex
+		wg sync.WaitGroup
 	)
 	for owner, is := range remote {
 		wg.Go(func() {
@@ -884,6 +931,9 @@ type testHooks struct {
 // clock, and marks the key for replication when it changed.
 func (s *Server) decide(storeKey []byte, r *request) *sluicev1.Decision {
 	c := r.check
+	if r.noSlice {
+		return s.sliceDenial(r)
+	}
 	if r.pb.RefundAtNs > 0 {
 		return s.refund(storeKey, r)
 	}
@@ -925,6 +975,7 @@ func (s *Server) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sl
 	if fe != nil {
 		return nil, invalidArgument(fe)
 	}
+	s.applyScopes(reqs, true)
 	s.stats.receivedRPCs.Add(1)
 	s.stats.receivedChecks.Add(int64(len(reqs)))
 	v := s.view.Load()
@@ -1129,7 +1180,11 @@ func (s *Server) Members(ctx context.Context, _ *sluicev1.MembersRequest) (*slui
 		RingFingerprint: v.ring.Fingerprint(),
 		PartitionCount:  int32(v.ring.Config().PartitionCount),
 	}
-	for _, m := range v.members {
+	ms := v.members
+	if v.all != nil {
+		ms = v.all
+	}
+	for _, m := range ms {
 		resp.Members = append(resp.Members, &sluicev1.Member{
 			Name: m.Name, GrpcAddr: m.GRPCAddr, GossipAddr: m.GossipAddr, Region: m.Region,
 			State: string(m.State), RingShare: shares[m.Name], Version: m.Version,

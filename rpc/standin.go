@@ -69,6 +69,11 @@ func (s *Server) dropEntryLocked(k string) {
 // window becomes that copy plus what it admitted beyond the old one. The
 // decision is marked degraded.
 func (s *Server) standInDecide(key []byte, r request) *sluicev1.Decision {
+	if r.noSlice {
+		d := s.sliceDenial(&r)
+		d.Degraded = true
+		return d
+	}
 	k := string(key)
 	s.fbMu.Lock()
 	now := s.store.Now()
@@ -367,7 +372,8 @@ func (s *Server) answerUnavailable(ctx context.Context, reqs []request, fs []fai
 			continue
 		}
 		buf = ring.Key(buf[:0], r.name, r.key)
-		if !v.ring.Has(f.owner) {
+		cross := s.regions != nil && s.crossRegion(&r)
+		if !cross && !v.ring.Has(f.owner) {
 			// The owner left the ring meanwhile (it left or was declared
 			// dead): the key has a new owner, which decides it.
 			// (A plain forward: its receiver, whose ring may still hold
@@ -388,6 +394,13 @@ func (s *Server) answerUnavailable(ctx context.Context, reqs []request, fs []fai
 			continue
 		case sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_DENY:
 			out[f.index] = &sluicev1.Decision{Allowed: false, Limit: r.check.Limit, Owner: s.name, Degraded: true}
+			continue
+		}
+		if cross {
+			// The home region cannot be reached: this node decides from
+			// its own fallback window (degraded); no stand-in of its ring
+			// holds the home owner's copy.
+			out[f.index] = s.standInDecide(buf, r)
 			continue
 		}
 		if to := s.custody.TombFor(buf); to != "" && to != f.owner && v.peers[to] != nil {

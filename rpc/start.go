@@ -41,6 +41,12 @@ func (cfg NodeConfig) withDefaults() (NodeConfig, error) {
 	if cfg.GossipAddr == "" {
 		cfg.GossipAddr = "127.0.0.1:7946"
 	}
+	if cfg.Region == "" {
+		cfg.Region = "local"
+	}
+	if cfg.Regions != nil && !cfg.Regions.Has(cfg.Region) {
+		return cfg, fmt.Errorf("region: %q is not in the region list %q (every node's region must be one of regions)", cfg.Region, cfg.Regions.String())
+	}
 	if cfg.LeaveTimeout <= 0 {
 		cfg.LeaveTimeout = 5 * time.Second
 	}
@@ -156,7 +162,7 @@ func newCore(cfg NodeConfig, sec secured, log *slog.Logger) (core, error) {
 		peerIdentity = security.PeerName
 	}
 	srv, err := NewServer(ServerConfig{
-		Name: cfg.Name, Store: store, Ring: cfg.Ring,
+		Name: cfg.Name, Store: store, Ring: cfg.Ring, Regions: cfg.Regions, Region: cfg.Region,
 		ForwardTimeout: cfg.ForwardTimeout, Batch: cfg.Batch, Logger: log.With("component", "rpc"),
 		Limits: cfg.Limits, Observer: metrics, DialOptions: cfg.DialOptions,
 		HandOffTimeout: cfg.HandOffTimeout, Replication: cfg.Replication,
@@ -175,7 +181,7 @@ func newCore(cfg NodeConfig, sec secured, log *slog.Logger) (core, error) {
 func newCluster(cfg NodeConfig, advertised string, srv *Server) (*cluster.Cluster, error) {
 	cl, err := cluster.New(cluster.Config{
 		Name: cfg.Name, BindAddr: cfg.GossipAddr, AdvertiseHost: cfg.AdvertiseHost,
-		GRPCAddr: advertised, Region: cfg.Region, Version: cfg.Version,
+		GRPCAddr: advertised, Region: cfg.Region, Regions: cfg.Regions.Fingerprint(), Version: cfg.Version,
 		Profile: cfg.Profile, Logger: cfg.Logger, Keys: cfg.GossipKeys, Label: cfg.ClusterLabel,
 	})
 	if err != nil {
@@ -337,7 +343,7 @@ func (n *Node) join(ctx context.Context) {
 			}
 		}
 		switch {
-		case errors.Is(err, cluster.ErrNameTaken):
+		case errors.Is(err, cluster.ErrNameTaken), errors.Is(err, cluster.ErrRegions):
 			n.refused.Store(true)
 			// Stop gossip without a leave message: a leave under this
 			// name would remove the other, rightful member.

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/limits"
+	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
@@ -62,6 +63,13 @@ type request struct {
 	// waits for its answer (ForwardRequest.deadline_unix_ns); 0: none.
 	// A check is not applied after it.
 	deadline int64
+	// Regions (see applyScopes): the limit's configured scope (from
+	// limits.yaml), the scope that applies, and for a global limit sliced
+	// here, the full limit (check.Limit is then the region's slice);
+	// noSlice marks a slice of 0.
+	cfgScope, scope region.Scope
+	full            int64
+	sliced, noSlice bool
 }
 
 // parseChecks validates a batch and converts it; a check without numbers
@@ -113,6 +121,8 @@ func parseCheck(pb *sluicev1.RateLimitCheck, set *limits.Set, fromPeer bool) (re
 		return request{}, &fieldError{"on_owner_unavailable", fmt.Sprintf("unknown policy %d (want 0..3: unspecified, local, allow, deny)", pb.OnOwnerUnavailable)}
 	case pb.RefundAtNs < 0:
 		return request{}, &fieldError{"refund_at_ns", fmt.Sprintf("must be >= 0, got %d", pb.RefundAtNs)}
+	case pb.Scope < 0 || pb.Scope > sluicev1.Scope_SCOPE_EXACT:
+		return request{}, &fieldError{"scope", fmt.Sprintf("unknown scope %d (want 0..3: unspecified, global, regional, exact)", pb.Scope)}
 	}
 	var named, shadow bool
 	l, configured := set.Resolve(pb.Name, pb.Key)
@@ -210,7 +220,7 @@ func parseCheck(pb *sluicev1.RateLimitCheck, set *limits.Set, fromPeer bool) (re
 		}
 		return request{}, &fieldError{fe.Field, reason}
 	}
-	return request{name: pb.Name, key: pb.Key, check: c, pb: pb, named: named, shadow: shadow}, nil
+	return request{name: pb.Name, key: pb.Key, check: c, pb: pb, named: named, shadow: shadow, cfgScope: l.Scope}, nil
 }
 
 // toProto converts a window decision to the wire, rounding times up to

@@ -8,6 +8,7 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/rpc"
 	"github.com/sluicehq/sluice/window"
 )
@@ -153,8 +154,12 @@ func serveFlags(host string) []serveFlag {
 			usage: "IP other members reach this node at (default: the listening host)",
 			to:    func(c *rpc.NodeConfig, v string) { c.AdvertiseHost = v }},
 		&stringFlag{name: "region", def: "local",
-			usage: "region label of this node",
+			usage: "region of this node (with --regions, one of them)",
 			to:    func(c *rpc.NodeConfig, v string) { c.Region = v }},
+		&stringFlag{name: "regions",
+			usage: "the cluster's regions and weights, the same on every node, e.g. us-east=2,eu-west=1,ap-south=1 (weight default 1; the first is the home region of exact limits); empty: one region",
+			to:    func(c *rpc.NodeConfig, v string) { c.Regions, _ = region.Parse(v) },
+			valid: func(v string) error { _, err := region.Parse(v); return err }},
 		&stringFlag{name: "profile", def: "lan",
 			usage: "gossip timings: lan, wan or local",
 			to:    func(c *rpc.NodeConfig, v string) { c.Profile = cluster.Profile(v) },
@@ -294,7 +299,7 @@ var serveCheckOrder = []string{
 	"batch-size", "batch-wait", "replicas", "max-keys", "on-key-cap", "name-key-share", "max-inflight",
 	"max-recv-bytes", "max-concurrent-streams", "http-max-header-bytes",
 	"keepalive-min-time", "max-connection-age-grace", "http-read-header-timeout", "http-read-timeout",
-	"http-write-timeout", "http-idle-timeout", "max-connection-age", "name", "profile",
+	"http-write-timeout", "http-idle-timeout", "max-connection-age", "name", "profile", "regions",
 }
 
 // nodeConfig checks the values of the flags of table in cmd (in

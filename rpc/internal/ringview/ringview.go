@@ -43,6 +43,9 @@ type Member struct {
 	Name string
 	// Instance is the gossiped id of the member's process ("" unknown).
 	Instance string
+	// Region is the member's region. A Tracker given a region with
+	// SetRegion puts only the members of that region in its ring.
+	Region string
 	// RingMembers and RingFingerprint are the hash of the member set and
 	// the fingerprint of the member's own ring, as it gossips them (""
 	// unknown); Version its sluice version, for the mismatch warning.
@@ -81,8 +84,9 @@ type Update struct {
 // Tracker is a node's view of its ring across member lists. Create it
 // with [New].
 type Tracker struct {
-	self string
-	cfg  ring.Config
+	self   string
+	cfg    ring.Config
+	region string // "" : every member is in the ring
 
 	// Written by Apply and Leave only (serialized by the caller).
 	cur       *ring.Ring
@@ -116,6 +120,12 @@ func New(self string, cfg ring.Config) (*Tracker, error) {
 	t.instances.Store(&map[string]string{self: ""})
 	return t, nil
 }
+
+// SetRegion makes the ring hold only the members of region (and this
+// node): members of other regions stay members (Instance knows them: they
+// may forward checks here) but own no key of this ring. Call it before the
+// first Apply; "" (the default) puts every member in the ring.
+func (t *Tracker) SetRegion(region string) { t.region = region }
 
 // Ring returns the current ring and its epoch.
 func (t *Tracker) Ring() (*ring.Ring, uint64) { return t.cur, t.epoch }
@@ -155,6 +165,9 @@ func (t *Tracker) Apply(ms []Member, selfInstance string, leaving bool, now time
 		}
 		if m.Name == t.self && leaving {
 			continue
+		}
+		if t.region != "" && m.Name != t.self && m.Region != t.region {
+			continue // another region's: a member, not in this ring
 		}
 		if !slices.Contains(names, m.Name) {
 			names = append(names, m.Name)

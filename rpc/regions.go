@@ -1,0 +1,184 @@
+package rpc
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/region"
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/rpc/sluicev1"
+)
+
+// Regions (DESIGN.md "Regions"). With a region list (ServerConfig.Regions)
+// this node's ring holds only the members of its own region: a check that
+// enters the region is decided by the key's owner in the region and never
+// waits on another region, except for a limit of scope exact, whose key's
+// owner in the home region (the list's first) decides. A global limit is
+// split into slices (region.Config.Share): each region's owner enforces its
+// region's slice, so the regions together never admit more than the limit.
+// The slice is computed by every node of the region alike, from the check
+// (name, key, limit, burst) and the static list, so checks carry no slice:
+// they carry the scope the node the client called resolved.
+
+// checkRegions returns an error naming the field when region is not in
+// the list regions (nil: any region).
+func checkRegions(regions *region.Config, name string) error {
+	if regions == nil || regions.Has(name) {
+		return nil
+	}
+	return fmt.Errorf("rpc: region: %q is not in the region list %q (every node's --region must be one of --regions)", name, regions.String())
+}
+
+// applyScopes resolves each check's scope and, for a global limit with
+// several regions, puts this region's slice of it in the window check.
+// From a client, a check that gives no scope takes its configured limit's
+// (limits.yaml scope), else the default (global with several regions), and
+// is forwarded with the scope set; from a peer, the sender resolved it.
+// A check whose slice here is 0 (a limit smaller than the regions share
+// it by) is marked noSlice: it is denied without touching a window. It
+// does nothing without a region list.
+func (s *Server) applyScopes(reqs []request, fromPeer bool) {
+	if s.regions == nil {
+		return
+	}
+	for i := range reqs {
+		r := &reqs[i]
+		sc := region.Scope(r.pb.Scope)
+		if sc < region.Unspecified || sc > region.Exact {
+			sc = region.Unspecified // refused in parseCheck; kept safe here
+		}
+		if sc == region.Unspecified && !fromPeer {
+			sc = r.cfgScope
+		}
+		sc = s.regions.Resolve(sc)
+		r.scope = sc
+		if !fromPeer && region.Scope(r.pb.Scope) != sc {
+			r.pb = proto.CloneOf(r.pb) // never change the caller's message
+			r.pb.Scope = sluicev1.Scope(sc)
+		}
+		if sc != region.Global || !s.regions.Multi() {
+			continue
+		}
+		seed := region.SeedOf(r.name, r.key)
+		r.full, r.sliced = r.check.Limit, true
+		r.check.Limit = s.regions.Share(r.check.Limit, s.region, seed)
+		if r.check.Burst > 0 {
+			r.check.Burst = s.regions.Share(r.check.Burst, s.region, seed)
+			r.noSlice = r.check.Burst == 0
+		}
+		if r.check.Limit == 0 {
+			r.noSlice = true
+			r.check.Limit = 1 // never applied (noSlice); keeps the check valid
+		}
+	}
+}
+
+// crossRegion reports whether r is decided in another region: an exact
+// check that entered a region other than the home region.
+func (s *Server) crossRegion(r *request) bool {
+	return r.scope == region.Exact && s.regions.Multi() && s.region != s.regions.Home()
+}
+
+// sliceDenial answers a check whose region's slice is 0: over limit, never
+// allowed in this region (retry_after -1), nothing counted.
+func (s *Server) sliceDenial(r *request) *sluicev1.Decision {
+	return &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name, RetryAfter: -1,
+		ResetTime: unixMsCeil(s.store.Now())}
+}
+
+// regionAnswer fills in what a Check answer says of regions: the scope
+// that applied, the region that decided, and for a global limit the full
+// limit, the region's slice and whether the slice ran out. Without a
+// region list it does nothing.
+func (s *Server) regionAnswer(r *request, d *sluicev1.Decision) {
+	if s.regions == nil {
+		return
+	}
+	d.Scope = sluicev1.Scope(r.scope)
+	d.Region = s.region
+	if s.crossRegion(r) {
+		d.Region = s.regions.Home()
+	}
+	if !r.sliced {
+		return
+	}
+	d.Slice = r.check.Limit
+	if r.noSlice {
+		d.Slice = 0
+	}
+	d.Limit = r.full
+	d.SliceExhausted = !d.Allowed && d.Error == "" && !d.Refunded && d.Slice < r.full
+}
+
+// homeRing returns the ring of the home region's members in ms (for the
+// exact checks of a node in another region), reusing prev when it has the
+// same members; nil when this node is in the home region, there is one
+// region, or the home region has no live member (a region down).
+func (s *Server) homeRing(prev *ring.Ring, ms []cluster.Member) *ring.Ring {
+	if !s.regions.Multi() || s.region == s.regions.Home() {
+		return nil
+	}
+	home := s.regions.Home()
+	var names []string
+	for _, m := range ms {
+		if m.Region == home && m.Name != s.name {
+			names = append(names, m.Name)
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	slices.Sort(names)
+	if prev != nil && slices.Equal(prev.Members(), slices.Compact(names)) {
+		return prev
+	}
+	r, err := ring.New(names, s.ringCfg)
+	if err != nil {
+		s.log.Error("cannot build the home region's ring; exact checks are answered per their on_owner_unavailable", "home", home, "members", len(names), "error", err)
+		return nil
+	}
+	return r
+}
+
+// homeMembers returns the members of ms in r (the home ring), for dialing.
+func homeMembers(r *ring.Ring, ms []cluster.Member) []cluster.Member {
+	if r == nil {
+		return nil
+	}
+	var out []cluster.Member
+	for _, m := range ms {
+		if r.Has(m.Name) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// homeStamp is the ring stamp the forwards to the home region carry: the
+// home ring's fingerprint, so that its members count no mismatch (their
+// ring is that one), and epoch 0 (this node does not know theirs).
+func (s *Server) homeStamp() (string, uint64) {
+	if h := s.view.Load().home; h != nil {
+		return h.Fingerprint(), 0
+	}
+	return "", 0
+}
+
+// membersOf returns every member of ms, sorted by name, for Members: nil
+// without a region list (Members then lists the ring's members, as
+// before). self is listed when ms does not hold it.
+func (s *Server) membersOf(ms []cluster.Member) []cluster.Member {
+	if s.regions == nil {
+		return nil
+	}
+	out := slices.Clone(ms)
+	if !slices.ContainsFunc(out, func(m cluster.Member) bool { return m.Name == s.name }) {
+		out = append(out, cluster.Member{Name: s.name, Region: s.region, State: cluster.Alive})
+	}
+	slices.SortFunc(out, func(a, b cluster.Member) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
