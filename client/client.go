@@ -167,6 +167,63 @@ func (a Algorithm) proto() sluicev1.Algorithm {
 	return sluicev1.Algorithm_ALGORITHM_FIXED_WINDOW
 }
 
+// Scope says where a check's limit is enforced when the cluster has
+// several regions (serve --regions): the names are those of the limits
+// file's scope. With one region they all mean the same.
+type Scope string
+
+// The scopes. The empty Scope (ScopeDefault) sends none: the node applies
+// the scope configured for the check's name, else ScopeGlobal with several
+// regions.
+const (
+	// ScopeDefault sends no scope.
+	ScopeDefault Scope = ""
+	// ScopeGlobal splits the limit into per-region slices that never add
+	// up to more than the limit; decided in the region the check entered
+	// (Decision.SliceExhausted when the region's slice ran out).
+	ScopeGlobal Scope = "global"
+	// ScopeRegional enforces the whole limit in each region on its own.
+	ScopeRegional Scope = "regional"
+	// ScopeExact has the key's one owner in the home region decide, at a
+	// cross-region round trip for checks entering another region.
+	ScopeExact Scope = "exact"
+)
+
+// ParseScope returns the Scope called s ("" is ScopeDefault), or an error
+// naming the valid ones.
+func ParseScope(s string) (Scope, error) {
+	switch sc := Scope(s); sc {
+	case ScopeDefault, ScopeGlobal, ScopeRegional, ScopeExact:
+		return sc, nil
+	}
+	return "", fmt.Errorf("unknown scope %q (want global, regional or exact)", s)
+}
+
+func (s Scope) proto() sluicev1.Scope {
+	switch s {
+	case ScopeGlobal:
+		return sluicev1.Scope_SCOPE_GLOBAL
+	case ScopeRegional:
+		return sluicev1.Scope_SCOPE_REGIONAL
+	case ScopeExact:
+		return sluicev1.Scope_SCOPE_EXACT
+	}
+	return sluicev1.Scope_SCOPE_UNSPECIFIED
+}
+
+// scopeOf converts a decision's scope ("" for unspecified).
+func scopeOf(s sluicev1.Scope) Scope {
+	switch s {
+	case sluicev1.Scope_SCOPE_GLOBAL:
+		return ScopeGlobal
+	case sluicev1.Scope_SCOPE_REGIONAL:
+		return ScopeRegional
+	case sluicev1.Scope_SCOPE_EXACT:
+		return ScopeExact
+	}
+	return ScopeDefault
+}
+
 // Limit is a check's own numbers ("inline"), as opposed to the numbers of
 // a limit configured on the nodes under the check's name.
 type Limit struct {
@@ -204,6 +261,9 @@ type Check struct {
 	// only changes what the node counts meanwhile (local counts the hit
 	// in its copy of the key). (Optional)
 	OnOwnerUnavailable OwnerUnavailable
+	// Scope is where the limit is enforced with several regions; the
+	// default (empty) sends none. (Optional)
+	Scope Scope
 }
 
 // Decision answers one check.
@@ -243,6 +303,18 @@ type Decision struct {
 	// Cause is why the client answered by its failure mode (it wraps
 	// ErrUnavailable); nil otherwise.
 	Cause error
+	// Scope is the scope that applied, as the node says; empty when it
+	// says none (or degraded by the client).
+	Scope Scope
+	// Region is the region whose owner decided (for ScopeExact the home
+	// region), as the node says; empty when it says none.
+	Region string
+	// Slice is, for ScopeGlobal with several regions, the region's slice
+	// of Limit in hits (per window, or the bucket's rate); 0 otherwise.
+	Slice int64
+	// SliceExhausted is set when the check was denied because the
+	// region's slice ran out (ScopeGlobal): other regions may have room.
+	SliceExhausted bool
 }
 
 // Config configures a Client. The zero value of every optional field is
@@ -395,6 +467,10 @@ func (c *Client) request(ch Check, field string) (*sluicev1.RateLimitCheck, erro
 		return nil, bad("hits: must be >= 0, got %d", ch.Hits)
 	}
 	rc := &sluicev1.RateLimitCheck{Name: ch.Name, Key: ch.Key}
+	if _, err := ParseScope(string(ch.Scope)); err != nil {
+		return nil, bad("scope: %v", err)
+	}
+	rc.Scope = ch.Scope.proto()
 	switch ch.OnOwnerUnavailable {
 	case OwnerUnavailableDefault:
 		if c.mode == FailClosed {
@@ -625,6 +701,11 @@ func decision(d *sluicev1.Decision) Decision {
 		Shadow:    d.Shadow,
 		Degraded:  serverDegraded(d),
 		Refunded:  d.Refunded,
+
+		Scope:          scopeOf(d.Scope),
+		Region:         d.Region,
+		Slice:          d.Slice,
+		SliceExhausted: d.SliceExhausted,
 	}
 	if d.RetryAfter < 0 {
 		out.RetryAfter = -1

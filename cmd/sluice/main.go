@@ -4,6 +4,7 @@
 //	sluice check    send a check to a node
 //	sluice members  show the cluster as a node sees it
 //	sluice bench    load a cluster and measure it
+//	sluice scenario run a multi-region scenario against nodes and report over- and under-admission
 //	sluice healthcheck  exit 0 if a node is ready (container health checks, readiness probes)
 //	sluice proxy    a reverse proxy that applies limits per route
 //	sluice keygen   print a new gossip encryption key
@@ -55,10 +56,10 @@ func run(ctx context.Context, args []string, getenv func(string) (string, bool),
 		Version:   version,
 		Writer:    stdout,
 		ErrWriter: stderr,
-		Commands:  []*cli.Command{serveCommand(e), checkCommand(e), membersCommand(e), benchCommand(e), healthcheckCommand(e), keygenCommand(), tlsCommand(), proxyCommand(e)},
+		Commands:  []*cli.Command{serveCommand(e), checkCommand(e), membersCommand(e), benchCommand(e), scenarioCommand(e), healthcheckCommand(e), keygenCommand(), tlsCommand(), proxyCommand(e)},
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			if cmd.Args().Len() > 0 {
-				return usageError{fmt.Errorf("unknown command %q (want serve, check, members, bench, healthcheck, proxy, keygen or tls; see sluice --help)", cmd.Args().First())}
+				return usageError{fmt.Errorf("unknown command %q (want serve, check, members, bench, scenario, healthcheck, proxy, keygen or tls; see sluice --help)", cmd.Args().First())}
 			}
 			return cli.ShowAppHelp(cmd)
 		},

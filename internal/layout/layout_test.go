@@ -25,6 +25,9 @@ func TestImportDirections(t *testing.T) {
 		// (vtprotobuf's helpers come with the generated types' fast marshalling code)
 		"github.com/sluicehq/sluice/client":     {"github.com/sluicehq/sluice/client", "github.com/sluicehq/sluice/rpc/sluicev1", "google.golang.org/", "golang.org/x/", "github.com/planetscale/vtprotobuf/protohelpers"},
 		"github.com/sluicehq/sluice/middleware": {"github.com/sluicehq/sluice/middleware", "github.com/sluicehq/sluice/client", "github.com/sluicehq/sluice/rpc/sluicev1", "google.golang.org/", "golang.org/x/", "github.com/dunglas/httpsfv", "github.com/planetscale/vtprotobuf/protohelpers"},
+		// the scenario runner and its oracle: pure (the windows, the region list, YAML); the
+		// command drives real nodes through a Target of its own
+		"github.com/sluicehq/sluice/scenario": {"github.com/sluicehq/sluice/scenario", "github.com/sluicehq/sluice/window", "github.com/sluicehq/sluice/region", "github.com/cespare/xxhash/v2", "go.yaml.in/yaml/v3"},
 		// the proxy's rules file: the middleware it configures, the limits file it reads (with
 		// limits' own window, file watching and YAML), never the server
 		// rpc's pure rooms: no gRPC (nor rpc's generated types, which
