@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -110,9 +111,17 @@ type NodeConfig struct {
 	// ServerOptions are added to the gRPC server's options (e.g. a stats
 	// handler for tracing). (Optional)
 	ServerOptions []grpc.ServerOption
-	// DialOptions are added to the options of connections to peers.
-	// (Optional)
+	// DialOptions are added to the options of connections to peers
+	// (e.g. tracing; or, for tests and tools that simulate a network,
+	// internal/wan's interceptors). (Optional)
 	DialOptions []grpc.DialOption
+	// GossipTransport, when set, carries gossip instead of sockets bound
+	// on GossipAddr: for tests and tools that simulate a network (see
+	// internal/wan). GossipAddr is then the transport's advertise address
+	// (FinalAdvertiseAddr("", 0)), and AdvertiseHost does not apply to
+	// gossip. Memberlist shuts it down when the node stops; if StartNode
+	// fails, the caller does (it may be shut down already). (Optional)
+	GossipTransport memberlist.Transport
 	// GossipKeys, when set, encrypt and authenticate gossip (AES-256, each
 	// 32 bytes, the first encrypts; see cluster.Config.Keys); rotate them
 	// with Node.SetGossipKeys. (Optional)

@@ -38,6 +38,13 @@ func (cfg NodeConfig) withDefaults() (NodeConfig, error) {
 	if cfg.GRPCAddr == "" {
 		cfg.GRPCAddr = "127.0.0.1:7070"
 	}
+	if cfg.GossipTransport != nil {
+		ip, port, err := cfg.GossipTransport.FinalAdvertiseAddr("", 0)
+		if err != nil {
+			return cfg, fmt.Errorf("gossip transport: %w", err)
+		}
+		cfg.GossipAddr = net.JoinHostPort(ip.String(), strconv.Itoa(port))
+	}
 	if cfg.GossipAddr == "" {
 		cfg.GossipAddr = "127.0.0.1:7946"
 	}
@@ -183,6 +190,7 @@ func newCluster(cfg NodeConfig, advertised string, srv *Server) (*cluster.Cluste
 		Name: cfg.Name, BindAddr: cfg.GossipAddr, AdvertiseHost: cfg.AdvertiseHost,
 		GRPCAddr: advertised, Region: cfg.Region, Regions: cfg.Regions.Fingerprint(), Version: cfg.Version,
 		Profile: cfg.Profile, Logger: cfg.Logger, Keys: cfg.GossipKeys, Label: cfg.ClusterLabel,
+		Transport: cfg.GossipTransport,
 	})
 	if err != nil {
 		return nil, err
