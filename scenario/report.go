@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/region"
+	"github.com/sluicehq/sluice/window"
 )
 
 // Report is what a run admitted against what the oracle would have. Hits
@@ -243,8 +244,11 @@ func NewReport(p *Plan, r *Results) *Report {
 			at += p.RTT(res.Region, dec) / 2
 		}
 		abs := r.Start.UnixNano() + int64(at) + int64(p.ClockOffset(dec))
-		k := rowKey{key: p.KeyIndex(res.Key), win: floorDiv(abs, w) - first}
 		ok := res.Err == nil && res.Answer.Allowed
+		if id, exact := decidedWindow(spec, res, ok); exact {
+			abs = id // the window the decider counted it in, on its clock
+		}
+		k := rowKey{key: p.KeyIndex(res.Key), win: floorDiv(abs, w) - first}
 		infos[i] = info{row: k, at: at, ok: ok, seen: res.Err == nil}
 		row := rows[k]
 		if row == nil {
@@ -603,3 +607,27 @@ func percentiles(d []time.Duration) (p50, p99, mx float64) {
 
 // ms returns d in milliseconds.
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// decidedWindow returns the start (Unix ns, the decider's clock) of the
+// window an admitted check of a fixed or sliding window was counted in,
+// read from its answer's reset time: after an admitted hit a fixed
+// window's key is back at full capacity at the window's end (start + W),
+// a sliding window's at the end of the next one (start + 2W); see package
+// window. So a check sent just before a window's end and decided just
+// after it is placed where the decider counted it, not where its send
+// time falls. false for a denied check, a peek, another algorithm or an
+// answer without a reset time: the send time (plus the decider's clock
+// offset) places those.
+func decidedWindow(spec Spec, res Result, ok bool) (int64, bool) {
+	if !ok || res.Hits <= 0 || res.Answer.ResetTime <= 0 {
+		return 0, false
+	}
+	reset := res.Answer.ResetTime * int64(time.Millisecond)
+	switch spec.Algorithm {
+	case window.FixedWindow:
+		return reset - int64(spec.Window), true
+	case window.SlidingWindow:
+		return reset - 2*int64(spec.Window), true
+	}
+	return 0, false
+}

@@ -1,0 +1,109 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/scenario"
+)
+
+// run starts a lab for s (nodes per region, RTT scaled by scale), runs s
+// with scope and returns the report and the cross-region forwards.
+func run(t *testing.T, s *scenario.Scenario, scope string, nodes int, scale float64) (*scenario.Report, int64) {
+	t.Helper()
+	s.Limit.Scope = scope
+	p, err := scenario.NewPlan(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	l, err := Start(ctx, Config{Plan: p, NodesPerRegion: nodes, RTTScale: scale})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	tg, err := l.Target(fmt.Sprintf("%s.%s.%d", s.Name, scope, time.Now().UnixNano()), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	res, err := scenario.Run(ctx, p, tg, scenario.Options{Workers: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := scenario.NewReport(p, res)
+	var b bytes.Buffer
+	_ = rep.WriteText(&b)
+	t.Logf("%s, %s, %s:\n%s", s.Name, scope, l.Describe(), b.String())
+	return rep, l.CrossRegionForwards()
+}
+
+// short is the done-when parameters over 3 windows (the test's time).
+func short() scenario.Params {
+	p := scenario.DefaultParams()
+	p.Windows = 3
+	return p
+}
+
+// Issue 19's done-when on a real cluster, 3 regions 100 ms apart, one
+// node per region: a global limit is never exceeded, under steady load
+// of 3x the limit, a 90/10 skew, a flood of 100x the limit in every region
+// at a window start, a region cut off for two windows, and clocks 50 ms
+// apart; no check crosses regions; under-admission is reported (logged).
+func TestGlobalNeverOverAdmits(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a cluster for about 30 s")
+	}
+	for _, s := range scenario.DoneWhen(short()) {
+		t.Run(s.Name, func(t *testing.T) {
+			rep, cross := run(t, s, "global", 1, 0)
+			if rep.Totals.Over != 0 || !rep.BoundOK {
+				t.Errorf("over-admission %d (max %d on %s), want 0", rep.Totals.Over, rep.Totals.MaxOver, rep.Totals.MaxOverKey)
+			}
+			if cross != 0 {
+				t.Errorf("%d checks crossed regions, want 0", cross)
+			}
+			if rep.Totals.Admitted == 0 || rep.Totals.Errors != 0 {
+				t.Errorf("admitted %d, errors %d", rep.Totals.Admitted, rep.Totals.Errors)
+			}
+		})
+	}
+}
+
+// regional stays within (regions-1) x limit per window; exact admits no
+// more than the limit, its checks from other regions crossing to the
+// home region at the round trip. Three nodes per region: inside a region
+// the checks are forwarded to the key's owner in the region.
+func TestRegionalAndExactOnACluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a cluster for about 20 s")
+	}
+	p := short()
+	rep, cross := run(t, scenario.FloodAll(p), "regional", 3, 0)
+	if !rep.BoundOK || rep.Totals.MaxOver > 2*p.Limit || cross != 0 {
+		t.Errorf("regional flood: max over %d per window (bound %d), %d crossed regions", rep.Totals.MaxOver, 2*p.Limit, cross)
+	}
+	if rep.Totals.MaxOver == 0 {
+		t.Error("regional flood admitted no more than the limit: the regions are not enforcing on their own")
+	}
+	rep, cross = run(t, scenario.Steady(p), "exact", 3, 0)
+	if rep.Totals.Over != 0 || !rep.BoundOK {
+		t.Errorf("exact: over-admission %d, want 0", rep.Totals.Over)
+	}
+	for _, r := range rep.Regions {
+		home := r.Region == rep.Regions[0].Region
+		if !home && r.P50Ms < 100 {
+			t.Errorf("exact from %s: p50 %.1f ms, want at least the 100 ms round trip", r.Region, r.P50Ms)
+		}
+		if home && r.P99Ms >= 100 {
+			t.Errorf("exact in the home region %s: p99 %.1f ms, want no round trip", r.Region, r.P99Ms)
+		}
+	}
+	if cross == 0 || cross > rep.Totals.Checks {
+		t.Errorf("exact: %d checks crossed regions of %d", cross, rep.Totals.Checks)
+	}
+}
