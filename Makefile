@@ -19,9 +19,15 @@ run: build ## start a local three-node cluster on loopback (Ctrl-C stops all thr
 	./scripts/run-local.sh $(BIN)
 
 .PHONY: test
-test: ## vet, then run every test with the race detector
+# The join, leave, crash and restart tests again, with regions configured
+# (SLUICE_TEST_REGIONS, see rpc/helpers_test.go): inside a region the
+# exactness holds as in a single-region cluster.
+REGION_TESTS ?= JoinAndLeave|RollingReplacement|ReplacingAnOwner|JoinDuringHits|KilledOwner|Restart|StandIn|FinishLeave|CheckDecidedAsTheRingChanges|DuplicateName|Pin|Region
+
+test: ## vet, then run every test with the race detector (and rpc's join/leave/crash tests again with regions configured)
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+	SLUICE_TEST_REGIONS=local=1000000,far=1 $(GO) test -race -count=1 -run '$(REGION_TESTS)' ./rpc
 
 .PHONY: bench
 bench: ## window benchmarks against go-limiter (see BENCHMARKS.md)

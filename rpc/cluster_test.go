@@ -235,10 +235,10 @@ func TestConcurrentHitsUnderLimitAllCounted(t *testing.T) {
 func TestDuplicateNameIsRefused(t *testing.T) {
 	clock := window.NewManualClock(windowStart)
 	nodes := startCluster(t, 2, clock)
-	impostor, err := StartNode(NodeConfig{
+	impostor, err := StartNode(withTestRegions(NodeConfig{
 		Name: "node2", GRPCAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
 		Join: []string{nodes[0].GossipAddr()}, Profile: "local", Clock: clock, Logger: testLogger(),
-	})
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,7 +34,7 @@ func bufAddr(name string) string { return inprocAddr(name) }
 func bufMembers(names ...string) []cluster.Member {
 	ms := make([]cluster.Member, len(names))
 	for i, n := range names {
-		ms[i] = cluster.Member{Name: n, GRPCAddr: bufAddr(n), State: cluster.Alive}
+		ms[i] = cluster.Member{Name: n, GRPCAddr: bufAddr(n), Region: testRegion(), State: cluster.Alive}
 	}
 	return ms
 }

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 
@@ -32,6 +33,41 @@ func testLogger() *slog.Logger {
 	}
 	return slog.New(slog.DiscardHandler)
 }
+
+// regionsUnderTest is the region list every node of these tests gets when
+// SLUICE_TEST_REGIONS is set (e.g. "local=1000000,far=1": the nodes are in
+// the region "local" unless a test says otherwise, and a second region
+// without nodes is configured): the tests then run with regions configured
+// (one ring per region, the list in the ring's fingerprint and the
+// gossiped metadata, global limits split into slices; with those weights
+// the local slice of every limit up to 10^6 is the whole limit, so the
+// tests' numbers hold). make test runs the hand-off, crash and leave tests
+// so too. nil when unset.
+var regionsUnderTest = func() *region.Config {
+	r, err := region.Parse(os.Getenv("SLUICE_TEST_REGIONS"))
+	if err != nil {
+		panic("SLUICE_TEST_REGIONS: " + err.Error())
+	}
+	return r
+}()
+
+// withTestRegions gives cfg the regions under test, if any (and its
+// region the list's first when it has none).
+func withTestRegions(cfg NodeConfig) NodeConfig {
+	if regionsUnderTest == nil || cfg.Regions != nil {
+		return cfg
+	}
+	cfg.Regions = regionsUnderTest
+	if cfg.Region == "" {
+		cfg.Region = regionsUnderTest.Home()
+	}
+	return cfg
+}
+
+// testRegion is the region of the nodes under test: the home region of
+// the regions under test, "" without (a member list a test writes by hand
+// gives its members this region, as gossip would).
+func testRegion() string { return regionsUnderTest.Home() }
 
 // eventually waits up to 40 s for cond: gossip runs on its own timers, so
 // this is the one place these tests wait. (A CI machine running the race
@@ -61,6 +97,7 @@ func startNodeWith(t *testing.T, name string, clock window.Clock, cfg NodeConfig
 	t.Helper()
 	cfg.Name, cfg.GRPCAddr, cfg.GossipAddr, cfg.Join = name, "127.0.0.1:0", "127.0.0.1:0", join
 	cfg.Profile, cfg.Clock, cfg.LeaveTimeout = cluster.Local, clock, time.Second
+	cfg = withTestRegions(cfg)
 	if cfg.hooks == nil {
 		cfg.hooks = &testHooks{decideOwned: decideOwnedHook}
 	}

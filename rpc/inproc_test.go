@@ -103,6 +103,7 @@ func (c *inprocCluster) start(cfg NodeConfig) *inprocNode {
 	if cfg.Name == "" {
 		t.Fatal("inproc: a node needs a name")
 	}
+	cfg = withTestRegions(cfg)
 	if cfg.ForwardTimeout == 0 {
 		cfg.ForwardTimeout = 2 * time.Second // as startNode
 	}

@@ -124,8 +124,8 @@ func TestNotServingUntilJoined(t *testing.T) {
 
 	// The seed comes up where lonely looks for it: a cluster of one,
 	// serving at once, which uses up the key.
-	seed, err := StartNode(NodeConfig{Name: "seed", GRPCAddr: "127.0.0.1:0", GossipAddr: seedAddr,
-		Profile: cluster.Local, Clock: clock, LeaveTimeout: time.Second, Logger: testLogger()})
+	seed, err := StartNode(withTestRegions(NodeConfig{Name: "seed", GRPCAddr: "127.0.0.1:0", GossipAddr: seedAddr,
+		Profile: cluster.Local, Clock: clock, LeaveTimeout: time.Second, Logger: testLogger()}))
 	if err != nil {
 		t.Fatalf("a seed on %s: %v", seedAddr, err)
 	}

@@ -29,7 +29,7 @@ func TestReviewForwardDeadlineIsWallClockSkewSensitive(t *testing.T) {
 	// A member's requests carry their sending time on its clock: the
 	// owner reads deadlines on the sender's clock (deadlineHere).
 	n.Server().hooks.holdMembers.Store(true) // gossip's lists (node1 alone) must not undo it
-	if err := n.Server().SetMembers([]cluster.Member{{Name: "node1", State: cluster.Alive}, {Name: "node9", GRPCAddr: "127.0.0.1:1", State: cluster.Alive}}); err != nil {
+	if err := n.Server().SetMembers([]cluster.Member{{Name: "node1", State: cluster.Alive}, {Name: "node9", GRPCAddr: "127.0.0.1:1", Region: testRegion(), State: cluster.Alive}}); err != nil {
 		t.Fatal(err)
 	}
 	rc.Key = keyOwnedBy(t, n, "skew", "node1")

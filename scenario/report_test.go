@@ -358,3 +358,47 @@ func equal(a, b []bool) bool {
 	}
 	return true
 }
+
+// An admitted fixed or sliding window check is placed in the window its
+// decider counted it in, read from its answer's reset time: a check sent
+// just before a window's end and decided just after it (a slow answer)
+// is in the later window, so the earlier one is not reported over.
+func TestReportPlacesAdmissionsWhereTheyWereCounted(t *testing.T) {
+	ms := time.Millisecond
+	for _, alg := range []string{"fixed_window", "sliding_window"} {
+		s := &Scenario{
+			Name: "late", Regions: []Region{{Name: "a"}}, RTT: 100 * ms,
+			Limit: Limit{Name: "late", Algorithm: alg, Limit: 2, Window: time.Second, Scope: "regional"}, Keys: Keys{Count: 1}, Windows: 2,
+			Arrivals: []Arrival{{Region: "a", Floods: []Flood{{Offset: 990 * ms, Checks: 4, Keys: 1}}}}, // 4 checks at 990 ms
+		}
+		p, err := NewPlan(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Unix(1_000_000, 0)
+		n := 0
+		r := results(p, func(c Check) *Answer {
+			n++
+			// The first two were decided in window 0, the last two (slow
+			// answers) in window 1: each window admitted 2, the limit.
+			win := int64(0)
+			if n > 2 {
+				win = 1
+			}
+			end := start.Add(time.Duration(win+1) * time.Second)
+			if alg == "sliding_window" {
+				end = end.Add(time.Second) // back at full capacity a window later
+			}
+			return &Answer{Allowed: true, ResetTime: end.UnixMilli()}
+		})
+		rep := NewReport(p, r)
+		if rep.Totals.Over != 0 || len(rep.Windows) != 2 || rep.Windows[0].Admitted != 2 || rep.Windows[1].Admitted != 2 {
+			t.Errorf("%s: over %d, rows %+v; want 2 admitted in each window, none over", alg, rep.Totals.Over, rep.Windows)
+		}
+		// Without reset times the send time places all four in window 0: over by 2.
+		r = results(p, func(Check) *Answer { return &Answer{Allowed: true} })
+		if rep := NewReport(p, r); rep.Totals.Over != 2 {
+			t.Errorf("%s without reset times: over %d, want 2 (all sent in window 0)", alg, rep.Totals.Over)
+		}
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
@@ -32,6 +33,13 @@ type checkLine struct {
 	Delay      int64  `json:"delay"`    // ms; leaky_bucket: until the queue ahead has drained
 	Degraded   bool   `json:"degraded"` // the owner was unreachable: decided per --on-owner-unavailable
 	Shadow     bool   `json:"shadow"`   // over a limit in shadow mode: allowed anyway
+	// With regions (serve --regions): the scope that applied, the region
+	// that decided, a global limit's slice here (hits), and whether a
+	// denial is that slice running out.
+	Scope          string `json:"scope,omitempty"`
+	Region         string `json:"region,omitempty"`
+	Slice          int64  `json:"slice,omitempty"`
+	SliceExhausted bool   `json:"slice_exhausted,omitempty"`
 }
 
 // clientFlags are the flags every client command has.
@@ -54,6 +62,7 @@ func checkCommand(e env) *cli.Command {
 			&cli.Int64Flag{Name: "limit", Value: 10, Usage: "hits allowed per window"},
 			&cli.DurationFlag{Name: "window", Value: time.Minute, Usage: "the window, whole milliseconds, at most 8784h (366 days), e.g. 1m, 1500ms"},
 			&cli.StringFlag{Name: "algorithm", Value: "fixed_window", Usage: "fixed_window, sliding_window, token_bucket or leaky_bucket"},
+			&cli.StringFlag{Name: "scope", Usage: "with regions: global, regional or exact (default: the limit's configured scope, else global)"},
 			&cli.Int64Flag{Name: "burst", Usage: "bucket capacity for the bucket algorithms (0: the limit)"},
 			&cli.Int64Flag{Name: "hits", Value: 1, Usage: "hits to consume (0: peek)"},
 			&cli.BoolFlag{Name: "named", Usage: "send no numbers: the node applies the limit configured under --name (serve --limits); --limit, --window, --algorithm and --burst may not be given"},
@@ -96,10 +105,14 @@ func runCheck(ctx context.Context, cmd *cli.Command) error {
 	if cmd.IsSet("burst") && alg != window.TokenBucket && alg != window.LeakyBucket {
 		fmt.Fprintf(cmd.Root().ErrWriter, "sluice: note: --burst applies to token_bucket and leaky_bucket only; %s ignores it\n", alg)
 	}
+	scope, err := region.ParseScope(cmd.String("scope"))
+	if err != nil {
+		return usagef("scope", "%v", err)
+	}
 	rc := &sluicev1.RateLimitCheck{
 		Name: name, Key: key, Hits: proto.Int64(cmd.Int64("hits")), Limit: cmd.Int64("limit"),
 		WindowMs: w.Milliseconds(), Burst: cmd.Int64("burst"), Algorithm: sluicev1.Algorithm(alg),
-		OnOwnerUnavailable: policy,
+		OnOwnerUnavailable: policy, Scope: sluicev1.Scope(scope),
 	}
 	if cmd.Bool("named") {
 		for _, f := range []string{"limit", "window", "algorithm", "burst"} {
@@ -138,7 +151,8 @@ func runCheck(ctx context.Context, cmd *cli.Command) error {
 		}
 		if cmd.Bool("json") {
 			b, _ := json.Marshal(checkLine{Name: name, Key: key, Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
-				ResetTime: d.ResetTime, RetryAfter: d.RetryAfter, Owner: d.Owner, Delay: d.Delay, Degraded: d.Degraded, Shadow: d.Shadow})
+				ResetTime: d.ResetTime, RetryAfter: d.RetryAfter, Owner: d.Owner, Delay: d.Delay, Degraded: d.Degraded, Shadow: d.Shadow,
+				Scope: scopeWord(d.Scope), Region: d.Region, Slice: d.Slice, SliceExhausted: d.SliceExhausted})
 			fmt.Fprintf(out, "%s\n", b)
 			continue
 		}
@@ -157,9 +171,19 @@ func runCheck(ctx context.Context, cmd *cli.Command) error {
 		if d.Degraded {
 			degraded = " degraded (owner unreachable)"
 		}
-		fmt.Fprintf(out, "%-10s remaining=%d limit=%d reset_time=%s retry_after=%s%s owner=%s%s\n",
+		regions := ""
+		if d.Region != "" {
+			regions = " scope=" + scopeWord(d.Scope) + " region=" + d.Region
+			if d.Slice > 0 || d.SliceExhausted {
+				regions += fmt.Sprintf(" slice=%d", d.Slice)
+			}
+			if d.SliceExhausted {
+				regions += " slice_exhausted"
+			}
+		}
+		fmt.Fprintf(out, "%-10s remaining=%d limit=%d reset_time=%s retry_after=%s%s owner=%s%s%s\n",
 			verdict, d.Remaining, d.Limit, time.UnixMilli(d.ResetTime).UTC().Format(time.RFC3339Nano),
-			retryString(d.RetryAfter), delay, d.Owner, degraded)
+			retryString(d.RetryAfter), delay, d.Owner, regions, degraded)
 	}
 	if failed > 0 {
 		return cli.Exit(fmt.Sprintf("%d of %d checks were not decided", failed, cmd.Int("count")), exitFailure)
@@ -247,3 +271,7 @@ func flagOf(field string) string {
 	}
 	return strings.ReplaceAll(field, "_", "-")
 }
+
+// scopeWord returns a decision's scope as limits.yaml writes it ("" when
+// the node said none: no regions).
+func scopeWord(s sluicev1.Scope) string { return region.Scope(s).String() }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net"
 	"slices"
 	"strconv"
@@ -12,11 +11,11 @@ import (
 
 	"github.com/urfave/cli/v3"
 
-	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/rpc"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/scenario"
+	"github.com/sluicehq/sluice/scenario/lab"
 )
 
 func scenarioCommand(e env) *cli.Command {
@@ -46,6 +45,9 @@ func scenarioCommand(e env) *cli.Command {
 			&cli.DurationFlag{Name: "timeout", Value: 5 * time.Second, Usage: "deadline of each check", Sources: e.of("timeout")},
 			&cli.BoolFlag{Name: "ignore-cuts", Usage: "run a scenario that has cuts without them (the report says they were not enforced)"},
 			&cli.BoolFlag{Name: "json", Usage: "print the report as one JSON object"},
+			&cli.BoolFlag{Name: "simulate", Usage: "start the scenario's regions as a cluster in this process (real nodes on 127.0.0.1, the scenario's round-trip times simulated on their gRPC and gossip, its clock offsets and cuts applied) instead of --region's nodes"},
+			&cli.IntFlag{Name: "nodes-per-region", Value: 1, Usage: "with --simulate: nodes per region (1..16)"},
+			&cli.BoolFlag{Name: "no-wan", Usage: "with --simulate: no delay between regions (the baseline a WAN run's latency is compared with)"},
 		}, clientAuthFlags(e)...),
 		Action: runScenario,
 	}
@@ -73,69 +75,86 @@ func runScenario(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return usagef("file", "%s: %v", file, err)
 	}
-	addrs, err := parseRegionAddrs(cmd.String("region"), p.RegionNames())
-	if err != nil {
-		return err
-	}
-	conc, timeout := cmd.Int("concurrency"), cmd.Duration("timeout")
+	simulate := cmd.Bool("simulate")
+	conc, timeout, perRegion := cmd.Int("concurrency"), cmd.Duration("timeout"), cmd.Int("nodes-per-region")
 	switch {
 	case conc < 1 || conc > 10000:
 		return usagef("concurrency", "must be in 1..10000, got %d", conc)
 	case timeout <= 0:
 		return usagef("timeout", "must be > 0, got %s", timeout)
+	case simulate && cmd.String("region") != "":
+		return usagef("region", "--simulate starts its own nodes: give no --region")
+	case !simulate && (cmd.IsSet("nodes-per-region") || cmd.Bool("no-wan")):
+		return usagef("nodes-per-region", "--nodes-per-region and --no-wan apply to --simulate only")
+	case perRegion < 1 || perRegion > 16:
+		return usagef("nodes-per-region", "must be in 1..16, got %d", perRegion)
 	}
-	if len(p.Cuts) > 0 {
-		var cuts []string
-		for _, c := range p.Cuts {
-			cuts = append(cuts, fmt.Sprintf("%s from %s to %s", c.Region, c.From, c.To))
+	name := p.Limit.Name + "." + strconv.FormatInt(time.Now().UnixNano()%1_000_000_007, 36)
+	var (
+		target *lab.ClientTarget
+		l      *lab.Lab
+	)
+	if simulate {
+		scale := 1.0
+		if cmd.Bool("no-wan") {
+			scale = -1
 		}
-		if !cmd.Bool("ignore-cuts") {
-			return usagef("file", "scenario %q cuts regions off (%s), which this command cannot do to real nodes "+
-				"(it would have to partition their network): give --ignore-cuts to run it without the cuts, "+
-				"or cut the network yourself (e.g. tc netem) and give --ignore-cuts", s.Name, strings.Join(cuts, "; "))
-		}
-		fmt.Fprintf(cmd.Root().ErrWriter, "sluice: warning: cuts not enforced (%s): this command cannot cut regions off\n", strings.Join(cuts, "; "))
-	}
-	opts, err := dialOptions(cmd)
-	if err != nil {
-		return err
-	}
-	// Every node answers before the run starts, so that a wrong address
-	// fails fast instead of filling the report with errors.
-	for _, r := range p.RegionNames() {
-		for _, a := range addrs[r] {
-			conn, err := dialNode(cmd, a, rpc.WindowDialOptions()...)
-			if err != nil {
-				return err
-			}
-			err = waitServing(ctx, sluicev1.NewRateLimitServiceClient(conn), a, timeout)
-			conn.Close()
-			if err != nil {
-				return err
-			}
-		}
-	}
-	t := &nodesTarget{
-		spec:    p.Limit,
-		name:    p.Limit.Name + "." + strconv.FormatInt(time.Now().UnixNano()%1_000_000_007, 36),
-		clients: map[string]*client.Client{},
-	}
-	for _, r := range p.RegionNames() {
-		c, err := client.New(client.Config{
-			Addrs: addrs[r], Timeout: timeout, FailureMode: client.FailOpen,
-			Logger: slog.New(slog.DiscardHandler), DialOptions: opts,
-		})
+		l, err = lab.Start(ctx, lab.Config{Plan: p, NodesPerRegion: perRegion, RTTScale: scale})
 		if err != nil {
 			return err
 		}
-		defer c.Close()
-		t.clients[r] = c
+		defer l.Close()
+		if target, err = l.Target(name, timeout); err != nil {
+			return err
+		}
+		fmt.Fprintf(cmd.Root().ErrWriter, "sluice: simulating %s in this process, round trips %s\n", l.Describe(), rttOf(p, cmd.Bool("no-wan")))
+	} else {
+		addrs, err := parseRegionAddrs(cmd.String("region"), p.RegionNames())
+		if err != nil {
+			return err
+		}
+		if len(p.Cuts) > 0 {
+			var cuts []string
+			for _, c := range p.Cuts {
+				cuts = append(cuts, fmt.Sprintf("%s from %s to %s", c.Region, c.From, c.To))
+			}
+			if !cmd.Bool("ignore-cuts") {
+				return usagef("file", "scenario %q cuts regions off (%s), which this command cannot do to real nodes "+
+					"(it would have to partition their network): give --ignore-cuts to run it without the cuts, "+
+					"cut the network yourself (e.g. tc netem) and give --ignore-cuts, or run it with --simulate", s.Name, strings.Join(cuts, "; "))
+			}
+			fmt.Fprintf(cmd.Root().ErrWriter, "sluice: warning: cuts not enforced (%s): this command cannot cut regions off\n", strings.Join(cuts, "; "))
+		}
+		opts, err := dialOptions(cmd)
+		if err != nil {
+			return err
+		}
+		for _, r := range p.RegionNames() {
+			for _, a := range addrs[r] {
+				conn, err := dialNode(cmd, a, rpc.WindowDialOptions()...)
+				if err != nil {
+					return err
+				}
+				err = waitServing(ctx, sluicev1.NewRateLimitServiceClient(conn), a, timeout)
+				conn.Close()
+				if err != nil {
+					return err
+				}
+			}
+		}
+		if target, err = lab.NewClientTarget(p.Limit, name, addrs, timeout, opts); err != nil {
+			return err
+		}
 	}
-	res, err := scenario.Run(ctx, p, t, scenario.Options{Workers: conc, Timeout: timeout, IgnoreCuts: true})
+	defer target.Close()
+	res, err := scenario.Run(ctx, p, target, scenario.Options{Workers: conc, Timeout: timeout, IgnoreCuts: !simulate})
 	if err != nil {
 		return err
 	}
 	rep := scenario.NewReport(p, res)
+	if l == nil {
+		rep.Totals.CrossRegionMessages, rep.Totals.MessagesPerCheck = -1, -1 // real nodes: not counted here
+	}
 	out := cmd.Root().Writer
 	if cmd.Bool("json") {
 		err = rep.WriteJSON(out)
@@ -149,6 +168,21 @@ func runScenario(ctx context.Context, cmd *cli.Command) error {
 		return cli.Exit(err.Error(), exitFailure)
 	}
 	return nil
+}
+
+// rttOf describes a plan's round-trip times for --simulate's banner.
+func rttOf(p *scenario.Plan, none bool) string {
+	if none {
+		return "none (--no-wan)"
+	}
+	names := p.RegionNames()
+	var parts []string
+	for i, a := range names {
+		for _, b := range names[i+1:] {
+			parts = append(parts, fmt.Sprintf("%s-%s %s", a, b, p.RTT(a, b)))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // parseRegionAddrs reads --region: REGION=H:P entries, a region listed
@@ -185,35 +219,3 @@ func parseRegionAddrs(s string, names []string) (map[string][]string, error) {
 	}
 	return out, nil
 }
-
-// nodesTarget sends a scenario's checks to real nodes: each region's to
-// its own client (its nodes, round robin), with the limit's numbers and
-// scope inline.
-type nodesTarget struct {
-	spec    scenario.Spec
-	name    string // the limit's name plus the run id
-	clients map[string]*client.Client
-}
-
-// Check sends the check through region's client. A client that got no
-// answer (its failure mode answered, Cause set) is an error: the report
-// counts it as failed, not as admitted.
-func (t *nodesTarget) Check(ctx context.Context, reg, key string, hits int64) (scenario.Answer, error) {
-	d, err := t.clients[reg].Check(ctx, client.Check{
-		Name: t.name, Key: key, Hits: hits, Scope: client.Scope(t.spec.Scope.String()),
-		Limit: &client.Limit{Limit: t.spec.Limit, Window: t.spec.Window, Burst: t.spec.Burst, Algorithm: client.Algorithm(t.spec.Algorithm.String())},
-	})
-	if err == nil && d.Cause != nil {
-		err = d.Cause
-	}
-	if err != nil {
-		return scenario.Answer{}, err
-	}
-	sc, _ := region.ParseScope(string(d.Scope)) // "" (a node that says none): Unspecified
-	return scenario.Answer{
-		Allowed: d.Allowed, Degraded: d.Degraded, SliceExhausted: d.SliceExhausted, Region: d.Region, Scope: sc,
-		Limit: d.Limit, Slice: d.Slice, Remaining: d.Remaining, ResetTime: d.ResetTime.UnixMilli(),
-	}, nil
-}
-
-var _ scenario.Target = (*nodesTarget)(nil)
