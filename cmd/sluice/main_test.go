@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/internal/syncbuf"
+	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/rpc"
 )
 
@@ -399,5 +400,37 @@ func TestDefaultGCPercentYieldsToGOGC(t *testing.T) {
 		if _, set := defaultGCPercent(env(map[string]string{"GOGC": v})); set {
 			t.Fatalf("GOGC=%s: the default was applied over it", v)
 		}
+	}
+}
+
+// check --scope sends the scope; with regions the answers carry scope,
+// region and the global limit's slice, in text and JSON; a bad scope is a
+// usage error naming the flag.
+func TestCheckScope(t *testing.T) {
+	regions, err := region.Parse("us,eu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := rpc.StartNode(rpc.NodeConfig{
+		Name: "us-1", Region: "us", Regions: regions, GRPCAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
+		Profile: cluster.Local, Logger: slog.New(slog.DiscardHandler), LeaveTimeout: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	code, out, errOut := sluice(t, "check", "--addr", n.GRPCAddr(), "--name", "api", "--key", "k", "--limit", "4", "--count", "3")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if code != 0 || len(lines) != 3 || !strings.Contains(lines[0], "scope=global region=us slice=2") ||
+		!strings.Contains(lines[2], "over limit") || !strings.Contains(lines[2], "slice_exhausted") {
+		t.Fatalf("global: exit %d, out:\n%s\nstderr %s", code, out, errOut)
+	}
+	code, out, _ = sluice(t, "check", "--addr", n.GRPCAddr(), "--name", "api", "--key", "k2", "--limit", "4", "--scope", "regional", "--json")
+	var cl checkLine
+	if err := json.Unmarshal([]byte(out), &cl); err != nil || code != 0 || cl.Scope != "regional" || cl.Region != "us" || cl.Slice != 0 || cl.Remaining != 3 {
+		t.Fatalf("regional: exit %d, %+v (%v)", code, cl, err)
+	}
+	if code, _, errOut := sluice(t, "check", "--addr", n.GRPCAddr(), "--name", "api", "--key", "k", "--scope", "planet"); code != 2 || !strings.Contains(errOut, "--scope") {
+		t.Errorf("bad scope: exit %d, %q", code, errOut)
 	}
 }
