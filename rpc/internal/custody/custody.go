@@ -122,6 +122,7 @@ func (c *Custody) Stats() Stats {
 type tomb struct {
 	to    string
 	until time.Time
+	owned bool // the key was this node's under its ring when pulled (else a held copy or stand-in hits)
 }
 
 // Takeover is the copy a key's state here was taken over from: its owner,
@@ -164,16 +165,31 @@ func NewMovingIn(next, prev *ring.Ring, parts []bool, waiting []string, deadline
 // RingChanged records that this node's ring went from prev to next (prev
 // nil: from the bootstrap ring, which owned nothing) at now: what moves to
 // this node is awaited from every other member of next that has not said
-// it is done under next (keeping what was still awaited before), and the
-// tombs of keys this node no longer owns, or whose time has ended, go.
+// it is done under next (keeping what was still awaited before). Tombs go
+// when their time has ended, when the member they name is not in next,
+// and, for a key pulled from this node as its owner, when next gives the
+// key to another member; a tomb of a key pulled for the copy or stand-in
+// hits this node held stays until its time ends.
 func (c *Custody) RingChanged(prev, next *ring.Ring, now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.moving.Store(c.newMovingInLocked(prev, next, c.moving.Load(), now))
 	for k, t := range c.tombs {
-		if next.Owner([]byte(k)) != c.self || now.After(t.until) {
+		switch {
+		case now.After(t.until), !next.Has(t.to):
+			// Ended, or its member left the ring: checks sent there
+			// would fail (the key's state went with it).
+			delete(c.tombs, k)
+		case t.owned && next.Owner([]byte(k)) != c.self:
+			// A key given away as its owner: the ring now sends its
+			// checks to its owner itself.
 			delete(c.tombs, k)
 		}
+		// A tomb of a key pulled for the copy or stand-in hits this node
+		// held stays (until its time ends): this node decides the key's
+		// stand-in checks only until its puller took them over, whatever
+		// the ring does meanwhile (a fresh window here would admit the
+		// key's budget again).
 	}
 	c.tombCount.Store(int64(len(c.tombs)))
 }
@@ -351,7 +367,7 @@ func (c *Custody) GiveUp(ctx context.Context, key, to, toInstance string, owned 
 	}
 	held := also != nil && also()
 	if to != c.self && (owned || held) {
-		c.tombs[key] = tomb{to: to, until: c.now().Add(c.timeout)}
+		c.tombs[key] = tomb{to: to, until: c.now().Add(c.timeout), owned: owned}
 		c.tombCount.Store(int64(len(c.tombs)))
 	}
 	return st, ok, nil

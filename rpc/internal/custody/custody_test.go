@@ -162,6 +162,42 @@ func TestGiveUpTakesTheStateAndLeavesATomb(t *testing.T) {
 	}
 }
 
+// A tomb of a key pulled for what this node held (a copy, stand-in hits)
+// outlives ring changes: the ring says nothing about where the key's
+// stand-in checks go while its puller takes them over (a ring that keeps
+// changing after a kill dropped it, and this node then decided them from a
+// fresh window again). It goes when its time ends or its puller leaves
+// the ring.
+func TestRingChangeKeepsTombsOfHeldKeys(t *testing.T) {
+	ab := mustRing(t, "a", "b", "c")
+	tests := []struct {
+		name string
+		next *ring.Ring
+		wait time.Duration
+		want string
+	}{
+		{"another member joins", mustRing(t, "a", "b", "c", "d"), 0, "c"},
+		{"a member leaves, the puller stays", mustRing(t, "b", "c"), 0, "c"},
+		{"the puller leaves", mustRing(t, "a", "b"), 0, ""},
+		{"its time has ended", mustRing(t, "a", "b", "c", "d"), 10*time.Second + time.Nanosecond, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t)
+			held := keyWhere(t, func(k []byte) bool { return ab.Owner(k) != "b" && tt.next.Owner(k) != "b" })
+			f.hit(t, string(held), 1)
+			if _, _, err := f.c.GiveUp(context.Background(), string(held), "c", "", false, func() bool { return true }); err != nil {
+				t.Fatal(err)
+			}
+			f.c.RingChanged(ab, tt.next, f.wall.Add(tt.wait))
+			f.wall = f.wall.Add(tt.wait / 2) // TombFor reads the clock too: before the end
+			if got := f.c.TombFor(held); got != tt.want {
+				t.Errorf("tomb of a held key after the ring change: %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
 func TestRingChangeDropsTombsOfKeysNoLongerOwned(t *testing.T) {
 	f := newFixture(t)
 	ab := mustRing(t, "a", "b")
