@@ -86,6 +86,10 @@ fuzz: ## run every fuzz target for FUZZTIME each (a duration, 10s by default, or
 	  done; \
 	done
 
+.PHONY: bench-regions
+bench-regions: build ## issue 19's figures: scenarios on in-process clusters of 3 regions 100 ms apart (about 6 min)
+	./scripts/bench-regions.sh $(BIN)
+
 .PHONY: bench-cluster
 bench-cluster: build ## start 3 nodes on loopback, run the four sluice bench workloads, write BENCHMARKS.md
 	./scripts/bench-cluster.sh $(BIN)
