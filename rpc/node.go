@@ -442,7 +442,15 @@ func (n *Node) joinedCluster() error {
 // its certificate is still to be checked (TLS; see security.Verifier).
 func (n *Node) verifying() bool {
 	inRing := map[string]bool{}
-	for _, m := range n.server.view.Load().members {
+	v := n.server.view.Load()
+	ms := v.members
+	if v.all != nil {
+		// With regions the ring holds this region's members only; the
+		// others' are verified members all the same (all is built from
+		// the admitted list).
+		ms = v.all
+	}
+	for _, m := range ms {
 		inRing[m.Name] = true
 	}
 	var outside []cluster.Member

@@ -100,8 +100,8 @@ func (s *Server) regionAnswer(r *request, d *sluicev1.Decision) {
 	}
 	d.Scope = sluicev1.Scope(r.scope)
 	d.Region = s.region
-	if s.crossRegion(r) {
-		d.Region = s.regions.Home()
+	if s.crossRegion(r) && !d.Degraded {
+		d.Region = s.regions.Home() // a degraded one was decided here
 	}
 	if !r.sliced {
 		return

@@ -232,7 +232,7 @@ func TestExactWithHomeRegionDown(t *testing.T) {
 		rc := &sluicev1.RateLimitCheck{Name: "api", Key: "e" + tc.policy.String(), Limit: 5, WindowMs: 60_000,
 			Scope: sluicev1.Scope_SCOPE_EXACT, OnOwnerUnavailable: tc.policy}
 		d := check(t, b.client, rc)
-		if d.Allowed != tc.allowed || !d.Degraded || d.Owner != b.name || d.Region != "a" {
+		if d.Allowed != tc.allowed || !d.Degraded || d.Owner != b.name || d.Region != "b" {
 			t.Errorf("policy %v with the home region down: %v", tc.policy, d)
 		}
 	}
@@ -301,5 +301,21 @@ func TestDifferentRegionListsAreRefused(t *testing.T) {
 	}
 	if ms := first.cluster.Members(); len(ms) != 1 {
 		t.Errorf("the first node's members after the refusal: %v", ms)
+	}
+}
+
+// With TLS and regions, every node turns ready: the other regions'
+// members are verified members, though never in this node's ring (a node
+// waited for them to enter its ring, and never served).
+func TestRegionsWithTLSBecomeReady(t *testing.T) {
+	p := newPKI(t)
+	regions, _ := region.Parse("a,b")
+	a := startTLSNode(t, p, "a-1", NodeConfig{ForwardTimeout: 2 * time.Second, Region: "a", Regions: regions})
+	b := startTLSNode(t, p, "b-1", NodeConfig{ForwardTimeout: 2 * time.Second, Region: "b", Regions: regions}, a.GossipAddr())
+	eventually(t, "both nodes to be ready", func() bool { return a.Ready() == nil && b.Ready() == nil })
+	rc := &sluicev1.RateLimitCheck{Name: "api", Key: "k", Limit: 4, WindowMs: 60_000, Scope: sluicev1.Scope_SCOPE_EXACT}
+	eventually(t, "b to know the home region", func() bool { return b.Server().view.Load().home != nil })
+	if d := check(t, b.client, rc); !d.Allowed || d.Owner != "a-1" || d.Region != "a" || d.Degraded {
+		t.Errorf("exact via b over TLS: %v", d)
 	}
 }
