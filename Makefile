@@ -66,7 +66,7 @@ cluster-down: ## stop the containers of make cluster-up
 
 .PHONY: e2e
 E2E_IMAGE ?= sluice:e2e
-e2e: ## build bin/sluice and the image E2E_IMAGE (default sluice:e2e), then run the fault suite in containers (e2e/, about 4 min)
+e2e: ## build bin/sluice and the image E2E_IMAGE (default sluice:e2e), then run the fault suite and the region tests in containers (e2e/, about 6 min)
 	$(MAKE) build
 	$(MAKE) docker IMAGE=$(E2E_IMAGE)
 	cd e2e && SLUICE_E2E_IMAGE=$(E2E_IMAGE) $(GO) test -tags e2e -count=1 -v -timeout 30m .

@@ -87,11 +87,21 @@ func cliSecurityArgs() []string {
 // development only.
 func makePKI(t *testing.T, dir string) {
 	t.Helper()
+	ips := map[string]string{}
+	for i, name := range allNodes {
+		ips[name] = fmt.Sprintf("%s.%d", netPrefix, 11+i)
+	}
+	makePKIFor(t, dir, allNodes, ips)
+}
+
+// makePKIFor is makePKI for the nodes names, each at its address in ips.
+func makePKIFor(t *testing.T, dir string, names []string, ips map[string]string) {
+	t.Helper()
 	if out, err := run(30*time.Second, nil, sluiceBin, "tls", "ca", "create", "--out", filepath.Join(dir, "ca")); err != nil {
 		t.Fatalf("sluice tls ca create: %v\n%s", err, out)
 	}
-	for i, name := range allNodes {
-		ip := fmt.Sprintf("%s.%d", netPrefix, 11+i)
+	for _, name := range names {
+		ip := ips[name]
 		if out, err := run(30*time.Second, nil, sluiceBin, "tls", "cert", "create", "--ca", filepath.Join(dir, "ca"),
 			"--peer", name, "--host", name, "--host", ip, "--host", "127.0.0.1", "--out", filepath.Join(dir, name)); err != nil {
 			t.Fatalf("sluice tls cert create --peer %s: %v\n%s", name, err, out)
@@ -155,6 +165,7 @@ func (n *node) grpcAddr() string { return net.JoinHostPort("127.0.0.1", strconv.
 type cluster struct {
 	t       *testing.T
 	project string
+	files   []string // the compose files: docker-compose.yml unless set
 	env     []string
 	nodes   map[string]*node
 	ids     map[string]string // container ids by service
@@ -317,7 +328,15 @@ func (c *cluster) saveArtifacts() {
 // compose runs docker-compose on the suite's file under the cluster's
 // project (profile scale on, so that down also removes sluice4..5).
 func (c *cluster) compose(timeout time.Duration, args ...string) ([]byte, error) {
-	return run(timeout, c.env, "docker-compose", append([]string{"-p", c.project, "-f", "docker-compose.yml", "--profile", "scale"}, args...)...)
+	files := c.files
+	if len(files) == 0 {
+		files = []string{"docker-compose.yml"}
+	}
+	var fa []string
+	for _, f := range files {
+		fa = append(fa, "-f", f)
+	}
+	return run(timeout, c.env, "docker-compose", append(append(append([]string{"-p", c.project}, fa...), "--profile", "scale"), args...)...)
 }
 
 // docker runs a docker command and fails the test if it fails.
