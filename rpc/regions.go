@@ -182,3 +182,25 @@ func (s *Server) membersOf(ms []cluster.Member) []cluster.Member {
 	slices.SortFunc(out, func(a, b cluster.Member) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
+
+// awayDecide decides, degraded, an exact check that entered this node (in
+// a region other than the home region) while the home region could not be
+// reached, under policy local: from this node's own window of the key
+// (awayWindows), which counts what this node admits while the home region
+// is away. Those windows are never handed on (the stand-in windows of the
+// region's own keys are flushed to their owner in the region, which would
+// count an exact key in the region and start this window afresh), so the
+// key admits at most its limit per window here while the home region is
+// away; the home region's count does not include them.
+func (s *Server) awayDecide(key []byte, r request) *sluicev1.Decision {
+	if s.awayWindows == nil { // cannot happen: a cross-region check has them
+		return s.standInDecide(key, r)
+	}
+	d, err := s.awayWindows.ApplyBytes(key, r.check, s.store.Now())
+	if err != nil { // cannot happen: checks are validated on entry
+		return &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name, Error: err.Error(), Degraded: true}
+	}
+	pd := toProto(d, s.name)
+	pd.Degraded = true
+	return pd
+}

@@ -236,6 +236,27 @@ func TestExactWithHomeRegionDown(t *testing.T) {
 			t.Errorf("policy %v with the home region down: %v", tc.policy, d)
 		}
 	}
+	// Under local, b's own window of the key holds the limit while the
+	// home region is away, across b's stand-in flushes (its stand-in loop
+	// runs one every replication interval; they once handed such a window
+	// to the key's owner in b's region, b itself, and started it afresh:
+	// every check was allowed), and the key's regional window in b is
+	// untouched.
+	rc := &sluicev1.RateLimitCheck{Name: "api", Key: "away", Limit: 3, WindowMs: 60_000, Scope: sluicev1.Scope_SCOPE_EXACT}
+	allowed := 0
+	for range 10 {
+		if d := check(t, b.client, rc); d.Allowed {
+			allowed++
+		}
+		b.srv.flushStandIns(context.Background()) // what the stand-in loop does every interval
+	}
+	if allowed != 3 {
+		t.Errorf("exact, limit 3, home region down: b allowed %d of 10 checks, want 3", allowed)
+	}
+	peek := &sluicev1.RateLimitCheck{Name: "api", Key: "away", Hits: proto.Int64(0), Limit: 3, WindowMs: 60_000, Scope: sluicev1.Scope_SCOPE_REGIONAL}
+	if d := check(t, b.client, peek); !d.Allowed || d.Remaining != 3 {
+		t.Errorf("the key's regional window in b after the exact checks: %v, want untouched (remaining 3)", d)
+	}
 }
 
 // The region list is validated: a node's region must be in it, and the

@@ -136,6 +136,10 @@ type Server struct {
 	ringCfg        ring.Config
 	regions        *region.Config // nil: one region
 	region         string
+	// awayWindows decide, degraded, the exact checks that entered here
+	// while the home region could not be reached (policy local); nil
+	// without several regions. See awayDecide.
+	awayWindows *window.Store
 	forwardTimeout time.Duration
 	log            *slog.Logger
 	dialOpts       []grpc.DialOption
@@ -450,6 +454,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.Regions != nil {
 		rings.SetRegion(cfg.Region)
 	}
+	if cfg.Regions.Multi() && cfg.Region != cfg.Regions.Home() {
+		s.awayWindows = window.NewStore(window.StoreConfig{Clock: storeClock{cfg.Store}, MaxKeys: 100_000, OnKeyCap: window.KeyCapEvict})
+	}
 	s.rings = rings
 	r, _ := rings.Ring()
 	s.view.Store(&view{ring: r, members: []cluster.Member{{Name: cfg.Name, State: cluster.Alive}}, bootstrap: true})
@@ -458,6 +465,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s.handoff = s.newMover()
 	s.bg.Go(func() { s.handoff.Run(ctx) })
 	s.bg.Go(func() { s.standInLoop(ctx) })
+	if s.awayWindows != nil {
+		s.bg.Go(func() { s.awayWindows.RunSweeper(ctx, 0, nil) })
+	}
 	if s.replication.Factor > 0 {
 		s.bg.Go(func() { s.replicateLoop(ctx) })
 	}

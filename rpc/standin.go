@@ -398,9 +398,9 @@ func (s *Server) answerUnavailable(ctx context.Context, reqs []request, fs []fai
 		}
 		if cross {
 			// The home region cannot be reached: this node decides from
-			// its own fallback window (degraded); no stand-in of its ring
+			// a window of its own (degraded); no stand-in of its ring
 			// holds the home owner's copy.
-			out[f.index] = s.standInDecide(buf, r)
+			out[f.index] = s.awayDecide(buf, r)
 			continue
 		}
 		if to := s.custody.TombFor(buf); to != "" && to != f.owner && v.peers[to] != nil {
