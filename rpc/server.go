@@ -131,15 +131,15 @@ type Server struct {
 	sluicev1.UnimplementedRateLimitServiceServer
 	sluicev1.UnimplementedPeerServiceServer
 
-	name           string
-	store          *window.Store
-	ringCfg        ring.Config
-	regions        *region.Config // nil: one region
-	region         string
+	name    string
+	store   *window.Store
+	ringCfg ring.Config
+	regions *region.Config // nil: one region
+	region  string
 	// awayWindows decide, degraded, the exact checks that entered here
 	// while the home region could not be reached (policy local); nil
 	// without several regions. See awayDecide.
-	awayWindows *window.Store
+	awayWindows    *window.Store
 	forwardTimeout time.Duration
 	log            *slog.Logger
 	dialOpts       []grpc.DialOption
