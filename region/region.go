@@ -49,7 +49,7 @@ const (
 )
 
 // ErrConfig wraps every error that refuses a region list.
-var ErrConfig = errors.New("invalid regions")
+var ErrConfig = errors.New("bad region list")
 
 // Region is one region of the list.
 type Region struct {

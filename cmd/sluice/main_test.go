@@ -322,10 +322,10 @@ func TestServeRefusesBadFlags(t *testing.T) {
 		{[]string{"serve", "--http-read-header-timeout", "0s"}, "--http-read-header-timeout"},
 		{[]string{"serve", "--max-connection-age", "-1s"}, "--max-connection-age"},
 		{[]string{"serve", "--name", "two words"}, "name"},
-		{[]string{"serve", "--regions", "us=1,eu=x"}, `--regions: invalid regions: regions[1] "eu": weight must be a whole number`},
+		{[]string{"serve", "--regions", "us=1,eu=x"}, `--regions: bad region list: regions[1] "eu": weight must be a whole number`},
 		{[]string{"serve", "--regions", "us,us"}, `"us" is listed twice`},
-		{[]string{"serve", "--regions", "us,eu", "--region", "ap"}, `region: "ap" is not in the region list "us=1,eu=1"`},
-		{[]string{"serve", "--regions", "us,eu"}, `region: "local" is not in the region list`},
+		{[]string{"serve", "--regions", "us,eu", "--region", "ap"}, `--region: "ap" is not one of --regions (us, eu)`},
+		{[]string{"serve", "--regions", "us,eu"}, `--region: required with --regions: this node's region, one of us, eu`},
 		{[]string{"serve", "--config", "testdata/regions-bad.yaml"}, `--regions`},
 		{[]string{"serve", "--grpc-addr", "0.0.0.0:0", "--advertise-addr", "127.0.0.1", "--gossip-addr", "127.0.0.1:0", "--http-addr", ""}, "--insecure"},
 	}

@@ -39,7 +39,8 @@ func scenarioCommand(e env) *cli.Command {
 			"0; regional: (regions-1) x limit per window) or a call fails, 2 on invalid input.",
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "file", Usage: "the scenario, a YAML file (required)"},
-			&cli.StringFlag{Name: "region", Usage: "each region's node addresses, REGION=H:P[,REGION=H:P...]; list a region again for more nodes (required: every region of the scenario)", Sources: e.of("region")},
+			// No SLUICE_REGION: that is serve's --region (this node's region).
+			&cli.StringFlag{Name: "region", Usage: "each region's node addresses, REGION=H:P[,REGION=H:P...]; list a region again for more nodes (required: every region of the scenario, unless --simulate)"},
 			&cli.StringFlag{Name: "scope", Usage: "run with this scope instead of the scenario's: global, regional or exact"},
 			&cli.IntFlag{Name: "concurrency", Value: 64, Usage: "checks in flight per region at most (a check waits for a free slot; the report uses its actual send time)"},
 			&cli.DurationFlag{Name: "timeout", Value: 5 * time.Second, Usage: "deadline of each check", Sources: e.of("timeout")},

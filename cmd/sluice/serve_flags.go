@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/urfave/cli/v3"
@@ -318,5 +319,20 @@ func nodeConfig(cmd *cli.Command, table []serveFlag, cfg rpc.NodeConfig) (rpc.No
 	for _, f := range table {
 		f.apply(cmd, &cfg)
 	}
+	if cfg.Regions != nil && !cfg.Regions.Has(cfg.Region) {
+		if cfg.Region == "local" && !cmd.IsSet("region") {
+			return cfg, usagef("region", "required with --regions: this node's region, one of %s", regionNames(cfg.Regions))
+		}
+		return cfg, usagef("region", "%q is not one of --regions (%s)", cfg.Region, regionNames(cfg.Regions))
+	}
 	return cfg, nil
+}
+
+// regionNames lists a region list's names for a message: "us-east, eu-west".
+func regionNames(c *region.Config) string {
+	var names []string
+	for _, r := range c.Regions() {
+		names = append(names, r.Name)
+	}
+	return strings.Join(names, ", ")
 }
