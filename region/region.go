@@ -10,14 +10,14 @@
 // A limit's [Scope] says where it is enforced. For [Global], the limit L
 // is split into one slice per region, a smaller limit of the same
 // algorithm: region i's slice is its weighted share of L, apportioned by
-// the largest-remainder (Hamilton) method so that the slices add up to
-// exactly L, never more. Each region's owner of a key enforces the
+// the D'Hondt divisor method (see [Config.Share]) so that the slices add
+// up to exactly L, never more, and raising L never lowers a slice. Each region's owner of a key enforces the
 // region's slice on its own clock, so a check never waits on another
 // region and the regions together never admit more than L per window
 // (over-admission 0 by construction). The cost is under-admission: a
 // region that needs more than its share while another idles is denied
 // (Decision.slice_exhausted); leases between regions (the design's next
-// step, see DESIGN.md "Regions") close that gap. The design is the
+// step) close that gap. The design is the
 // demarcation protocol's "lines drawn in the sand" (Barbará and
 // Garcia-Molina, "The Demarcation Protocol", EDBT 1992) with static lines,
 // and DRL's flow-proportional share (Raghavan et al., "Cloud Control with
@@ -211,21 +211,29 @@ func (c *Config) String() string {
 // from key to key.
 func Seed(ringKey []byte) uint64 { return xxhash.Sum64(ringKey) }
 
-// Share returns region's slice of total (hits, >= 0) for the key of seed:
-// floor(total × weight / Σweights), plus one for the k regions with the
-// largest remainders, where k = total − Σ floors < number of regions (ties
-// broken by a rotation of the list that seed picks). The slices of all
-// regions add up to exactly total. It returns total for nil or a single
-// region, and 0 for a region not in the list. No overflow for total up to
-// 2^63−1 (the product is computed in 128 bits).
+// Share returns region's slice of total (hits, >= 0) for the key of seed,
+// by the D'Hondt (Jefferson) divisor method: each region first gets
+// floor(total × weight / Σweights), then the k = total − Σ floors < number
+// of regions hits left go one at a time to the region of the highest
+// weight / (slice + 1) (ties to the first in a rotation of the list that
+// seed picks, so that which regions get a limit's remainder varies from
+// key to key). The slices of all regions add up to exactly total, each is
+// at least its floor share (a heavier region may get a little more than
+// its exact share), and raising total never lowers any region's slice
+// (the method is house-monotone, unlike largest remainder: its Alabama
+// paradox would let a limit raised mid-window admit more than the new
+// limit). It returns total for nil or a single region (0 if region is
+// not that one), and 0 for a region not in the list or a total <= 0. No
+// overflow for total up to 2^63−1 (products are computed in 128 bits).
+// See M. L. Balinski and H. P. Young, "Fair Representation", 1982.
 func (c *Config) Share(total int64, region string, seed uint64) int64 {
+	if total <= 0 {
+		return 0
+	}
 	if c == nil || len(c.regions) == 1 {
 		if c == nil || c.regions[0].Name == region {
 			return total
 		}
-		return 0
-	}
-	if total <= 0 {
 		return 0
 	}
 	me := slices.IndexFunc(c.regions, func(r Region) bool { return r.Name == region })
@@ -233,42 +241,34 @@ func (c *Config) Share(total int64, region string, seed uint64) int64 {
 		return 0
 	}
 	n := len(c.regions)
-	type part struct {
-		q, r uint64
-		i    int
-	}
-	parts := make([]part, n)
+	var buf [MaxRegions]uint64
+	s := buf[:n]
 	var sum uint64
 	for i, r := range c.regions {
 		hi, lo := bits.Mul64(uint64(total), uint64(r.Weight))
-		q, rem := bits.Div64(hi, lo, uint64(c.total)) // hi < total weight: q <= total
-		parts[i] = part{q: q, r: rem, i: i}
-		sum += q
-	}
-	k := int(uint64(total) - sum) // < n
-	if k == 0 {
-		return int64(parts[me].q)
+		s[i], _ = bits.Div64(hi, lo, uint64(c.total)) // hi < total weight: the quotient fits
+		sum += s[i]
 	}
 	rot := int(seed % uint64(n))
-	order := func(i int) int { return (i - rot + n) % n }
-	slices.SortFunc(parts, func(a, b part) int {
-		if a.r != b.r {
-			if a.r > b.r {
-				return -1
+	for k := uint64(total) - sum; k > 0; k-- {
+		best := -1
+		for j := range n {
+			i := (rot + j) % n
+			if best < 0 || c.higher(i, s[i], best, s[best]) {
+				best = i
 			}
-			return 1
 		}
-		return order(a.i) - order(b.i)
-	})
-	for j, p := range parts {
-		if p.i == me {
-			if j < k {
-				return int64(p.q) + 1
-			}
-			return int64(p.q)
-		}
+		s[best]++
 	}
-	return 0 // unreachable: me is in parts
+	return int64(s[me])
+}
+
+// higher reports whether region i with slice si has a strictly higher
+// D'Hondt priority, weight / (slice + 1), than region j with slice sj.
+func (c *Config) higher(i int, si uint64, j int, sj uint64) bool {
+	ah, al := bits.Mul64(uint64(c.regions[i].Weight), sj+1)
+	bh, bl := bits.Mul64(uint64(c.regions[j].Weight), si+1)
+	return ah > bh || ah == bh && al > bl
 }
 
 // Scope says where a limit is enforced in a cluster of several regions.

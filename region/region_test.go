@@ -2,7 +2,7 @@ package region
 
 import (
 	"errors"
-	"math"
+	"math/big"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -66,12 +66,15 @@ func TestShareTable(t *testing.T) {
 		{three, 11, 2, map[string]int64{"a": 4, "b": 3, "c": 4}},
 		{three, 1, 1, map[string]int64{"a": 0, "b": 1, "c": 0}}, // a limit smaller than the regions: one region holds it
 		{three, 0, 0, map[string]int64{"a": 0, "b": 0, "c": 0}},
-		{weighted, 10, 0, map[string]int64{"a": 5, "b": 3, "c": 2}}, // 5, 2.5, 2.5: one of the halves rounds up
+		// D'Hondt: the floors (5, 2, 2), then the one hit left to the highest
+		// weight/(slice+1): 2/6, 1/3, 1/3 tie, and the rotation decides.
+		{weighted, 10, 0, map[string]int64{"a": 6, "b": 2, "c": 2}},
 		{weighted, 10, 2, map[string]int64{"a": 5, "b": 2, "c": 3}},
-		{weighted, 7, 0, map[string]int64{"a": 3, "b": 2, "c": 2}}, // 3.5, 1.75, 1.75: the largest remainders first, whatever the seed
-		{weighted, 7, 2, map[string]int64{"a": 3, "b": 2, "c": 2}},
-		{weighted, 6, 0, map[string]int64{"a": 3, "b": 2, "c": 1}}, // 3, 1.5, 1.5: a tie, broken by the rotation
-		{weighted, 6, 2, map[string]int64{"a": 3, "b": 1, "c": 2}},
+		// 7: floors 3, 1, 1; two left: a tie (2/4, 1/2, 1/2), then 2/5 < 1/2.
+		{weighted, 7, 0, map[string]int64{"a": 4, "b": 2, "c": 1}},
+		{weighted, 7, 2, map[string]int64{"a": 4, "b": 1, "c": 2}},
+		{weighted, 6, 0, map[string]int64{"a": 4, "b": 1, "c": 1}},
+		{weighted, 6, 1, map[string]int64{"a": 3, "b": 2, "c": 1}},
 	} {
 		var sum int64
 		for name, want := range tc.want {
@@ -95,8 +98,10 @@ func TestShareTable(t *testing.T) {
 }
 
 // TestSharesNeverExceedTheLimit: for any list, limit and key, the slices
-// add up to exactly the limit (never more: over-admission 0), each is
-// within one of its weighted share, and every node computes the same.
+// add up to exactly the limit (never more: over-admission 0), each is at
+// least its floor share, raising the limit by one never lowers a slice
+// (no Alabama paradox: a limit raised mid-window cannot admit more than
+// the new limit), and every node computes the same.
 func TestSharesNeverExceedTheLimit(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for range 2000 {
@@ -122,17 +127,36 @@ func TestSharesNeverExceedTheLimit(t *testing.T) {
 		var sum int64
 		for _, r := range rs {
 			got := c.Share(limit, r.Name, seed)
-			exact := float64(limit) * float64(r.Weight) / float64(total)
-			if float64(got) < math.Floor(exact)-1 || float64(got) > math.Ceil(exact)+1 {
-				t.Fatalf("%s: Share(%d, %s) = %d, weighted share %.2f", c, limit, r.Name, got, exact)
+			floor := new(big.Int).Div(new(big.Int).Mul(big.NewInt(limit), big.NewInt(r.Weight)), big.NewInt(total))
+			if big.NewInt(got).Cmp(floor) < 0 {
+				t.Fatalf("%s: Share(%d, %s) = %d, below its floor share %s", c, limit, r.Name, got, floor)
 			}
 			if again := c.Share(limit, r.Name, seed); again != got {
 				t.Fatalf("not deterministic: %d then %d", got, again)
+			}
+			if next := c.Share(limit+1, r.Name, seed); next < got {
+				t.Fatalf("%s: raising the limit %d by one lowers %s's slice from %d to %d", c, limit, r.Name, got, next)
 			}
 			sum += got
 		}
 		if sum != limit {
 			t.Fatalf("%s: slices of %d add up to %d", c, limit, sum)
+		}
+	}
+}
+
+// The attack's example: weights 6, 6, 2 and a limit raised from 10 to 11
+// mid-window. Under largest remainder c's slice fell from 2 to 1 while a
+// and b rose to 5: c had admitted 2, a and b then 5 each, 12 > 11.
+func TestRaisedLimitNeverLowersASlice(t *testing.T) {
+	c, _ := Parse("a=6,b=6,c=2")
+	for seed := range uint64(3) {
+		for l := int64(1); l < 200; l++ {
+			for _, r := range []string{"a", "b", "c"} {
+				if c.Share(l+1, r, seed) < c.Share(l, r, seed) {
+					t.Fatalf("seed %d: %s's slice falls from %d to %d when the limit goes from %d to %d", seed, r, c.Share(l, r, seed), c.Share(l+1, r, seed), l, l+1)
+				}
+			}
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
+	"github.com/sluicehq/sluice/window"
 )
 
 // Regions (DESIGN.md "Regions"). With a region list (ServerConfig.Regions)
@@ -66,7 +67,8 @@ func (s *Server) applyScopes(reqs []request, fromPeer bool) {
 		seed := region.SeedOf(r.name, r.key)
 		r.full, r.sliced = r.check.Limit, true
 		r.check.Limit = s.regions.Share(r.check.Limit, s.region, seed)
-		if r.check.Burst > 0 {
+		if r.check.Burst > 0 && (r.check.Algorithm == window.TokenBucket || r.check.Algorithm == window.LeakyBucket) {
+			// The buckets' capacity is split too (the windows ignore it).
 			r.check.Burst = s.regions.Share(r.check.Burst, s.region, seed)
 			r.noSlice = r.check.Burst == 0
 		}
@@ -100,8 +102,8 @@ func (s *Server) regionAnswer(r *request, d *sluicev1.Decision) {
 	}
 	d.Scope = sluicev1.Scope(r.scope)
 	d.Region = s.region
-	if s.crossRegion(r) && !d.Degraded {
-		d.Region = s.regions.Home() // a degraded one was decided here
+	if s.crossRegion(r) && d.Owner != s.name {
+		d.Region = s.regions.Home() // by the key's owner there, or its stand-in holder
 	}
 	if !r.sliced {
 		return
@@ -203,4 +205,20 @@ func (s *Server) awayDecide(key []byte, r request) *sluicev1.Decision {
 	pd := toProto(d, s.name)
 	pd.Degraded = true
 	return pd
+}
+
+// homeStandIn returns the stand-in holder of owner, an unreachable member
+// of the home region, for an exact check of a node in another region: the
+// next member of the home ring, which holds owner's copies (replication
+// on); "" when there is none (no replicas, no home ring, owner not in it,
+// or no connection to the holder).
+func (s *Server) homeStandIn(v *view, owner string) string {
+	if s.replication.Factor <= 0 || v.home == nil || !v.home.Has(owner) {
+		return ""
+	}
+	succ := v.home.SuccessorsOf(owner, 1)
+	if len(succ) == 0 || succ[0] == owner || v.peers[succ[0]] == nil {
+		return ""
+	}
+	return succ[0]
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/region"
+	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
@@ -338,5 +339,62 @@ func TestRegionsWithTLSBecomeReady(t *testing.T) {
 	eventually(t, "b to know the home region", func() bool { return b.Server().view.Load().home != nil })
 	if d := check(t, b.client, rc); !d.Allowed || d.Owner != "a-1" || d.Region != "a" || d.Degraded {
 		t.Errorf("exact via b over TLS: %v", d)
+	}
+}
+
+// A window algorithm's burst (which it ignores) is not split: a fixed
+// window with burst 1 in three regions admits the whole limit in all (it
+// once split the burst into 1, 0, 0 and denied two regions every check).
+func TestWindowBurstIsNotSliced(t *testing.T) {
+	clock := windowClock()
+	byRegion := startRegions(t, "a,b,c", 1, NodeConfig{Clock: clock})
+	rc := &sluicev1.RateLimitCheck{Name: "api", Key: "k", Limit: 90, Burst: 1, WindowMs: 60_000}
+	total := 0
+	for _, r := range []string{"a", "b", "c"} {
+		got, _ := countAllowed(t, byRegion[r], rc, 40)
+		if got != 30 {
+			t.Errorf("fixed window, limit 90, burst 1, region %s: %d allowed, want its slice 30", r, got)
+		}
+		total += got
+	}
+	if total != 90 {
+		t.Errorf("%d allowed in all, want 90", total)
+	}
+}
+
+// When the key's owner in the home region dies, an exact check entering
+// another region is decided by the owner's stand-in holder in the home
+// region, from its copy (degraded, as for a region's own keys): a limit
+// spent before the death stays spent. (It was decided from a fresh window
+// of the entering node: a spent limit admitted again.)
+func TestExactWithHomeOwnerDownGoesToItsHomeStandIn(t *testing.T) {
+	clock := windowClock()
+	regions, _ := region.Parse("a,b")
+	cfg := NodeConfig{Clock: clock, Regions: regions, Replication: ReplicationConfig{Interval: 20 * time.Millisecond}}
+	a1, a2, b1 := cfg, cfg, cfg
+	a1.Name, a1.Region = "a-1", "a"
+	a2.Name, a2.Region = "a-2", "a"
+	b1.Name, b1.Region = "b-1", "b"
+	nodes := startInproc(t, a1, a2, b1)
+	b := nodes[2]
+	k := keyOwnedBy(t, nodes[0], "api", "a-1")
+	rc := &sluicev1.RateLimitCheck{Name: "api", Key: k, Limit: 5, WindowMs: 60_000, Scope: sluicev1.Scope_SCOPE_EXACT}
+	if got, _ := countAllowed(t, []*inprocNode{b}, rc, 5); got != 5 {
+		t.Fatalf("before the death: %d of 5 allowed", got)
+	}
+	storeKey := string(ring.Key(nil, "api", k))
+	eventually(t, "a-2 to hold a-1's copy of the key", func() bool {
+		_, ok := nodes[1].srv.replicas.Get(storeKey)
+		return ok
+	})
+	nodes[0].Kill()
+	allowed, ds := countAllowed(t, []*inprocNode{b}, rc, 5)
+	if allowed != 0 {
+		t.Errorf("exact, limit 5 spent, its home owner dead: %d more allowed via b, want 0", allowed)
+	}
+	for _, d := range ds {
+		if !d.Degraded || d.Owner != "a-2" || d.Region != "a" {
+			t.Errorf("decision %v, want degraded, by a-2 in a", d)
+		}
 	}
 }

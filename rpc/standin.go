@@ -353,7 +353,7 @@ func (s *Server) standInHolder(v *view, owner string) string {
 // node, are decided here (standInDecide).
 func (s *Server) answerUnavailable(ctx context.Context, reqs []request, fs []failure, out []*sluicev1.Decision) {
 	v := s.view.Load()
-	byHolder, byTomb, byOwner := map[string][]int{}, map[string][]int{}, map[string][]int{}
+	byHolder, byTomb, byOwner, byHomeHolder := map[string][]int{}, map[string][]int{}, map[string][]int{}, map[string][]int{}
 	var buf []byte
 	now := time.Now().UnixNano()
 	for _, f := range fs {
@@ -397,9 +397,15 @@ func (s *Server) answerUnavailable(ctx context.Context, reqs []request, fs []fai
 			continue
 		}
 		if cross {
-			// The home region cannot be reached: this node decides from
-			// a window of its own (degraded); no stand-in of its ring
-			// holds the home owner's copy.
+			// The key's owner in the home region cannot be reached: its
+			// stand-in holder there (the home ring's next member, which
+			// holds its copy) decides, as for a key of this region's;
+			// when the home region cannot be reached at all, this node
+			// decides from a window of its own (degraded).
+			if h := s.homeStandIn(v, f.owner); h != "" {
+				byHomeHolder[h] = append(byHomeHolder[h], f.index)
+				continue
+			}
 			out[f.index] = s.awayDecide(buf, r)
 			continue
 		}
@@ -418,7 +424,10 @@ func (s *Server) answerUnavailable(ctx context.Context, reqs []request, fs []fai
 		byHolder[h] = append(byHolder[h], f.index)
 	}
 	for h, is := range byHolder {
-		s.standInForward(ctx, v, h, reqs, is, fs, out)
+		s.standInForward(ctx, v, h, reqs, is, fs, out, s.standInDecide)
+	}
+	for h, is := range byHomeHolder {
+		s.standInForward(ctx, v, h, reqs, is, fs, out, s.awayDecide)
 	}
 	for to, is := range byTomb {
 		s.reforward(ctx, v, to, reqs, is, out)
@@ -432,7 +441,7 @@ func (s *Server) answerUnavailable(ctx context.Context, reqs []request, fs []fai
 
 // standInForward sends the checks reqs[i], i in is, to the stand-in holder
 // h of their unreachable owner; whatever h does not answer is decided here.
-func (s *Server) standInForward(ctx context.Context, v *view, h string, reqs []request, is []int, fs []failure, out []*sluicev1.Decision) {
+func (s *Server) standInForward(ctx context.Context, v *view, h string, reqs []request, is []int, fs []failure, out []*sluicev1.Decision, here func([]byte, request) *sluicev1.Decision) {
 	owner := ""
 	for _, f := range fs {
 		if f.index == is[0] {
@@ -458,7 +467,7 @@ func (s *Server) standInForward(ctx context.Context, v *view, h string, reqs []r
 		// The holder did not decide it (or its answer was lost: then
 		// both count it, and the key denies early): decide here.
 		buf = ring.Key(buf[:0], reqs[i].name, reqs[i].key)
-		out[i] = s.standInDecide(buf, reqs[i])
+		out[i] = here(buf, reqs[i])
 	}
 	if err != nil {
 		s.log.Debug("stand-in holder unavailable too; decided here", "holder", h, "owner", owner, "error", err)

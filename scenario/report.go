@@ -117,6 +117,10 @@ type Totals struct {
 	SliceExhausted int64 `json:"slice_exhausted"`
 	// Errors is the checks that got no answer.
 	Errors int64 `json:"errors"`
+	// Misplaced counts admitted checks whose answer's reset time named a
+	// window the check was not in flight during; they are placed by their
+	// send time instead (a target that says so is wrong or lying).
+	Misplaced int64 `json:"misplaced"`
 	// CrossRegionMessages is the messages sent between regions; -1 when
 	// the target does not count them.
 	CrossRegionMessages int64 `json:"cross_region_messages"`
@@ -246,7 +250,16 @@ func NewReport(p *Plan, r *Results) *Report {
 		abs := r.Start.UnixNano() + int64(at) + int64(p.ClockOffset(dec))
 		ok := res.Err == nil && res.Answer.Allowed
 		if id, exact := decidedWindow(spec, res, ok); exact {
-			abs = id // the window the decider counted it in, on its clock
+			// The window the decider counted it in, on its clock, if the
+			// check was in flight during it (sent before the window's end,
+			// answered after its start): a target cannot move an admission
+			// to a window it was not in flight during by its reset time.
+			from := r.Start.UnixNano() + int64(res.Sent) + int64(p.ClockOffset(dec))
+			if id <= from+int64(res.Answer.Latency) && id+w > from {
+				abs = id
+			} else {
+				t.Misplaced++
+			}
 		}
 		k := rowKey{key: p.KeyIndex(res.Key), win: floorDiv(abs, w) - first}
 		infos[i] = info{row: k, at: at, ok: ok, seen: res.Err == nil}
@@ -540,6 +553,9 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	fmt.Fprintf(&b, "degraded %d  slice_exhausted %d  errors %d  cross-region msgs/check %s  max send lag %.1f ms\n",
 		t.Degraded, t.SliceExhausted, t.Errors, msgs, t.MaxLagMs)
+	if t.Misplaced > 0 {
+		fmt.Fprintf(&b, "misplaced %d admitted checks named a window they were not in flight during (placed by send time)\n", t.Misplaced)
+	}
 	fmt.Fprintf(&b, "latency p50 %.2f ms  p99 %.2f ms  max %.2f ms\n\n", t.P50Ms, t.P99Ms, t.MaxMs)
 	if _, err := io.WriteString(w, b.String()); err != nil {
 		return err

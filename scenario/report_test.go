@@ -389,7 +389,7 @@ func TestReportPlacesAdmissionsWhereTheyWereCounted(t *testing.T) {
 			if alg == "sliding_window" {
 				end = end.Add(time.Second) // back at full capacity a window later
 			}
-			return &Answer{Allowed: true, ResetTime: end.UnixMilli()}
+			return &Answer{Allowed: true, ResetTime: end.UnixMilli(), Latency: 20 * ms} // in flight from 990 to 1010 ms
 		})
 		rep := NewReport(p, r)
 		if rep.Totals.Over != 0 || len(rep.Windows) != 2 || rep.Windows[0].Admitted != 2 || rep.Windows[1].Admitted != 2 {
@@ -399,6 +399,24 @@ func TestReportPlacesAdmissionsWhereTheyWereCounted(t *testing.T) {
 		r = results(p, func(Check) *Answer { return &Answer{Allowed: true} })
 		if rep := NewReport(p, r); rep.Totals.Over != 2 {
 			t.Errorf("%s without reset times: over %d, want 2 (all sent in window 0)", alg, rep.Totals.Over)
+		}
+		// A target that names a window the check was not in flight during
+		// (answered at 990 ms, yet counted in window 1) is not believed:
+		// the check is placed by its send time, and counted as misplaced.
+		n = 0
+		r = results(p, func(Check) *Answer {
+			n++
+			end := start.Add(time.Second)
+			if n > 2 {
+				end = end.Add(time.Second)
+			}
+			if alg == "sliding_window" {
+				end = end.Add(time.Second)
+			}
+			return &Answer{Allowed: true, ResetTime: end.UnixMilli(), Latency: ms}
+		})
+		if rep := NewReport(p, r); rep.Totals.Over != 2 || rep.Totals.Misplaced != 2 || rep.Verify() == nil {
+			t.Errorf("%s, a lying reset time: over %d, misplaced %d; want 2 and 2, and Verify to fail", alg, rep.Totals.Over, rep.Totals.Misplaced)
 		}
 	}
 }

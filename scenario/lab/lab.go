@@ -208,21 +208,23 @@ func (l *Lab) Nodes(r string) []*rpc.Node { return slices.Clone(l.nodes[r]) }
 func (l *Lab) Regions() *region.Config { return l.regions }
 
 // CrossRegionForwards returns the checks the nodes have sent to nodes of
-// another region so far (their forwards' checks, by peer): the request
-// path's cross-region traffic. Gossip, which crosses regions off the
-// request path, is not counted (Net.Messages counts it).
-func (l *Lab) CrossRegionForwards() int64 {
-	var n int64
+// another region so far (their forwards' checks, by peer), and the
+// messages that took: each forward call and its answer (a batch of
+// checks is one call). That is the request path's cross-region traffic.
+// Gossip, which crosses regions off the request path, is not counted
+// (Net.Messages counts it).
+func (l *Lab) CrossRegionForwards() (checks, messages int64) {
 	for r, ns := range l.nodes {
 		for _, node := range ns {
 			for peer, ps := range node.Server().Stats().Peers {
 				if l.region[peer] != r {
-					n += ps.Checks
+					checks += ps.Checks
+					messages += 2 * ps.Batches
 				}
 			}
 		}
 	}
-	return n
+	return checks, messages
 }
 
 // Close stops every node (a graceful stop, bounded) and the WAN.
@@ -334,13 +336,15 @@ func (t *ClientTarget) Heal(r string) error {
 	return nil
 }
 
-// CrossRegionMessages implements scenario.MessageCounter: the checks
-// forwarded across regions (Lab.CrossRegionForwards); 0 without a lab.
+// CrossRegionMessages implements scenario.MessageCounter: the forward
+// calls across regions and their answers (Lab.CrossRegionForwards); 0
+// without a lab.
 func (t *ClientTarget) CrossRegionMessages() int64 {
 	if t.lab == nil {
 		return 0
 	}
-	return t.lab.CrossRegionForwards()
+	_, m := t.lab.CrossRegionForwards()
+	return m
 }
 
 // Close closes the clients.

@@ -39,7 +39,8 @@ func run(t *testing.T, s *scenario.Scenario, scope string, nodes int, scale floa
 	var b bytes.Buffer
 	_ = rep.WriteText(&b)
 	t.Logf("%s, %s, %s:\n%s", s.Name, scope, l.Describe(), b.String())
-	return rep, l.CrossRegionForwards()
+	checks, _ := l.CrossRegionForwards()
+	return rep, checks
 }
 
 // short is the done-when parameters over 3 windows (the test's time).
@@ -105,5 +106,15 @@ func TestRegionalAndExactOnACluster(t *testing.T) {
 	}
 	if cross == 0 || cross > rep.Totals.Checks {
 		t.Errorf("exact: %d checks crossed regions of %d", cross, rep.Totals.Checks)
+	}
+	// exact with a region cut off from the home region for two windows:
+	// its checks are answered degraded under local, from a window of the
+	// entering node's own (README: up to one limit per window more in each
+	// region that loses the home region; they once got a fresh window
+	// every replication interval).
+	rep, _ = run(t, scenario.Partition(p), "exact", 1, 0)
+	if rep.Totals.MaxOver > p.Limit || rep.Totals.Degraded == 0 || rep.Totals.Errors != 0 {
+		t.Errorf("exact with a region cut off: max over %d per key and window (want at most the limit %d), %d degraded, %d errors",
+			rep.Totals.MaxOver, p.Limit, rep.Totals.Degraded, rep.Totals.Errors)
 	}
 }
