@@ -6,7 +6,8 @@
 #     without it (--no-wan), alternated ROUNDS times (default 3): in-region
 #     latency under load, back to back;
 #   - the five done-when scenarios (steady, skew, flood, cut, clocks) with
-#     scope global, and steady and flood with regional and exact.
+#     scope global, steady and flood with regional and exact, and cut with
+#     exact (degraded answers in the cut-off region).
 # Every run stops by itself (the scenario's duration plus startup; each is
 # bounded by timeout 180 s). JSON reports go to $OUT (default a temp dir).
 set -euo pipefail
@@ -43,5 +44,8 @@ for n in 1 3; do
       run "$s-n$n-$sc" --nodes-per-region "$n" --scope "$sc" --file "$DATA/$s.yaml"
     done
   done
+  # exact with a region cut off from the home region: degraded answers
+  # there, at most one limit per window more (exit 1: above exact's bound 0)
+  run "cut-n$n-exact" --nodes-per-region "$n" --scope exact --file "$DATA/cut.yaml" || true
 done
 echo "reports: $OUT"
