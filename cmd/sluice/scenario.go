@@ -92,8 +92,11 @@ func runScenario(ctx context.Context, cmd *cli.Command) error {
 	}
 	name := p.Limit.Name + "." + strconv.FormatInt(time.Now().UnixNano()%1_000_000_007, 36)
 	var (
-		target *lab.ClientTarget
-		l      *lab.Lab
+		target interface {
+			scenario.Target
+			Close()
+		}
+		l *lab.Lab
 	)
 	if simulate {
 		scale := 1.0
@@ -105,9 +108,11 @@ func runScenario(ctx context.Context, cmd *cli.Command) error {
 			return err
 		}
 		defer l.Close()
-		if target, err = l.Target(name, timeout); err != nil {
+		lt, err := l.Target(name, timeout)
+		if err != nil {
 			return err
 		}
+		target = lt
 		fmt.Fprintf(cmd.Root().ErrWriter, "sluice: simulating %s in this process, round trips %s\n", l.Describe(), rttOf(p, cmd.Bool("no-wan")))
 	} else {
 		addrs, err := parseRegionAddrs(cmd.String("region"), p.RegionNames())
@@ -143,9 +148,11 @@ func runScenario(ctx context.Context, cmd *cli.Command) error {
 				}
 			}
 		}
-		if target, err = lab.NewClientTarget(p.Limit, name, addrs, timeout, opts); err != nil {
+		ct, err := lab.NewClientTarget(p.Limit, name, addrs, timeout, opts)
+		if err != nil {
 			return err
 		}
+		target = ct
 	}
 	defer target.Close()
 	res, err := scenario.Run(ctx, p, target, scenario.Options{Workers: conc, Timeout: timeout, IgnoreCuts: !simulate})

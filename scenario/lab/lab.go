@@ -249,7 +249,7 @@ func (l *Lab) Close() {
 // apart) and its scope. It also cuts a region off (scenario.Cutter, on the
 // WAN) and counts the cross-region forwards (scenario.MessageCounter).
 // Close it when done.
-func (l *Lab) Target(name string, timeout time.Duration) (*ClientTarget, error) {
+func (l *Lab) Target(name string, timeout time.Duration) (*Target, error) {
 	addrs := map[string][]string{}
 	for r, ns := range l.nodes {
 		for _, n := range ns {
@@ -260,8 +260,15 @@ func (l *Lab) Target(name string, timeout time.Duration) (*ClientTarget, error) 
 	if err != nil {
 		return nil, err
 	}
-	t.lab = l
-	return t, nil
+	return &Target{ClientTarget: t, lab: l}, nil
+}
+
+// Target is a ClientTarget to a Lab's nodes that also cuts regions off on
+// the lab's WAN (scenario.Cutter) and counts the cross-region forwards
+// (scenario.MessageCounter). Make it with [Lab.Target].
+type Target struct {
+	*ClientTarget
+	lab *Lab
 }
 
 // ClientTarget is a scenario.Target over the client package: a client per
@@ -270,7 +277,6 @@ type ClientTarget struct {
 	spec    scenario.Spec
 	name    string
 	clients map[string]*client.Client
-	lab     *Lab // nil: no cuts, no counts
 }
 
 // NewClientTarget returns a Target sending the checks of spec, under
@@ -318,34 +324,32 @@ func (t *ClientTarget) Check(ctx context.Context, reg, key string, hits int64) (
 	}, nil
 }
 
-// Cut implements scenario.Cutter on the lab's WAN (an error without one).
-func (t *ClientTarget) Cut(r string) error {
-	if t.lab == nil {
-		return errors.New("not a lab target: cannot cut " + r)
-	}
+// Cut implements scenario.Cutter on the lab's WAN.
+func (t *Target) Cut(r string) error {
 	t.lab.Net.Cut(r)
 	return nil
 }
 
 // Heal implements scenario.Cutter.
-func (t *ClientTarget) Heal(r string) error {
-	if t.lab == nil {
-		return errors.New("not a lab target: cannot heal " + r)
-	}
+func (t *Target) Heal(r string) error {
 	t.lab.Net.Heal(r)
 	return nil
 }
 
 // CrossRegionMessages implements scenario.MessageCounter: the forward
-// calls across regions and their answers (Lab.CrossRegionForwards); 0
-// without a lab.
-func (t *ClientTarget) CrossRegionMessages() int64 {
-	if t.lab == nil {
-		return 0
-	}
+// calls across regions and their answers (Lab.CrossRegionForwards).
+func (t *Target) CrossRegionMessages() int64 {
 	_, m := t.lab.CrossRegionForwards()
 	return m
 }
+
+// A ClientTarget alone cannot cut regions off or count messages: the
+// runner refuses (or, told to ignore cuts, skips) a scenario's cuts.
+var (
+	_ scenario.Target         = (*ClientTarget)(nil)
+	_ scenario.Cutter         = (*Target)(nil)
+	_ scenario.MessageCounter = (*Target)(nil)
+)
 
 // Close closes the clients.
 func (t *ClientTarget) Close() {
