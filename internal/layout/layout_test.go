@@ -16,9 +16,11 @@ func TestImportDirections(t *testing.T) {
 		// the package: prefixes of the non-standard imports it may have (transitively)
 		"github.com/sluicehq/sluice/window": {"github.com/sluicehq/sluice/window"},
 		// region: the region list and slices, pure (xxhash for the keys' seeds)
-		"github.com/sluicehq/sluice/region":  {"github.com/sluicehq/sluice/region", "github.com/cespare/xxhash/v2"},
-		"github.com/sluicehq/sluice/ring":    {"github.com/sluicehq/sluice/ring", "github.com/buraksezer/consistent", "github.com/cespare/xxhash/v2"},
-		"github.com/sluicehq/sluice/cluster": {"github.com/sluicehq/sluice/cluster", "github.com/hashicorp/", "github.com/armon/", "github.com/google/btree", "github.com/miekg/dns", "github.com/sean-/seed", "golang.org/x/"},
+		"github.com/sluicehq/sluice/region": {"github.com/sluicehq/sluice/region", "github.com/cespare/xxhash/v2"},
+		// region/lease: the leases' state machines, pure (standard library only)
+		"github.com/sluicehq/sluice/region/lease": {"github.com/sluicehq/sluice/region/lease"},
+		"github.com/sluicehq/sluice/ring":         {"github.com/sluicehq/sluice/ring", "github.com/buraksezer/consistent", "github.com/cespare/xxhash/v2"},
+		"github.com/sluicehq/sluice/cluster":      {"github.com/sluicehq/sluice/cluster", "github.com/hashicorp/", "github.com/armon/", "github.com/google/btree", "github.com/miekg/dns", "github.com/sean-/seed", "golang.org/x/"},
 		// rpc's forward room: gRPC and the generated types, never rpc itself (no room imports rpc)
 		"github.com/sluicehq/sluice/rpc/internal/forward": {"github.com/sluicehq/sluice/rpc/internal/forward", "github.com/sluicehq/sluice/rpc/sluicev1", "google.golang.org/", "golang.org/x/", "github.com/planetscale/vtprotobuf/protohelpers"},
 		// the SDK: rpc's generated types and gRPC, never the server, memberlist or the windows
