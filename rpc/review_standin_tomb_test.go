@@ -42,6 +42,7 @@ func TestReviewStandInForwardIgnoresTombOfAnOwnedKey(t *testing.T) {
 		t.Fatal("node1 holds no state of the key")
 	}
 	n3.Store().MergeState(key, st, clock.Now())
+	handedOff := n3.Server().handoff.Counters.HandedOff.Load()
 
 	// A regular forward follows the tomb: decided at node3, 4 left.
 	d := check(t, n2.client, rc)
@@ -62,6 +63,12 @@ func TestReviewStandInForwardIgnoresTombOfAnOwnedKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	if d := resp.Decisions[0]; d.Remaining != 3 {
+		if n3.Server().handoff.Counters.HandedOff.Load() > handedOff {
+			// As above, between the two checks: node3 sent the key
+			// home, so the tomb's member has no state of it. Not the
+			// case under test (seen once in CI).
+			t.Skipf("node3 handed the pulled state home before the stand-in check (%+v)", d)
+		}
 		t.Fatalf("stand-in check after the pull: %+v, want 3 left (the key's count is at node3): decided from a fresh window", d)
 	}
 }
