@@ -232,8 +232,20 @@ func freePorts(t *testing.T, n int) []int {
 func newCluster(t *testing.T, scenario string) *cluster {
 	t.Helper()
 	requireDocker(t)
+	secrets := newSecrets(t)
+	makePKI(t, secrets)
+	pki = secrets
+	c := &cluster{t: t, project: "sluicee2e" + scenario, nodes: map[string]*node{}, ids: map[string]string{}}
+	c.prepare(secrets, allNodes, func(i int, _ string) string { return fmt.Sprintf("%s.%d", netPrefix, 11+i) }, clientDialOption(t))
+	c.start("sluice1", "sluice2", "sluice3")
+	return c
+}
+
+// newSecrets returns a fresh directory the containers' user (65532) can
+// read through a bind mount, holding a new gossip key (gossip.keys).
+func newSecrets(t *testing.T) string {
+	t.Helper()
 	secrets := t.TempDir()
-	// The containers' user (65532) reads the key through a bind mount.
 	if err := os.Chmod(secrets, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -244,20 +256,29 @@ func newCluster(t *testing.T, scenario string) *cluster {
 	if err := os.WriteFile(filepath.Join(secrets, "gossip.keys"), key, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	makePKI(t, secrets)
-	pki = secrets
-	c := &cluster{t: t, project: "sluicee2e" + scenario, nodes: map[string]*node{}, ids: map[string]string{}}
-	ports := freePorts(t, 2*len(allNodes))
-	c.env = append(os.Environ(),
+	return secrets
+}
+
+// prepare gives c the services names (at the addresses ipOf gives them),
+// free host ports for each one's gRPC and HTTP, the compose environment
+// (plus extraEnv) and a client connection per node over dial; it removes
+// what a run that crashed before its cleanup may have left of the
+// project, and registers the cleanup: on failure the artifacts and the
+// containers' last log lines, then the connections closed and down -v.
+func (c *cluster) prepare(secrets string, names []string, ipOf func(i int, name string) string, dial grpc.DialOption, extraEnv ...string) {
+	t := c.t
+	t.Helper()
+	ports := freePorts(t, 2*len(names))
+	c.env = append(append(os.Environ(),
 		"SLUICE_E2E_IMAGE="+image,
 		"SLUICE_E2E_NET="+netPrefix,
 		"SLUICE_E2E_SECRETS="+secrets,
 		"SLUICE_E2E_FORWARD_TIMEOUT="+forwardTimeout.String(),
-		"SLUICE_E2E_REPLICATION_INTERVAL="+replicationInterval.String())
-	for i, name := range allNodes {
-		n := &node{name: name, ip: fmt.Sprintf("%s.%d", netPrefix, 11+i), grpcPort: ports[2*i], httpPort: ports[2*i+1]}
+		"SLUICE_E2E_REPLICATION_INTERVAL="+replicationInterval.String()), extraEnv...)
+	for i, name := range names {
+		n := &node{name: name, ip: ipOf(i, name), grpcPort: ports[2*i], httpPort: ports[2*i+1]}
 		c.env = append(c.env, fmt.Sprintf("SLUICE_E2E_GRPC_%s=%d", name, n.grpcPort), fmt.Sprintf("SLUICE_E2E_HTTP_%s=%d", name, n.httpPort))
-		conn, err := grpc.NewClient(n.grpcAddr(), clientDialOption(t))
+		conn, err := grpc.NewClient(n.grpcAddr(), dial)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -279,8 +300,6 @@ func newCluster(t *testing.T, scenario string) *cluster {
 			t.Errorf("compose down: %v\n%s", err, out)
 		}
 	})
-	c.start("sluice1", "sluice2", "sluice3")
-	return c
 }
 
 // artifacts is where a failed test leaves its containers' whole logs, with

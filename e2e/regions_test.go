@@ -23,8 +23,8 @@ import (
 
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/region"
-	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/scenario"
+	"github.com/sluicehq/sluice/scenario/lab"
 )
 
 // Issue 19's regions with real binaries: e2e/docker-compose.regions.yml
@@ -82,17 +82,7 @@ var regionNodes = []string{"us", "eu", "ap", "us2", "eu2", "ap2", "badlist", "ba
 func newRegionCluster(t *testing.T, scenarioName string, names ...string) *cluster {
 	t.Helper()
 	requireDocker(t)
-	secrets := t.TempDir()
-	if err := os.Chmod(secrets, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	key, err := run(30*time.Second, nil, sluiceBin, "keygen")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(secrets, "gossip.keys"), key, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	secrets := newSecrets(t)
 	ips := map[string]string{}
 	for i, name := range regionNodes {
 		ips[name] = fmt.Sprintf("%s.%d", netPrefix, 21+i)
@@ -104,38 +94,8 @@ func newRegionCluster(t *testing.T, scenarioName string, names ...string) *clust
 	if !regionsTLS {
 		c.files = append(c.files, "docker-compose.regions-plain.yml")
 	}
-	ports := freePorts(t, 2*len(regionNodes))
-	c.env = append(os.Environ(),
-		"SLUICE_E2E_IMAGE="+image,
-		"SLUICE_E2E_NET="+netPrefix,
-		"SLUICE_E2E_SECRETS="+secrets,
-		"SLUICE_E2E_REGIONS="+regionList,
-		"SLUICE_E2E_FORWARD_TIMEOUT="+forwardTimeout.String(),
-		"SLUICE_E2E_REPLICATION_INTERVAL="+replicationInterval.String())
-	for i, name := range regionNodes {
-		n := &node{name: name, ip: ips[name], grpcPort: ports[2*i], httpPort: ports[2*i+1]}
-		c.env = append(c.env, fmt.Sprintf("SLUICE_E2E_GRPC_%s=%d", name, n.grpcPort), fmt.Sprintf("SLUICE_E2E_HTTP_%s=%d", name, n.httpPort))
-		conn, err := grpc.NewClient(n.grpcAddr(), regionDialOption(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		n.conn, n.rateLimit = conn, sluicev1.NewRateLimitServiceClient(conn)
-		c.nodes[name] = n
-	}
-	c.compose(2*time.Minute, "down", "-v", "--remove-orphans", "--timeout", "5")
-	t.Cleanup(func() {
-		if t.Failed() {
-			c.saveArtifacts()
-			out, _ := c.compose(time.Minute, "logs", "--no-color", "--tail", "40")
-			t.Logf("containers' last log lines:\n%s", out)
-		}
-		for _, n := range c.nodes {
-			n.conn.Close()
-		}
-		if out, err := c.compose(3*time.Minute, "down", "-v", "--remove-orphans", "--timeout", "5"); err != nil {
-			t.Errorf("compose down: %v\n%s", err, out)
-		}
-	})
+	c.prepare(secrets, regionNodes, func(_ int, name string) string { return ips[name] }, regionDialOption(t),
+		"SLUICE_E2E_REGIONS="+regionList)
 	if out, err := c.compose(5*time.Minute, append([]string{"up", "-d", "--no-deps", "--no-recreate"}, names...)...); err != nil {
 		t.Fatalf("compose up: %v\n%s", err, out)
 	}
@@ -435,32 +395,13 @@ func checkWAN(t *testing.T, c *cluster, names []string) {
 }
 
 // regionTarget is the scenario runner's Target: each region's checks go
-// to its client, with the run's limit inline; the WAN cuts regions off.
+// to its client, with the run's limit inline (lab.ClientTarget; an answer
+// with Cause set, the client's failure mode answering when no node did,
+// is an error, counted as such by the report: the tests want none); the
+// WAN cuts regions off.
 type regionTarget struct {
-	spec    scenario.Spec
-	clients map[string]*client.Client
-	wan     *wan
-}
-
-// Check is cmd/sluice's nodesTarget.Check: an answer with Cause set (the
-// client's failure mode answered, no node did) is an error, counted as
-// such by the report; the tests want none.
-func (rt *regionTarget) Check(ctx context.Context, reg, key string, hits int64) (scenario.Answer, error) {
-	d, err := rt.clients[reg].Check(ctx, client.Check{
-		Name: rt.spec.Name, Key: key, Hits: hits, Scope: client.Scope(rt.spec.Scope.String()),
-		Limit: &client.Limit{Limit: rt.spec.Limit, Window: rt.spec.Window, Burst: rt.spec.Burst, Algorithm: client.Algorithm(rt.spec.Algorithm.String())},
-	})
-	if err == nil && d.Cause != nil {
-		err = d.Cause
-	}
-	if err != nil {
-		return scenario.Answer{}, err
-	}
-	sc, _ := region.ParseScope(string(d.Scope))
-	return scenario.Answer{
-		Allowed: d.Allowed, Degraded: d.Degraded, SliceExhausted: d.SliceExhausted, Region: d.Region, Scope: sc,
-		Limit: d.Limit, Slice: d.Slice, Remaining: d.Remaining, ResetTime: d.ResetTime.UnixMilli(),
-	}, nil
+	*lab.ClientTarget
+	wan *wan
 }
 
 // Cut and Heal make the target the runner's Cutter: the scenario's cuts
@@ -502,7 +443,7 @@ func runRegionScenario(t *testing.T, w *wan, clients map[string]*client.Client, 
 			}
 		}
 	}
-	target := &regionTarget{spec: p.Limit, clients: clients, wan: w}
+	target := &regionTarget{ClientTarget: lab.ClientTargetOf(p.Limit, p.Limit.Name, clients), wan: w}
 	dropped := w.dropped()
 	ctx, cancel := context.WithTimeout(context.Background(), p.Duration+2*p.Limit.Window+time.Minute)
 	defer cancel()

@@ -33,7 +33,7 @@ const _ = uint(forward.MaxBatch-MaxBatch) + uint(MaxBatch-forward.MaxBatch)
 // out, and logged).
 func (s *Server) dialPeers(old map[string]*forward.Peer, ms, home []cluster.Member) map[string]*forward.Peer {
 	peers := make(map[string]*forward.Peer, len(ms)+len(home))
-	cfg := forward.Config{Sender: s.name, Timeout: s.forwardTimeout, Batch: s.batch, View: s.ringStamp, Stats: s.peerStats}
+	cfg := forward.Config{Sender: s.name, Timeout: s.forwardTimeout, Batch: s.batch, Stats: s.peerStats}
 	for i, m := range slices.Concat(ms, home) {
 		cfg.View = s.ringStamp
 		if i >= len(ms) {

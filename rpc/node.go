@@ -45,7 +45,7 @@ type NodeConfig struct {
 	// Regions is the cluster's region list (region.Parse of serve
 	// --regions), the same on every node: the ring then holds this
 	// region's members only, checks are decided in their region, and
-	// global limits are split into slices (DESIGN.md "Regions"). Members
+	// global limits are split into slices (the README, "Regions"). Members
 	// whose list differs are refused (cluster.ErrRegions). nil: one
 	// region, as before. (Optional)
 	Regions *region.Config

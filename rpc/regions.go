@@ -14,7 +14,7 @@ import (
 	"github.com/sluicehq/sluice/window"
 )
 
-// Regions (DESIGN.md "Regions"). With a region list (ServerConfig.Regions)
+// Regions (the README, "Regions"). With a region list (ServerConfig.Regions)
 // this node's ring holds only the members of its own region: a check that
 // enters the region is decided by the key's owner in the region and never
 // waits on another region, except for a limit of scope exact, whose key's
@@ -31,7 +31,7 @@ func checkRegions(regions *region.Config, name string) error {
 	if regions == nil || regions.Has(name) {
 		return nil
 	}
-	return fmt.Errorf("rpc: region: %q is not in the region list %q (every node's --region must be one of --regions)", name, regions.String())
+	return fmt.Errorf("region: %q is not in the region list %q (every node's region must be one of regions)", name, regions.String())
 }
 
 // applyScopes resolves each check's scope and, for a global limit with
@@ -48,10 +48,7 @@ func (s *Server) applyScopes(reqs []request, fromPeer bool) {
 	}
 	for i := range reqs {
 		r := &reqs[i]
-		sc := region.Scope(r.pb.Scope)
-		if sc < region.Unspecified || sc > region.Exact {
-			sc = region.Unspecified // refused in parseCheck; kept safe here
-		}
+		sc := region.Scope(r.pb.Scope) // in range: parseCheck refuses the others
 		if sc == region.Unspecified && !fromPeer {
 			sc = r.cfgScope
 		}
@@ -65,7 +62,7 @@ func (s *Server) applyScopes(reqs []request, fromPeer bool) {
 			continue
 		}
 		seed := region.SeedOf(r.name, r.key)
-		r.full, r.sliced = r.check.Limit, true
+		r.full = r.check.Limit
 		r.check.Limit = s.regions.Share(r.check.Limit, s.region, seed)
 		if r.check.Burst > 0 && (r.check.Algorithm == window.TokenBucket || r.check.Algorithm == window.LeakyBucket) {
 			// The buckets' capacity is split too (the windows ignore it).
@@ -105,7 +102,7 @@ func (s *Server) regionAnswer(r *request, d *sluicev1.Decision) {
 	if s.crossRegion(r) && d.Owner != s.name {
 		d.Region = s.regions.Home() // by the key's owner there, or its stand-in holder
 	}
-	if !r.sliced {
+	if r.full == 0 { // not sliced
 		return
 	}
 	d.Slice = r.check.Limit

@@ -413,7 +413,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		cfg.HandOffTimeout = DefaultHandOffTimeout
 	}
 	if err := checkRegions(cfg.Regions, cfg.Region); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("rpc: %w", err)
 	}
 	cfg.Ring.Regions = cfg.Regions.Fingerprint()
 	s := &Server{

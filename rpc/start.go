@@ -51,8 +51,8 @@ func (cfg NodeConfig) withDefaults() (NodeConfig, error) {
 	if cfg.Region == "" {
 		cfg.Region = "local"
 	}
-	if cfg.Regions != nil && !cfg.Regions.Has(cfg.Region) {
-		return cfg, fmt.Errorf("region: %q is not in the region list %q (every node's region must be one of regions)", cfg.Region, cfg.Regions.String())
+	if err := checkRegions(cfg.Regions, cfg.Region); err != nil {
+		return cfg, err
 	}
 	if cfg.LeaveTimeout <= 0 {
 		cfg.LeaveTimeout = 5 * time.Second

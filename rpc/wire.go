@@ -65,11 +65,11 @@ type request struct {
 	deadline int64
 	// Regions (see applyScopes): the limit's configured scope (from
 	// limits.yaml), the scope that applies, and for a global limit sliced
-	// here, the full limit (check.Limit is then the region's slice);
-	// noSlice marks a slice of 0.
+	// here, the full limit (check.Limit is then the region's slice; 0: not
+	// sliced); noSlice marks a slice of 0.
 	cfgScope, scope region.Scope
 	full            int64
-	sliced, noSlice bool
+	noSlice         bool
 }
 
 // parseChecks validates a batch and converts it; a check without numbers

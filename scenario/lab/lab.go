@@ -274,9 +274,10 @@ type Target struct {
 // ClientTarget is a scenario.Target over the client package: a client per
 // region, connected to that region's nodes.
 type ClientTarget struct {
-	spec    scenario.Spec
-	name    string
-	clients map[string]*client.Client
+	spec     scenario.Spec
+	name     string
+	clients  map[string]*client.Client
+	borrowed bool // ClientTargetOf's: the caller closes the clients
 }
 
 // NewClientTarget returns a Target sending the checks of spec, under
@@ -297,6 +298,14 @@ func NewClientTarget(spec scenario.Spec, name string, addrs map[string][]string,
 		t.clients[r] = c
 	}
 	return t, nil
+}
+
+// ClientTargetOf returns the Target sending the checks of spec, under
+// name, through clients[region] for each region: clients the caller made
+// (its own dial options, its own use of them besides) and keeps: it closes
+// them, not the Target's Close.
+func ClientTargetOf(spec scenario.Spec, name string, clients map[string]*client.Client) *ClientTarget {
+	return &ClientTarget{spec: spec, name: name, clients: clients, borrowed: true}
 }
 
 // Check implements scenario.Target. A check the nodes could not answer
@@ -351,8 +360,11 @@ var (
 	_ scenario.MessageCounter = (*Target)(nil)
 )
 
-// Close closes the clients.
+// Close closes the clients (not those given to ClientTargetOf).
 func (t *ClientTarget) Close() {
+	if t.borrowed {
+		return
+	}
 	for _, c := range t.clients {
 		c.Close()
 	}
