@@ -2,234 +2,415 @@
 // ever letting the regions together admit more than the limit: escrowed
 // slices (the README, "Regions"; issue 20; the design is the demarcation
 // protocol's "lower first, then raise", Barbará and Garcia-Molina, EDBT
-// 1992, with YouTube Doorman's leases: capacity leaves a pool only by a
-// grant and returns to it only when its holder gave it back).
+// 1992, with YouTube Doorman's leases, fair share and learning mode:
+// capacity leaves a pool only by a grant and returns to it only when its
+// holder gave it back).
 //
 // For one key and one window (identified by its window id, which every
 // message carries, so that regions whose clocks differ never mix two
-// windows' capacity), each region holds a base share it owns without any
-// message, and the key's [Allocator] keeps the pool: the limit minus the
-// regions' bases. A region's [Holder] may admit up to its base plus what
-// it was granted. The invariant, for every window id at every moment:
+// windows' capacity), each region starts with a base slice it owns
+// without any message, and the key's [Allocator] keeps the pool: the
+// limit minus the regions' bases. A region's [Holder] may admit up to its
+// slice. The invariant, for every window id at every moment:
 //
-//	Σ_regions consumed ≤ Σ_regions (base + held) ≤ Σ base + Σ granted ≤ limit
+//	Σ_regions consumed ≤ Σ_regions slice ≤ Σ_regions record ≤ limit
 //
-// where held is what a holder may spend of its grants and granted is the
-// allocator's record of each region's grant, never below what the region
-// holds: a grant is recorded before it is sent, a lowering only after the
-// holder acknowledged it (having lowered first), and every message carries
-// an absolute value and the allocator's sequence number for the region,
-// so that lost, duplicated and reordered messages never raise a holder
-// above its record. Losing a message costs under-admission, never
-// over-admission. This step keeps one allocator (its loss, learning mode
-// and next-window weights are the issue's later steps).
+// where record is the allocator's record of a region's slice (its base
+// until a message changes it), never below what the region holds: a grant
+// is recorded before it is sent, a lowering (of a grant or of the base)
+// only after the holder acknowledged it, having lowered first; every
+// message carries an absolute value and the allocator's sequence number
+// for the region, so that lost, duplicated and reordered messages never
+// raise a holder above its record. Losing a message costs
+// under-admission, never over-admission.
 //
-// The package is pure: no network, no clock; the caller moves messages
-// and says which window is current.
+// An allocator that takes over a key (its node restarted, the key moved
+// on the ring of its region, or the allocator region changed) starts in
+// learning mode: it grants nothing until every region has reported what
+// it holds (a Lower with target [ReportOnly]), since another allocator
+// may have granted before it; a region that cannot report (cut off, down)
+// keeps the pool closed for that window (what is unaccounted counts as
+// spent). A holder takes grants only from the allocator that last wrote
+// to it, so that a late grant of a former allocator never raises it after
+// it reported to the new one.
+//
+// The package is pure: no network, no clock; the caller moves messages,
+// says which window is current and reads what a region consumed from its
+// window.
 package lease
 
 import (
 	"fmt"
+	"slices"
 )
 
-// Grant sets a region's grant for a window to Granted hits (an absolute
-// value, not a delta). Seq orders the allocator's messages to the region.
+// ReportOnly is a Lower's Target that lowers nothing: the holder only
+// reports its slice and consumption (learning mode).
+const ReportOnly int64 = -1
+
+// Grant sets a region's slice for a window to Slice hits (an absolute
+// value: its base and grants together). Alloc names the allocator (an id
+// unique to one allocator state); Seq orders its messages to the region.
 type Grant struct {
-	Region  string
-	Window  int64
-	Seq     uint64
-	Granted int64
+	Region string
+	Window int64
+	Alloc  uint64
+	Seq    uint64
+	Slice  int64
 }
 
-// Lower asks a region to lower what it holds for a window to at most
-// Target hits (it keeps what it already spent). Seq as for Grant.
+// Lower asks a region to lower its slice for a window to at most Target
+// hits (it keeps what it already consumed); Target ReportOnly lowers
+// nothing. Alloc and Seq as for Grant.
 type Lower struct {
 	Region string
 	Window int64
+	Alloc  uint64
 	Seq    uint64
 	Target int64
 }
 
-// Ack answers a Lower: the region now holds Held hits for the window and
-// will never again hold more under Seq or an older sequence number.
+// Ack answers a Lower: the region's slice for the window is now Slice
+// hits and will never again be more under Seq or an older sequence number
+// of Alloc (nor under another allocator's grant); Consumed is what it
+// admitted in the window.
 type Ack struct {
-	Region string
-	Window int64
-	Seq    uint64
-	Held   int64
+	Region   string
+	Window   int64
+	Alloc    uint64
+	Seq      uint64
+	Slice    int64
+	Consumed int64
 }
 
-// Request asks the allocator for Want more hits for a window; Consumed and
-// Held report the region's use (for the allocator's reclaim decisions).
+// Request asks the allocator for Want more hits for a window; Consumed
+// and Slice report the region's use (the allocator's fair share and
+// reclaim decisions use them).
 type Request struct {
 	Region   string
 	Window   int64
 	Want     int64
 	Consumed int64
-	Held     int64
+	Slice    int64
 }
 
 // Allocator keeps one key's pool for one window: the limit minus the
-// regions' bases, granted on request and reclaimed lower-first. It is not
-// safe for concurrent use (one per key and window, under its owner's
-// lock).
+// regions' slices, granted on request by fair share of the regions'
+// demand and reclaimed lower-first. It is not safe for concurrent use (one
+// per key and window, under its owner's lock).
 type Allocator struct {
+	id      uint64
 	window  int64
 	limit   int64
-	free    int64            // pool hits granted to nobody
-	granted map[string]int64 // region -> recorded grant (>= what it holds)
+	regions []string         // sorted
+	record  map[string]int64 // region -> recorded slice (>= what it holds)
+	known   map[string]bool  // learning mode: the regions that reported
+	free    int64            // pool hits granted to nobody (0 while learning)
 	seq     map[string]uint64
 	lowerAt map[string]uint64 // region -> seq of the Lower awaiting its Ack (0: none)
+	target  map[string]int64  // region -> that Lower's target
 	used    map[string]int64  // region -> consumed hits it last reported
+	demand  map[string]int64  // region -> hits it expects to need in the window (consumed + want)
+	waiting map[string]int64  // region -> hits it asked for and was not granted yet
 }
 
-// NewAllocator returns the allocator of a window whose limit is limit and
-// whose regions own bases (hits each, no grant needed). It returns an
-// error when the bases add up to more than the limit or one is negative.
-func NewAllocator(window, limit int64, bases map[string]int64) (*Allocator, error) {
+// NewAllocator returns the allocator id of a window whose limit is limit
+// and whose regions start with bases (hits each, no grant needed; every
+// region the key may be checked in must be listed, with 0 if it has no
+// base). demand, which may be nil, is each region's expected demand for
+// the window (its last window's, for a key seen before): the fair share
+// starts from it. learning says another allocator may have granted in
+// this window: nothing is granted until every region reported. It returns
+// an error when the bases add up to more than the limit or one is
+// negative.
+func NewAllocator(id uint64, window, limit int64, bases map[string]int64, demand map[string]int64, learning bool) (*Allocator, error) {
 	var sum int64
+	a := &Allocator{id: id, window: window, limit: limit, record: map[string]int64{},
+		seq: map[string]uint64{}, lowerAt: map[string]uint64{}, target: map[string]int64{},
+		used: map[string]int64{}, demand: map[string]int64{}, waiting: map[string]int64{}}
 	for r, b := range bases {
 		if b < 0 {
 			return nil, fmt.Errorf("lease: base of %s: must be >= 0, got %d", r, b)
 		}
 		sum += b
+		a.regions = append(a.regions, r)
+		a.record[r] = b
 	}
 	if sum > limit {
 		return nil, fmt.Errorf("lease: bases add up to %d, over the limit %d", sum, limit)
 	}
-	return &Allocator{window: window, limit: limit, free: limit - sum, granted: map[string]int64{},
-		seq: map[string]uint64{}, lowerAt: map[string]uint64{}, used: map[string]int64{}}, nil
+	slices.Sort(a.regions)
+	for r, d := range demand {
+		if _, ok := a.record[r]; ok {
+			a.demand[r] = max(d, 0)
+		}
+	}
+	if learning {
+		a.known = map[string]bool{}
+		for _, r := range a.regions {
+			a.record[r] = limit // unknown: the most it can hold
+			a.lower(r, ReportOnly)
+		}
+		return a, nil
+	}
+	a.free = limit - sum
+	return a, nil
 }
+
+// ID returns the allocator's id.
+func (a *Allocator) ID() uint64 { return a.id }
+
+// Window returns the window id the allocator keeps.
+func (a *Allocator) Window() int64 { return a.window }
+
+// Learning reports whether the allocator still waits for regions'
+// reports before it grants.
+func (a *Allocator) Learning() bool { return a.known != nil }
 
 // Free returns the pool's hits granted to nobody.
 func (a *Allocator) Free() int64 { return a.free }
 
-// Granted returns the allocator's record of region's grant.
-func (a *Allocator) Granted(region string) int64 { return a.granted[region] }
+// Record returns the allocator's record of region's slice.
+func (a *Allocator) Record(region string) int64 { return a.record[region] }
 
-// OnRequest handles a region's request: it grants what the pool has, up
-// to Want (a Grant to send), and when the pool cannot cover the request,
-// asks the regions that hold grants they have not used to lower to what
-// they used (Lowers to send; what their Acks free is granted on a later
-// request). A request for another window is ignored.
-func (a *Allocator) OnRequest(r Request) (grants []Grant, lowers []Lower) {
-	if r.Window != a.window || r.Want <= 0 {
-		return nil, nil
+// Granted returns the hits the regions hold or may hold (their bases
+// included): the limit less the free pool.
+func (a *Allocator) Granted() int64 { return a.limit - a.free }
+
+func (a *Allocator) lower(r string, target int64) Lower {
+	a.seq[r]++
+	a.lowerAt[r] = a.seq[r]
+	a.target[r] = target
+	return Lower{Region: r, Window: a.window, Alloc: a.id, Seq: a.seq[r], Target: target}
+}
+
+// Rebalance returns the Lowers that take back, from the regions holding
+// more than their fair share of the regions' demand, what they do not
+// need (their bases included): at a window's start from last window's
+// demand, so that a key used in one region gets nearly all of the limit.
+// What the Acks free goes to the regions waiting for it.
+func (a *Allocator) Rebalance() []Lower {
+	if a.Learning() {
+		return nil
 	}
-	a.used[r.Region] = max(a.used[r.Region], r.Consumed)
-	if a.lowerAt[r.Region] == 0 && a.free > 0 {
-		n := min(r.Want, a.free)
-		a.free -= n
-		a.granted[r.Region] += n // recorded before it is sent
-		a.seq[r.Region]++
-		grants = append(grants, Grant{Region: r.Region, Window: a.window, Seq: a.seq[r.Region], Granted: a.granted[r.Region]})
-		if n == r.Want {
-			return grants, nil
-		}
-	}
-	for other, g := range a.granted {
-		if other == r.Region || a.lowerAt[other] != 0 || g == 0 {
+	fair := a.fairShares()
+	var out []Lower
+	for _, r := range a.regions {
+		if a.lowerAt[r] != 0 {
 			continue
 		}
-		a.seq[other]++
-		a.lowerAt[other] = a.seq[other]
-		lowers = append(lowers, Lower{Region: other, Window: a.window, Seq: a.seq[other], Target: 0})
+		keep := max(fair[r], a.used[r])
+		if a.record[r] > keep {
+			out = append(out, a.lower(r, keep))
+		}
+	}
+	return out
+}
+
+// fairShares divides the limit among the regions by Doorman's fair share
+// (water-filling): every region gets up to its demand, in equal rounds,
+// and what the regions that need less leave goes to the others. A region
+// that has used more than its share keeps what it used.
+func (a *Allocator) fairShares() map[string]int64 {
+	need := make(map[string]int64, len(a.regions))
+	for _, r := range a.regions {
+		need[r] = max(a.demand[r], a.used[r])
+	}
+	out := make(map[string]int64, len(a.regions))
+	left := a.limit
+	open := slices.Clone(a.regions)
+	for len(open) > 0 && left > 0 {
+		share := left / int64(len(open))
+		if share == 0 {
+			share = 1
+		}
+		next := open[:0]
+		for _, r := range open {
+			give := min(share, need[r]-out[r], left)
+			out[r] += give
+			left -= give
+			if out[r] < need[r] {
+				next = append(next, r)
+			}
+			if left == 0 {
+				break
+			}
+		}
+		open = next
+	}
+	return out
+}
+
+// OnRequest handles a region's request: it grants what the pool has, up
+// to Want and the region's fair share (a Grant to send), and when the
+// region gets less than its fair share, asks the regions that hold more
+// than theirs to lower to it (Lowers to send; what their Acks free is
+// granted by OnAck). A request of another window, or while learning, is
+// only noted.
+func (a *Allocator) OnRequest(r Request) (grants []Grant, lowers []Lower) {
+	if r.Window != a.window {
+		return nil, nil
+	}
+	if _, ok := a.record[r.Region]; !ok {
+		return nil, nil // not a region of the key
+	}
+	a.used[r.Region] = max(a.used[r.Region], r.Consumed)
+	a.demand[r.Region] = max(r.Slice+max(r.Want, 0), a.used[r.Region])
+	if r.Want <= 0 || a.Learning() {
+		a.waiting[r.Region] = max(r.Want, 0)
+		return nil, nil
+	}
+	a.waiting[r.Region] = r.Want
+	if g, ok := a.grant(r.Region, a.free); ok {
+		grants = append(grants, g)
+	}
+	if a.waiting[r.Region] > 0 {
+		lowers = a.Rebalance()
 	}
 	return grants, lowers
+}
+
+// grant gives region up to what it waits for out of at most pool free
+// hits, within its fair share when other regions want the pool too.
+func (a *Allocator) grant(region string, pool int64) (Grant, bool) {
+	n := min(a.waiting[region], pool)
+	if n <= 0 || a.lowerAt[region] != 0 {
+		return Grant{}, false
+	}
+	fair := a.fairShares()
+	if room := fair[region] - a.record[region]; room < n && a.contended(region) {
+		n = max(room, 0)
+	}
+	if n <= 0 {
+		return Grant{}, false
+	}
+	a.free -= n
+	a.record[region] += n // recorded before it is sent
+	a.waiting[region] -= n
+	a.seq[region]++
+	return Grant{Region: region, Window: a.window, Alloc: a.id, Seq: a.seq[region], Slice: a.record[region]}, true
+}
+
+// contended reports whether a region other than region waits for hits.
+func (a *Allocator) contended(region string) bool {
+	for r, w := range a.waiting {
+		if r != region && w > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // Pending returns the Lowers still awaiting their Ack, to send again (a
 // Lower or its Ack may be lost; sending it again is harmless).
 func (a *Allocator) Pending() []Lower {
 	var out []Lower
-	for r, s := range a.lowerAt {
-		if s != 0 {
-			out = append(out, Lower{Region: r, Window: a.window, Seq: s, Target: 0})
+	for _, r := range a.regions {
+		if s := a.lowerAt[r]; s != 0 {
+			out = append(out, Lower{Region: r, Window: a.window, Alloc: a.id, Seq: s, Target: a.target[r]})
 		}
 	}
 	return out
 }
 
 // OnAck handles a region's acknowledgement of a Lower: the region holds
-// Held hits now and forever under that sequence number, so what it gave
-// back returns to the pool. An ack of another window, of an older Lower or
-// a duplicate is ignored.
-func (a *Allocator) OnAck(k Ack) {
-	if k.Window != a.window || a.lowerAt[k.Region] == 0 || k.Seq != a.lowerAt[k.Region] {
-		return
-	}
-	if k.Held < a.granted[k.Region] {
-		a.free += a.granted[k.Region] - k.Held
-		a.granted[k.Region] = max(k.Held, 0)
+// Slice hits now and forever under that sequence number, so what it gave
+// back returns to the pool, and is granted at once to the regions waiting
+// for it (Grants to send). The last report of learning mode opens the
+// pool. An ack of another window or allocator, of an older Lower, or a
+// duplicate is ignored.
+func (a *Allocator) OnAck(k Ack) []Grant {
+	if k.Window != a.window || k.Alloc != a.id || a.lowerAt[k.Region] == 0 || k.Seq != a.lowerAt[k.Region] {
+		return nil
 	}
 	a.lowerAt[k.Region] = 0
+	a.used[k.Region] = max(a.used[k.Region], k.Consumed)
+	if k.Slice < a.record[k.Region] {
+		if !a.Learning() {
+			a.free += a.record[k.Region] - max(k.Slice, 0)
+		}
+		a.record[k.Region] = max(k.Slice, 0)
+	}
+	if a.Learning() {
+		a.known[k.Region] = true
+		if len(a.known) < len(a.regions) {
+			return nil
+		}
+		a.known = nil
+		a.free = a.limit
+		for _, r := range a.regions {
+			a.free -= a.record[r]
+		}
+		a.free = max(a.free, 0)
+	}
+	var out []Grant
+	for _, r := range a.regions {
+		if g, ok := a.grant(r, a.free); ok {
+			out = append(out, g)
+		}
+	}
+	return out
 }
 
-// Holder is one region's side of one key's window: its base, what it
-// holds of its grants, and what it consumed. It admits hits while
-// consumed + hits <= base + held. Not safe for concurrent use.
+// Holder is one region's side of one key's window: its slice and the
+// allocator it takes grants from. What it consumed is the caller's (the
+// region's window of the key counts it; the caller admits while consumed
+// + hits <= Slice, under the same lock as the holder's). Not safe for
+// concurrent use.
 type Holder struct {
-	region   string
-	window   int64
-	base     int64
-	held     int64
-	consumed int64
-	seq      uint64 // the newest allocator sequence number applied
+	region string
+	window int64
+	slice  int64
+	alloc  uint64 // the allocator that last wrote to it (0: none yet)
+	seq    uint64 // the newest of its sequence numbers applied
 }
 
 // NewHolder returns region's holder of a window with base hits of its own.
 func NewHolder(region string, window, base int64) *Holder {
-	return &Holder{region: region, window: window, base: max(base, 0)}
+	return &Holder{region: region, window: window, slice: max(base, 0)}
 }
 
-// Slice returns what the holder may admit in all: base + held.
-func (h *Holder) Slice() int64 { return h.base + h.held }
+// Slice returns what the holder may admit in all in its window.
+func (h *Holder) Slice() int64 { return h.slice }
 
-// Consumed returns the hits admitted.
-func (h *Holder) Consumed() int64 { return h.consumed }
+// Window returns the holder's window id.
+func (h *Holder) Window() int64 { return h.window }
 
-// Held returns the hits of grants the holder may spend.
-func (h *Holder) Held() int64 { return h.held }
+// Request returns a request for want more hits, reporting its use.
+func (h *Holder) Request(want, consumed int64) Request {
+	return Request{Region: h.region, Window: h.window, Want: want, Consumed: consumed, Slice: h.slice}
+}
 
-// Take admits hits (>= 0) when they fit its slice, and reports whether it
-// did; a peek (0) reports whether one more hit would fit.
-func (h *Holder) Take(hits int64) bool {
-	if hits == 0 {
-		return h.consumed+1 <= h.Slice()
-	}
-	if h.consumed+hits > h.Slice() {
+// OnGrant applies a grant and reports whether it raised the slice. A
+// grant of another allocator than the one that last wrote, an older or
+// duplicate grant (by sequence number), or one of another window or
+// region, changes nothing.
+func (h *Holder) OnGrant(g Grant) bool {
+	if g.Window != h.window || g.Region != h.region || (h.alloc != 0 && g.Alloc != h.alloc) || (g.Alloc == h.alloc && g.Seq <= h.seq) {
 		return false
 	}
-	h.consumed += hits
+	h.alloc, h.seq = g.Alloc, g.Seq
+	if g.Slice <= h.slice {
+		return false
+	}
+	h.slice = g.Slice
 	return true
 }
 
-// Request returns a request for want more hits, reporting its use.
-func (h *Holder) Request(want int64) Request {
-	return Request{Region: h.region, Window: h.window, Want: want, Consumed: h.consumed, Held: h.held}
-}
-
-// OnGrant applies a grant: the holder may now spend Granted hits of its
-// grants. An older or duplicate grant (by sequence number), or one of
-// another window, changes nothing.
-func (h *Holder) OnGrant(g Grant) {
-	if g.Window != h.window || g.Region != h.region || g.Seq <= h.seq {
-		return
-	}
-	h.seq = g.Seq
-	h.held = max(h.held, g.Granted)
-}
-
-// OnLower lowers what the holder holds to at most Target, keeping what it
-// already spent beyond its base, and returns the Ack to send (also for a
-// repeated Lower, whose Ack may have been lost). A Lower older than the
-// newest message applied, or of another window, gets no Ack.
-func (h *Holder) OnLower(l Lower) (Ack, bool) {
-	if l.Window != h.window || l.Region != h.region || l.Seq < h.seq {
+// OnLower lowers the slice to at most Target, keeping consumed (what the
+// region admitted in the window), and returns the Ack to send (also for a
+// repeated Lower, whose Ack may have been lost). A Lower of another
+// allocator makes it the one grants are taken from (lowering is always
+// safe; the former one's late grants are refused from then on). A Lower
+// older than the newest message applied of its allocator, or of another
+// window, gets no Ack.
+func (h *Holder) OnLower(l Lower, consumed int64) (Ack, bool) {
+	if l.Window != h.window || l.Region != h.region || (l.Alloc == h.alloc && l.Seq < h.seq) {
 		return Ack{}, false
 	}
-	h.seq = l.Seq
-	spent := max(h.consumed-h.base, 0)
-	h.held = max(min(h.held, l.Target), spent)
-	return Ack{Region: h.region, Window: h.window, Seq: l.Seq, Held: h.held}, true
+	h.alloc, h.seq = l.Alloc, l.Seq
+	if l.Target != ReportOnly {
+		h.slice = max(min(h.slice, l.Target), consumed)
+	}
+	return Ack{Region: h.region, Window: h.window, Alloc: l.Alloc, Seq: l.Seq, Slice: h.slice, Consumed: consumed}, true
 }
