@@ -37,7 +37,7 @@ func (s *Server) dialPeers(old map[string]*forward.Peer, ms, home []cluster.Memb
 	for i, m := range slices.Concat(ms, home) {
 		cfg.View = s.ringStamp
 		if i >= len(ms) {
-			cfg.View = s.homeStamp // the home region's members: their ring is the home ring
+			cfg.View = s.regionStamp(m.Region) // another region's members: their ring is their region's
 		}
 		if m.Name == s.name {
 			continue

@@ -39,7 +39,7 @@ func (s *Server) Leave(ctx context.Context) error {
 		close(handing)
 		return fmt.Errorf("rpc: leave: %w", err)
 	}
-	v := &view{ring: r, members: old.members, peers: old.peers, epoch: epoch, home: old.home, all: old.all}
+	v := &view{ring: r, members: old.members, peers: old.peers, epoch: epoch, home: old.home, all: old.all, rings: old.rings}
 	s.view.Store(v)
 	s.setMu.Unlock()
 	s.log.Info("handing off before leaving", "keys", s.store.Len(), "fingerprint", r.Fingerprint())

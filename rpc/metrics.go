@@ -155,6 +155,15 @@ var (
 		{prometheus.NewDesc("sluice_view_mismatch_total", "Forwarded requests whose sender's ring fingerprint differed from this node's.", nil, nil), func(st Stats) int64 { return st.ViewMismatch }},
 		{prometheus.NewDesc("sluice_inflight_refused_total", "Check calls refused with RESOURCE_EXHAUSTED because the node had --max-inflight checks in flight.", nil, nil), func(st Stats) int64 { return st.InflightRefused }},
 		{prometheus.NewDesc("sluice_handoff_refused_total", "Key states refused in peers' hand-offs: a sender that is not the key's previous owner, an old ring, or absurd or undecodable values. Nothing of them was merged.", nil, nil), func(st Stats) int64 { return st.HandOffRefused }},
+		{prometheus.NewDesc("sluice_lease_requests_total", "Requests for more of a global limit this node sent for its region's slices (several regions).", nil, nil), func(st Stats) int64 { return st.LeaseRequests }},
+		{prometheus.NewDesc("sluice_lease_grants_total", "Grants this node's allocators sent to regions.", nil, nil), func(st Stats) int64 { return st.LeaseGrants }},
+		{prometheus.NewDesc("sluice_lease_granted_hits_total", "Hits grants raised this node's region's slices by.", nil, nil), func(st Stats) int64 { return st.LeaseGrantedHits }},
+		{prometheus.NewDesc("sluice_lease_lowers_total", "Lowers (take back unused slice, or report) this node's allocators sent.", nil, nil), func(st Stats) int64 { return st.LeaseLowers }},
+		{prometheus.NewDesc("sluice_lease_given_back_hits_total", "Hits regions gave back to this node's allocators' pools (acknowledged lowers).", nil, nil), func(st Stats) int64 { return st.LeaseGivenBack }},
+		{prometheus.NewDesc("sluice_slice_exhausted_total", "Checks of global limits denied here because the region's slice was spent (the limit itself may not be).", nil, nil), func(st Stats) int64 { return st.SliceExhausted }},
+		{prometheus.NewDesc("sluice_lease_messages_total", "Lease messages this node sent to other nodes.", nil, nil), func(st Stats) int64 { return st.LeaseMessages }},
+		{prometheus.NewDesc("sluice_lease_calls_total", "Lease calls (batches of lease messages) this node made.", nil, nil), func(st Stats) int64 { return st.LeaseCalls }},
+		{prometheus.NewDesc("sluice_lease_call_errors_total", "Lease calls that failed (their messages are sent or asked again, never applied twice).", nil, nil), func(st Stats) int64 { return st.LeaseCallErrors }},
 		{prometheus.NewDesc("sluice_ring_mismatch_total", "Members seen with the same member set but another ring fingerprint (they disagree about owners).", nil, nil), func(st Stats) int64 { return st.RingMismatch }},
 	}
 	descReplicas   = prometheus.NewDesc("sluice_replicas", "Copies of other owners' keys held on this node.", nil, nil)

@@ -49,6 +49,11 @@ type NodeConfig struct {
 	// whose list differs are refused (cluster.ErrRegions). nil: one
 	// region, as before. (Optional)
 	Regions *region.Config
+	// LeaseBase is the fraction (0 < f <= 1) of a global fixed-window
+	// limit the regions own as bases, split by weight; the rest is the
+	// pool the key's allocator leases to the regions by demand. 0:
+	// DefaultLeaseBase (0.5). (Optional)
+	LeaseBase float64
 	// Join lists gossip addresses (host:port) of members to join; empty
 	// starts a cluster of one. Joining retries in the background until one
 	// answers. (Optional)

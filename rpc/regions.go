@@ -9,7 +9,6 @@ import (
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/region"
-	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
@@ -63,6 +62,17 @@ func (s *Server) applyScopes(reqs []request, fromPeer bool) {
 		}
 		seed := region.SeedOf(r.name, r.key)
 		r.full = r.check.Limit
+		if s.leased(r) {
+			// The slice follows demand (leases.go); the base is what a
+			// stand-in holder may admit in the owner's stead.
+			r.leased = true
+			r.check.Limit = s.leases.baseOf(r.full, s.region, seed)
+			if r.check.Limit == 0 {
+				r.zeroBase = true
+				r.check.Limit = 1 // never applied (zeroBase); keeps the check valid
+			}
+			continue
+		}
 		r.check.Limit = s.regions.Share(r.check.Limit, s.region, seed)
 		if r.check.Burst > 0 && (r.check.Algorithm == window.TokenBucket || r.check.Algorithm == window.LeakyBucket) {
 			// The buckets' capacity is split too (the windows ignore it).
@@ -105,66 +115,27 @@ func (s *Server) regionAnswer(r *request, d *sluicev1.Decision) {
 	if r.full == 0 { // not sliced
 		return
 	}
-	d.Slice = r.check.Limit
-	if r.noSlice {
+	switch {
+	case r.leased: // the deciding node set the slice
+	case r.noSlice:
 		d.Slice = 0
+	default:
+		d.Slice = r.check.Limit
 	}
 	d.Limit = r.full
 	d.SliceExhausted = !d.Allowed && d.Error == "" && !d.Refunded && d.Slice < r.full
 }
 
-// homeRing returns the ring of the home region's members in ms (for the
-// exact checks of a node in another region), reusing prev when it has the
-// same members; nil when this node is in the home region, there is one
-// region, or the home region has no live member (a region down).
-func (s *Server) homeRing(prev *ring.Ring, ms []cluster.Member) *ring.Ring {
-	if !s.regions.Multi() || s.region == s.regions.Home() {
-		return nil
-	}
-	home := s.regions.Home()
-	var names []string
-	for _, m := range ms {
-		if m.Region == home && m.Name != s.name {
-			names = append(names, m.Name)
+// regionStamp returns the ring stamp of forwards to region reg's members:
+// their region's ring's fingerprint, so that they count no mismatch, and
+// epoch 0 (this node does not know theirs).
+func (s *Server) regionStamp(reg string) func() (string, uint64) {
+	return func() (string, uint64) {
+		if r := s.view.Load().rings[reg]; r != nil {
+			return r.Fingerprint(), 0
 		}
+		return "", 0
 	}
-	if len(names) == 0 {
-		return nil
-	}
-	slices.Sort(names)
-	if prev != nil && slices.Equal(prev.Members(), slices.Compact(names)) {
-		return prev
-	}
-	r, err := ring.New(names, s.ringCfg)
-	if err != nil {
-		s.log.Error("cannot build the home region's ring; exact checks are answered per their on_owner_unavailable", "home", home, "members", len(names), "error", err)
-		return nil
-	}
-	return r
-}
-
-// homeMembers returns the members of ms in r (the home ring), for dialing.
-func homeMembers(r *ring.Ring, ms []cluster.Member) []cluster.Member {
-	if r == nil {
-		return nil
-	}
-	var out []cluster.Member
-	for _, m := range ms {
-		if r.Has(m.Name) {
-			out = append(out, m)
-		}
-	}
-	return out
-}
-
-// homeStamp is the ring stamp the forwards to the home region carry: the
-// home ring's fingerprint, so that its members count no mismatch (their
-// ring is that one), and epoch 0 (this node does not know theirs).
-func (s *Server) homeStamp() (string, uint64) {
-	if h := s.view.Load().home; h != nil {
-		return h.Fingerprint(), 0
-	}
-	return "", 0
 }
 
 // membersOf returns every member of ms, sorted by name, for Members: nil

@@ -59,17 +59,18 @@ func countAllowed(t *testing.T, nodes []*inprocNode, rc *sluicev1.RateLimitCheck
 	return allowed, ds
 }
 
-// A global limit is split into slices: each region admits its slice of a
-// key (region.Share), decided by the key's owner in the region, and the
-// regions together admit exactly the limit, never more. Answers say the
-// scope, the region, the slice, the full limit, and slice_exhausted on a
-// denial.
+// A global limit of an algorithm other than the fixed window (whose
+// slices follow demand by leases, see leases_test.go) is split into fixed
+// slices: each region admits its slice of a key (region.Share), decided
+// by the key's owner in the region, and the regions together admit
+// exactly the limit, never more. Answers say the scope, the region, the
+// slice, the full limit, and slice_exhausted on a denial.
 func TestGlobalLimitSplitsIntoSlices(t *testing.T) {
 	clock := windowClock()
 	byRegion := startRegions(t, "a=2,b=1,c=1", 2, NodeConfig{Clock: clock})
 	regions, _ := region.Parse("a=2,b=1,c=1")
 	for _, key := range []string{"user:1", "user:2", "user:3"} {
-		rc := &sluicev1.RateLimitCheck{Name: "api", Key: key, Limit: 10, WindowMs: 60_000}
+		rc := &sluicev1.RateLimitCheck{Name: "api", Key: key, Limit: 10, WindowMs: 60_000, Algorithm: sluicev1.Algorithm_ALGORITHM_SLIDING_WINDOW}
 		total := 0
 		for _, r := range []string{"a", "b", "c"} {
 			slice := regions.Share(10, r, region.SeedOf("api", key))
@@ -185,7 +186,7 @@ limits:
 func TestZeroSliceIsDeniedAtOnce(t *testing.T) {
 	clock := windowClock()
 	byRegion := startRegions(t, "a,b,c", 1, NodeConfig{Clock: clock})
-	rc := &sluicev1.RateLimitCheck{Name: "api", Key: "tiny", Limit: 1, WindowMs: 60_000}
+	rc := &sluicev1.RateLimitCheck{Name: "api", Key: "tiny", Limit: 1, WindowMs: 60_000, Algorithm: sluicev1.Algorithm_ALGORITHM_SLIDING_WINDOW}
 	total, zero := 0, 0
 	for _, r := range []string{"a", "b", "c"} {
 		got, ds := countAllowed(t, byRegion[r], rc, 3)

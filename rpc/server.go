@@ -120,6 +120,11 @@ type ServerConfig struct {
 	// sender field is checked against the ring alone. (Optional)
 	PeerIdentity func(ctx context.Context) (string, bool)
 
+	// LeaseBase is the fraction of a global fixed-window limit the regions
+	// own as bases (see NodeConfig.LeaseBase). 0: DefaultLeaseBase.
+	// (Optional)
+	LeaseBase float64
+
 	hooks *testHooks // tests' seams; nil: none
 }
 
@@ -139,7 +144,10 @@ type Server struct {
 	// awayWindows decide, degraded, the exact checks that entered here
 	// while the home region could not be reached (policy local); nil
 	// without several regions. See awayDecide.
-	awayWindows    *window.Store
+	awayWindows *window.Store
+	// leases move global fixed-window limits' capacity between regions
+	// (see leases.go); nil without several regions.
+	leases         *leases
 	forwardTimeout time.Duration
 	log            *slog.Logger
 	dialOpts       []grpc.DialOption
@@ -208,8 +216,11 @@ type view struct {
 	// home is the home region's ring, for exact checks, when this node
 	// is in another region (nil otherwise, or when no home member is
 	// live); all is every member of every region (Members lists them).
-	home  *ring.Ring
-	all   []cluster.Member
+	home *ring.Ring
+	all  []cluster.Member
+	// rings are the other regions' rings (by region; a region without a
+	// live member has none): a key's owner there, for leases.
+	rings map[string]*ring.Ring
 	peers map[string]*forward.Peer // by member name, this node excluded
 	epoch uint64                   // ring builds that changed the fingerprint
 	// bootstrap marks the view a Server starts with (a ring of itself
@@ -337,6 +348,18 @@ type Stats struct {
 	// Refunds: checks given back because another check of the same
 	// request was denied (all or nothing), applied here as owner.
 	Refunds int64
+	// Leases (several regions; leases.go): LeaseRequests this node sent
+	// for its region's slices; LeaseGrants its allocators sent, and
+	// LeaseGrantedHits the hits grants raised its region's slices by;
+	// LeaseLowers its allocators sent and LeaseAcks they received, and
+	// LeaseGivenBack the hits those acks returned to the pools;
+	// SliceExhausted the leased checks denied here because the region's
+	// slice was spent; LeaseMessages and LeaseCalls the messages and
+	// Lease calls this node sent to other nodes, LeaseCallErrors the
+	// calls that failed (their messages are lost: sent again or asked
+	// again, never applied twice).
+	LeaseRequests, LeaseGrants, LeaseGrantedHits, LeaseLowers, LeaseAcks, LeaseGivenBack, SliceExhausted int64
+	LeaseMessages, LeaseCalls, LeaseCallErrors                                                           int64
 }
 
 // Stats returns the routing counters.
@@ -376,6 +399,12 @@ func (s *Server) Stats() Stats {
 		StandInReturned:   s.stats.standInReturned.Load() + s.handoff.Counters.StandInReturned.Load(),
 		Expired:           s.stats.expired.Load(),
 		Refunds:           s.stats.refunds.Load(),
+	}
+	if l := s.leases; l != nil {
+		st.LeaseRequests, st.LeaseGrants, st.LeaseGrantedHits = l.st.requests.Load(), l.st.grants.Load(), l.st.grantedHits.Load()
+		st.LeaseLowers, st.LeaseAcks, st.LeaseGivenBack = l.st.lowers.Load(), l.st.acks.Load(), l.st.givenBack.Load()
+		st.SliceExhausted = l.st.exhausted.Load()
+		st.LeaseMessages, st.LeaseCalls, st.LeaseCallErrors = l.st.sent.Load(), l.st.calls.Load(), l.st.callErrors.Load()
 	}
 	for _, p := range st.Peers {
 		st.ForwardRPCs += p.Batches
@@ -458,6 +487,12 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		s.awayWindows = window.NewStore(window.StoreConfig{Clock: storeClock{cfg.Store}, MaxKeys: 100_000, OnKeyCap: window.KeyCapEvict})
 	}
 	s.rings = rings
+	if cfg.Regions.Multi() {
+		if cfg.LeaseBase < 0 || cfg.LeaseBase > 1 {
+			return nil, fmt.Errorf("rpc: lease base: must be in (0, 1], got %v", cfg.LeaseBase)
+		}
+		s.leases = newLeases(s, cfg.LeaseBase)
+	}
 	r, _ := rings.Ring()
 	s.view.Store(&view{ring: r, members: []cluster.Member{{Name: cfg.Name, State: cluster.Alive}}, bootstrap: true})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -467,6 +502,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s.bg.Go(func() { s.standInLoop(ctx) })
 	if s.awayWindows != nil {
 		s.bg.Go(func() { s.awayWindows.RunSweeper(ctx, 0, nil) })
+	}
+	if s.leases != nil {
+		s.bg.Go(func() { s.leases.run(ctx) })
 	}
 	if s.replication.Factor > 0 {
 		s.bg.Go(func() { s.replicateLoop(ctx) })
@@ -510,13 +548,20 @@ func (s *Server) SetMembers(members []cluster.Member) error {
 		return nil
 	}
 	ms := membersNamed(members, up.Names, s.name)
-	home := s.homeRing(old.home, members)
-	peers := s.dialPeers(old.peers, ms, homeMembers(home, members))
+	others := s.regionRings(old.rings, members)
+	var home *ring.Ring
+	if s.regions.Multi() && s.region != s.regions.Home() {
+		home = others[s.regions.Home()]
+	}
+	peers := s.dialPeers(old.peers, ms, otherMembers(others, members))
 	if up.Changed && !leaving {
 		s.custody.RingChanged(up.Prev, up.Ring, time.Now())
 	}
 	s.view.Store(&view{ring: up.Ring, members: ms, peers: peers, epoch: up.Epoch, bootstrap: s.rings.Bootstrap(),
-		home: home, all: s.membersOf(members)})
+		home: home, all: s.membersOf(members), rings: others})
+	if s.leases != nil {
+		s.leases.viewChanged(s.view.Load())
+	}
 	for name, p := range old.peers {
 		if peers[name] != p {
 			go s.retire(p, s.forwardTimeout) // off the membership path
@@ -952,6 +997,9 @@ func (s *Server) decide(storeKey []byte, r *request) *sluicev1.Decision {
 		// check without it): applying it would count it behind its back.
 		s.stats.expired.Add(1)
 		return &sluicev1.Decision{Limit: c.Limit, Owner: s.name, Error: errExpired}
+	}
+	if r.leased {
+		return s.leases.decide(storeKey, r, s.store.Now())
 	}
 	now := s.store.Now()
 	d, err := s.store.ApplyBytes(storeKey, c, now)

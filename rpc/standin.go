@@ -69,7 +69,7 @@ func (s *Server) dropEntryLocked(k string) {
 // window becomes that copy plus what it admitted beyond the old one. The
 // decision is marked degraded.
 func (s *Server) standInDecide(key []byte, r request) *sluicev1.Decision {
-	if r.noSlice {
+	if r.noSlice || r.zeroBase {
 		d := s.sliceDenial(&r)
 		d.Degraded = true
 		return d
@@ -106,6 +106,9 @@ func (s *Server) standInDecide(key []byte, r request) *sluicev1.Decision {
 	}
 	pd := toProto(d, s.name)
 	pd.Degraded = true
+	if r.leased {
+		pd.Slice = r.check.Limit // the region's base: a stand-in has no lease
+	}
 	return pd
 }
 

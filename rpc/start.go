@@ -169,7 +169,7 @@ func newCore(cfg NodeConfig, sec secured, log *slog.Logger) (core, error) {
 		peerIdentity = security.PeerName
 	}
 	srv, err := NewServer(ServerConfig{
-		Name: cfg.Name, Store: store, Ring: cfg.Ring, Regions: cfg.Regions, Region: cfg.Region,
+		Name: cfg.Name, Store: store, Ring: cfg.Ring, Regions: cfg.Regions, Region: cfg.Region, LeaseBase: cfg.LeaseBase,
 		ForwardTimeout: cfg.ForwardTimeout, Batch: cfg.Batch, Logger: log.With("component", "rpc"),
 		Limits: cfg.Limits, Observer: metrics, DialOptions: cfg.DialOptions,
 		HandOffTimeout: cfg.HandOffTimeout, Replication: cfg.Replication,

@@ -70,6 +70,10 @@ type request struct {
 	cfgScope, scope region.Scope
 	full            int64
 	noSlice         bool
+	// leased marks a global fixed-window check whose slice follows demand
+	// (leases.go; check.Limit is then the region's base); zeroBase marks
+	// a base of 0 (a stand-in then admits nothing).
+	leased, zeroBase bool
 }
 
 // parseChecks validates a batch and converts it; a check without numbers

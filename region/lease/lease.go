@@ -167,6 +167,17 @@ func (a *Allocator) Window() int64 { return a.window }
 // reports before it grants.
 func (a *Allocator) Learning() bool { return a.known != nil }
 
+// Demands returns each region's expected demand for the window as the
+// allocator knows it (what it asked for and used): the next window's
+// allocator starts from it.
+func (a *Allocator) Demands() map[string]int64 {
+	out := make(map[string]int64, len(a.regions))
+	for _, r := range a.regions {
+		out[r] = max(a.demand[r], a.used[r])
+	}
+	return out
+}
+
 // Free returns the pool's hits granted to nobody.
 func (a *Allocator) Free() int64 { return a.free }
 

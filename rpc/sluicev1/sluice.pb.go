@@ -215,6 +215,67 @@ func (OwnerUnavailablePolicy) EnumDescriptor() ([]byte, []int) {
 	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{2}
 }
 
+// LeaseKind is what a LeaseMessage is (package region/lease).
+type LeaseKind int32
+
+const (
+	LeaseKind_LEASE_KIND_UNSPECIFIED LeaseKind = 0
+	// From a region's owner of a key to the key's allocator: want more hits.
+	LeaseKind_LEASE_KIND_REQUEST LeaseKind = 1
+	// From the allocator: the region's slice is now slice hits.
+	LeaseKind_LEASE_KIND_GRANT LeaseKind = 2
+	// From the allocator: lower the slice to at most target hits (-1:
+	// report only), keeping what was consumed.
+	LeaseKind_LEASE_KIND_LOWER LeaseKind = 3
+	// The region's answer to a lower: its slice is now slice hits.
+	LeaseKind_LEASE_KIND_ACK LeaseKind = 4
+)
+
+// Enum value maps for LeaseKind.
+var (
+	LeaseKind_name = map[int32]string{
+		0: "LEASE_KIND_UNSPECIFIED",
+		1: "LEASE_KIND_REQUEST",
+		2: "LEASE_KIND_GRANT",
+		3: "LEASE_KIND_LOWER",
+		4: "LEASE_KIND_ACK",
+	}
+	LeaseKind_value = map[string]int32{
+		"LEASE_KIND_UNSPECIFIED": 0,
+		"LEASE_KIND_REQUEST":     1,
+		"LEASE_KIND_GRANT":       2,
+		"LEASE_KIND_LOWER":       3,
+		"LEASE_KIND_ACK":         4,
+	}
+)
+
+func (x LeaseKind) Enum() *LeaseKind {
+	p := new(LeaseKind)
+	*p = x
+	return p
+}
+
+func (x LeaseKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (LeaseKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_sluice_v1_sluice_proto_enumTypes[3].Descriptor()
+}
+
+func (LeaseKind) Type() protoreflect.EnumType {
+	return &file_sluice_v1_sluice_proto_enumTypes[3]
+}
+
+func (x LeaseKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use LeaseKind.Descriptor instead.
+func (LeaseKind) EnumDescriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{3}
+}
+
 // RateLimitCheck asks to consume hits of key within the limit called name.
 type RateLimitCheck struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1588,6 +1649,257 @@ func (*ReplicateResponse) Descriptor() ([]byte, []int) {
 	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
 }
 
+// LeaseMessage is one message about one key's window of a global limit.
+type LeaseMessage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Kind  LeaseKind              `protobuf:"varint,1,opt,name=kind,proto3,enum=sluice.v1.LeaseKind" json:"kind,omitempty"`
+	// The check's name and key (the receiver finds the key's window and
+	// owner from them).
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Key  string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	// The fixed window: its id (start / window_ms since the Unix epoch),
+	// its length in ms, and the limit's full number of hits.
+	WindowId int64 `protobuf:"varint,4,opt,name=window_id,json=windowId,proto3" json:"window_id,omitempty"`
+	WindowMs int64 `protobuf:"varint,5,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
+	Limit    int64 `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"`
+	// The holder's region.
+	Region string `protobuf:"bytes,7,opt,name=region,proto3" json:"region,omitempty"`
+	// The allocator's id (unique to one allocator state) and its sequence
+	// number for the region.
+	Allocator uint64 `protobuf:"varint,8,opt,name=allocator,proto3" json:"allocator,omitempty"`
+	Seq       uint64 `protobuf:"varint,9,opt,name=seq,proto3" json:"seq,omitempty"`
+	// Grant, Ack: the region's slice; Request: its slice now (hits).
+	Slice int64 `protobuf:"varint,10,opt,name=slice,proto3" json:"slice,omitempty"`
+	// Lower: the target slice (-1: report only).
+	Target int64 `protobuf:"varint,11,opt,name=target,proto3" json:"target,omitempty"`
+	// Request: the hits wanted beyond the slice.
+	Want int64 `protobuf:"varint,12,opt,name=want,proto3" json:"want,omitempty"`
+	// Request, Ack: the hits the region admitted in the window.
+	Consumed      int64 `protobuf:"varint,13,opt,name=consumed,proto3" json:"consumed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseMessage) Reset() {
+	*x = LeaseMessage{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseMessage) ProtoMessage() {}
+
+func (x *LeaseMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseMessage.ProtoReflect.Descriptor instead.
+func (*LeaseMessage) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *LeaseMessage) GetKind() LeaseKind {
+	if x != nil {
+		return x.Kind
+	}
+	return LeaseKind_LEASE_KIND_UNSPECIFIED
+}
+
+func (x *LeaseMessage) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *LeaseMessage) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *LeaseMessage) GetWindowId() int64 {
+	if x != nil {
+		return x.WindowId
+	}
+	return 0
+}
+
+func (x *LeaseMessage) GetWindowMs() int64 {
+	if x != nil {
+		return x.WindowMs
+	}
+	return 0
+}
+
+func (x *LeaseMessage) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *LeaseMessage) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *LeaseMessage) GetAllocator() uint64 {
+	if x != nil {
+		return x.Allocator
+	}
+	return 0
+}
+
+func (x *LeaseMessage) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *LeaseMessage) GetSlice() int64 {
+	if x != nil {
+		return x.Slice
+	}
+	return 0
+}
+
+func (x *LeaseMessage) GetTarget() int64 {
+	if x != nil {
+		return x.Target
+	}
+	return 0
+}
+
+func (x *LeaseMessage) GetWant() int64 {
+	if x != nil {
+		return x.Want
+	}
+	return 0
+}
+
+func (x *LeaseMessage) GetConsumed() int64 {
+	if x != nil {
+		return x.Consumed
+	}
+	return 0
+}
+
+type LeaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The sender's node name.
+	Sender string `protobuf:"bytes,1,opt,name=sender,proto3" json:"sender,omitempty"`
+	// At most 4096 messages.
+	Messages      []*LeaseMessage `protobuf:"bytes,2,rep,name=messages,proto3" json:"messages,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseRequest) Reset() {
+	*x = LeaseRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseRequest) ProtoMessage() {}
+
+func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseRequest.ProtoReflect.Descriptor instead.
+func (*LeaseRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *LeaseRequest) GetSender() string {
+	if x != nil {
+		return x.Sender
+	}
+	return ""
+}
+
+func (x *LeaseRequest) GetMessages() []*LeaseMessage {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+type LeaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The receiver's replies to the request's messages.
+	Messages      []*LeaseMessage `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseResponse) Reset() {
+	*x = LeaseResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseResponse) ProtoMessage() {}
+
+func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseResponse.ProtoReflect.Descriptor instead.
+func (*LeaseResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *LeaseResponse) GetMessages() []*LeaseMessage {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
 var File_sluice_v1_sluice_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_sluice_proto_rawDesc = "" +
@@ -1697,7 +2009,27 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12+\n" +
 	"\x06states\x18\x02 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\x12'\n" +
 	"\x0fsender_instance\x18\x03 \x01(\tR\x0esenderInstance\"\x13\n" +
-	"\x11ReplicateResponse*\x98\x01\n" +
+	"\x11ReplicateResponse\"\xd4\x02\n" +
+	"\fLeaseMessage\x12(\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x14.sluice.v1.LeaseKindR\x04kind\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x12\x1b\n" +
+	"\twindow_id\x18\x04 \x01(\x03R\bwindowId\x12\x1b\n" +
+	"\twindow_ms\x18\x05 \x01(\x03R\bwindowMs\x12\x14\n" +
+	"\x05limit\x18\x06 \x01(\x03R\x05limit\x12\x16\n" +
+	"\x06region\x18\a \x01(\tR\x06region\x12\x1c\n" +
+	"\tallocator\x18\b \x01(\x04R\tallocator\x12\x10\n" +
+	"\x03seq\x18\t \x01(\x04R\x03seq\x12\x14\n" +
+	"\x05slice\x18\n" +
+	" \x01(\x03R\x05slice\x12\x16\n" +
+	"\x06target\x18\v \x01(\x03R\x06target\x12\x12\n" +
+	"\x04want\x18\f \x01(\x03R\x04want\x12\x1a\n" +
+	"\bconsumed\x18\r \x01(\x03R\bconsumed\"[\n" +
+	"\fLeaseRequest\x12\x16\n" +
+	"\x06sender\x18\x01 \x01(\tR\x06sender\x123\n" +
+	"\bmessages\x18\x02 \x03(\v2\x17.sluice.v1.LeaseMessageR\bmessages\"D\n" +
+	"\rLeaseResponse\x123\n" +
+	"\bmessages\x18\x01 \x03(\v2\x17.sluice.v1.LeaseMessageR\bmessages*\x98\x01\n" +
 	"\tAlgorithm\x12\x19\n" +
 	"\x15ALGORITHM_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16ALGORITHM_FIXED_WINDOW\x10\x01\x12\x1c\n" +
@@ -1713,16 +2045,23 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x1dOWNER_UNAVAILABLE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17OWNER_UNAVAILABLE_LOCAL\x10\x01\x12\x1b\n" +
 	"\x17OWNER_UNAVAILABLE_ALLOW\x10\x02\x12\x1a\n" +
-	"\x16OWNER_UNAVAILABLE_DENY\x10\x032\x90\x01\n" +
+	"\x16OWNER_UNAVAILABLE_DENY\x10\x03*\x7f\n" +
+	"\tLeaseKind\x12\x1a\n" +
+	"\x16LEASE_KIND_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12LEASE_KIND_REQUEST\x10\x01\x12\x14\n" +
+	"\x10LEASE_KIND_GRANT\x10\x02\x12\x14\n" +
+	"\x10LEASE_KIND_LOWER\x10\x03\x12\x12\n" +
+	"\x0eLEASE_KIND_ACK\x10\x042\x90\x01\n" +
 	"\x10RateLimitService\x12:\n" +
 	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse\x12@\n" +
-	"\aMembers\x12\x19.sluice.v1.MembersRequest\x1a\x1a.sluice.v1.MembersResponse2\xe2\x02\n" +
+	"\aMembers\x12\x19.sluice.v1.MembersRequest\x1a\x1a.sluice.v1.MembersResponse2\x9e\x03\n" +
 	"\vPeerService\x12@\n" +
 	"\aForward\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponse\x12J\n" +
 	"\rForwardStream\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponse(\x010\x01\x12D\n" +
 	"\aHandOff\x12\x19.sluice.v1.HandOffRequest\x1a\x1a.sluice.v1.HandOffResponse(\x010\x01\x127\n" +
 	"\x04Pull\x12\x16.sluice.v1.PullRequest\x1a\x17.sluice.v1.PullResponse\x12F\n" +
-	"\tReplicate\x12\x1b.sluice.v1.ReplicateRequest\x1a\x1c.sluice.v1.ReplicateResponseB2Z0github.com/sluicehq/sluice/rpc/sluicev1;sluicev1b\x06proto3"
+	"\tReplicate\x12\x1b.sluice.v1.ReplicateRequest\x1a\x1c.sluice.v1.ReplicateResponse\x12:\n" +
+	"\x05Lease\x12\x17.sluice.v1.LeaseRequest\x1a\x18.sluice.v1.LeaseResponseB2Z0github.com/sluicehq/sluice/rpc/sluicev1;sluicev1b\x06proto3"
 
 var (
 	file_sluice_v1_sluice_proto_rawDescOnce sync.Once
@@ -1736,63 +2075,72 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 	return file_sluice_v1_sluice_proto_rawDescData
 }
 
-var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),              // 0: sluice.v1.Algorithm
 	(Scope)(0),                  // 1: sluice.v1.Scope
 	(OwnerUnavailablePolicy)(0), // 2: sluice.v1.OwnerUnavailablePolicy
-	(*RateLimitCheck)(nil),      // 3: sluice.v1.RateLimitCheck
-	(*Decision)(nil),            // 4: sluice.v1.Decision
-	(*CheckRequest)(nil),        // 5: sluice.v1.CheckRequest
-	(*CheckResponse)(nil),       // 6: sluice.v1.CheckResponse
-	(*ForwardRequest)(nil),      // 7: sluice.v1.ForwardRequest
-	(*ForwardResponse)(nil),     // 8: sluice.v1.ForwardResponse
-	(*MembersRequest)(nil),      // 9: sluice.v1.MembersRequest
-	(*Member)(nil),              // 10: sluice.v1.Member
-	(*MembersResponse)(nil),     // 11: sluice.v1.MembersResponse
-	(*KeyState)(nil),            // 12: sluice.v1.KeyState
-	(*HandOffRequest)(nil),      // 13: sluice.v1.HandOffRequest
-	(*HandOffResponse)(nil),     // 14: sluice.v1.HandOffResponse
-	(*PullRequest)(nil),         // 15: sluice.v1.PullRequest
-	(*PullResponse)(nil),        // 16: sluice.v1.PullResponse
-	(*ReplicateRequest)(nil),    // 17: sluice.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),   // 18: sluice.v1.ReplicateResponse
+	(LeaseKind)(0),              // 3: sluice.v1.LeaseKind
+	(*RateLimitCheck)(nil),      // 4: sluice.v1.RateLimitCheck
+	(*Decision)(nil),            // 5: sluice.v1.Decision
+	(*CheckRequest)(nil),        // 6: sluice.v1.CheckRequest
+	(*CheckResponse)(nil),       // 7: sluice.v1.CheckResponse
+	(*ForwardRequest)(nil),      // 8: sluice.v1.ForwardRequest
+	(*ForwardResponse)(nil),     // 9: sluice.v1.ForwardResponse
+	(*MembersRequest)(nil),      // 10: sluice.v1.MembersRequest
+	(*Member)(nil),              // 11: sluice.v1.Member
+	(*MembersResponse)(nil),     // 12: sluice.v1.MembersResponse
+	(*KeyState)(nil),            // 13: sluice.v1.KeyState
+	(*HandOffRequest)(nil),      // 14: sluice.v1.HandOffRequest
+	(*HandOffResponse)(nil),     // 15: sluice.v1.HandOffResponse
+	(*PullRequest)(nil),         // 16: sluice.v1.PullRequest
+	(*PullResponse)(nil),        // 17: sluice.v1.PullResponse
+	(*ReplicateRequest)(nil),    // 18: sluice.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),   // 19: sluice.v1.ReplicateResponse
+	(*LeaseMessage)(nil),        // 20: sluice.v1.LeaseMessage
+	(*LeaseRequest)(nil),        // 21: sluice.v1.LeaseRequest
+	(*LeaseResponse)(nil),       // 22: sluice.v1.LeaseResponse
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	0,  // 0: sluice.v1.RateLimitCheck.algorithm:type_name -> sluice.v1.Algorithm
 	2,  // 1: sluice.v1.RateLimitCheck.on_owner_unavailable:type_name -> sluice.v1.OwnerUnavailablePolicy
 	1,  // 2: sluice.v1.RateLimitCheck.scope:type_name -> sluice.v1.Scope
 	1,  // 3: sluice.v1.Decision.scope:type_name -> sluice.v1.Scope
-	3,  // 4: sluice.v1.CheckRequest.checks:type_name -> sluice.v1.RateLimitCheck
-	4,  // 5: sluice.v1.CheckResponse.decisions:type_name -> sluice.v1.Decision
-	3,  // 6: sluice.v1.ForwardRequest.checks:type_name -> sluice.v1.RateLimitCheck
-	4,  // 7: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
-	10, // 8: sluice.v1.MembersResponse.members:type_name -> sluice.v1.Member
-	12, // 9: sluice.v1.HandOffRequest.states:type_name -> sluice.v1.KeyState
-	12, // 10: sluice.v1.PullResponse.states:type_name -> sluice.v1.KeyState
-	12, // 11: sluice.v1.PullResponse.replicas:type_name -> sluice.v1.KeyState
-	12, // 12: sluice.v1.PullResponse.stand_in:type_name -> sluice.v1.KeyState
-	12, // 13: sluice.v1.ReplicateRequest.states:type_name -> sluice.v1.KeyState
-	5,  // 14: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
-	9,  // 15: sluice.v1.RateLimitService.Members:input_type -> sluice.v1.MembersRequest
-	7,  // 16: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
-	7,  // 17: sluice.v1.PeerService.ForwardStream:input_type -> sluice.v1.ForwardRequest
-	13, // 18: sluice.v1.PeerService.HandOff:input_type -> sluice.v1.HandOffRequest
-	15, // 19: sluice.v1.PeerService.Pull:input_type -> sluice.v1.PullRequest
-	17, // 20: sluice.v1.PeerService.Replicate:input_type -> sluice.v1.ReplicateRequest
-	6,  // 21: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
-	11, // 22: sluice.v1.RateLimitService.Members:output_type -> sluice.v1.MembersResponse
-	8,  // 23: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
-	8,  // 24: sluice.v1.PeerService.ForwardStream:output_type -> sluice.v1.ForwardResponse
-	14, // 25: sluice.v1.PeerService.HandOff:output_type -> sluice.v1.HandOffResponse
-	16, // 26: sluice.v1.PeerService.Pull:output_type -> sluice.v1.PullResponse
-	18, // 27: sluice.v1.PeerService.Replicate:output_type -> sluice.v1.ReplicateResponse
-	21, // [21:28] is the sub-list for method output_type
-	14, // [14:21] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	4,  // 4: sluice.v1.CheckRequest.checks:type_name -> sluice.v1.RateLimitCheck
+	5,  // 5: sluice.v1.CheckResponse.decisions:type_name -> sluice.v1.Decision
+	4,  // 6: sluice.v1.ForwardRequest.checks:type_name -> sluice.v1.RateLimitCheck
+	5,  // 7: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
+	11, // 8: sluice.v1.MembersResponse.members:type_name -> sluice.v1.Member
+	13, // 9: sluice.v1.HandOffRequest.states:type_name -> sluice.v1.KeyState
+	13, // 10: sluice.v1.PullResponse.states:type_name -> sluice.v1.KeyState
+	13, // 11: sluice.v1.PullResponse.replicas:type_name -> sluice.v1.KeyState
+	13, // 12: sluice.v1.PullResponse.stand_in:type_name -> sluice.v1.KeyState
+	13, // 13: sluice.v1.ReplicateRequest.states:type_name -> sluice.v1.KeyState
+	3,  // 14: sluice.v1.LeaseMessage.kind:type_name -> sluice.v1.LeaseKind
+	20, // 15: sluice.v1.LeaseRequest.messages:type_name -> sluice.v1.LeaseMessage
+	20, // 16: sluice.v1.LeaseResponse.messages:type_name -> sluice.v1.LeaseMessage
+	6,  // 17: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
+	10, // 18: sluice.v1.RateLimitService.Members:input_type -> sluice.v1.MembersRequest
+	8,  // 19: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
+	8,  // 20: sluice.v1.PeerService.ForwardStream:input_type -> sluice.v1.ForwardRequest
+	14, // 21: sluice.v1.PeerService.HandOff:input_type -> sluice.v1.HandOffRequest
+	16, // 22: sluice.v1.PeerService.Pull:input_type -> sluice.v1.PullRequest
+	18, // 23: sluice.v1.PeerService.Replicate:input_type -> sluice.v1.ReplicateRequest
+	21, // 24: sluice.v1.PeerService.Lease:input_type -> sluice.v1.LeaseRequest
+	7,  // 25: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
+	12, // 26: sluice.v1.RateLimitService.Members:output_type -> sluice.v1.MembersResponse
+	9,  // 27: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
+	9,  // 28: sluice.v1.PeerService.ForwardStream:output_type -> sluice.v1.ForwardResponse
+	15, // 29: sluice.v1.PeerService.HandOff:output_type -> sluice.v1.HandOffResponse
+	17, // 30: sluice.v1.PeerService.Pull:output_type -> sluice.v1.PullResponse
+	19, // 31: sluice.v1.PeerService.Replicate:output_type -> sluice.v1.ReplicateResponse
+	22, // 32: sluice.v1.PeerService.Lease:output_type -> sluice.v1.LeaseResponse
+	25, // [25:33] is the sub-list for method output_type
+	17, // [17:25] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -1806,8 +2154,8 @@ func file_sluice_v1_sluice_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   16,
+			NumEnums:      4,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -185,6 +185,7 @@ const (
 	PeerService_HandOff_FullMethodName       = "/sluice.v1.PeerService/HandOff"
 	PeerService_Pull_FullMethodName          = "/sluice.v1.PeerService/Pull"
 	PeerService_Replicate_FullMethodName     = "/sluice.v1.PeerService/Replicate"
+	PeerService_Lease_FullMethodName         = "/sluice.v1.PeerService/Lease"
 )
 
 // PeerServiceClient is the client API for PeerService service.
@@ -220,6 +221,13 @@ type PeerServiceClient interface {
 	// copy) on the keys' next node on the ring, so that it can take over if
 	// the owner dies. Sent asynchronously by the owner.
 	Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error)
+	// Lease moves a global limit's capacity between regions (the README,
+	// "Regions"): a batch of lease messages from one node to another, and
+	// the receiver's immediate replies (a Grant for a Request, an Ack for a
+	// Lower). Every message carries absolute values, so a lost, repeated or
+	// reordered one never raises a region's slice above the allocator's
+	// record.
+	Lease(ctx context.Context, in *LeaseRequest, opts ...grpc.CallOption) (*LeaseResponse, error)
 }
 
 type peerServiceClient struct {
@@ -286,6 +294,16 @@ func (c *peerServiceClient) Replicate(ctx context.Context, in *ReplicateRequest,
 	return out, nil
 }
 
+func (c *peerServiceClient) Lease(ctx context.Context, in *LeaseRequest, opts ...grpc.CallOption) (*LeaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LeaseResponse)
+	err := c.cc.Invoke(ctx, PeerService_Lease_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServiceServer is the server API for PeerService service.
 // All implementations must embed UnimplementedPeerServiceServer
 // for forward compatibility.
@@ -319,6 +337,13 @@ type PeerServiceServer interface {
 	// copy) on the keys' next node on the ring, so that it can take over if
 	// the owner dies. Sent asynchronously by the owner.
 	Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error)
+	// Lease moves a global limit's capacity between regions (the README,
+	// "Regions"): a batch of lease messages from one node to another, and
+	// the receiver's immediate replies (a Grant for a Request, an Ack for a
+	// Lower). Every message carries absolute values, so a lost, repeated or
+	// reordered one never raises a region's slice above the allocator's
+	// record.
+	Lease(context.Context, *LeaseRequest) (*LeaseResponse, error)
 	mustEmbedUnimplementedPeerServiceServer()
 }
 
@@ -343,6 +368,9 @@ func (UnimplementedPeerServiceServer) Pull(context.Context, *PullRequest) (*Pull
 }
 func (UnimplementedPeerServiceServer) Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Replicate not implemented")
+}
+func (UnimplementedPeerServiceServer) Lease(context.Context, *LeaseRequest) (*LeaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Lease not implemented")
 }
 func (UnimplementedPeerServiceServer) mustEmbedUnimplementedPeerServiceServer() {}
 func (UnimplementedPeerServiceServer) testEmbeddedByValue()                     {}
@@ -433,6 +461,24 @@ func _PeerService_Replicate_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PeerService_Lease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LeaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServiceServer).Lease(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PeerService_Lease_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServiceServer).Lease(ctx, req.(*LeaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PeerService_ServiceDesc is the grpc.ServiceDesc for PeerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -451,6 +497,10 @@ var PeerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Replicate",
 			Handler:    _PeerService_Replicate_Handler,
+		},
+		{
+			MethodName: "Lease",
+			Handler:    _PeerService_Lease_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

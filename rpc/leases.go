@@ -1,0 +1,891 @@
+package rpc
+
+import (
+	"context"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/region"
+	"github.com/sluicehq/sluice/region/lease"
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/rpc/sluicev1"
+	"github.com/sluicehq/sluice/window"
+)
+
+// Leases (issue 20; the README, "Regions"): a global fixed-window limit's
+// slices follow demand. Each region's owner of a key admits up to its
+// slice of the key's current window (package region/lease's Holder): a
+// base share it owns without any message (DefaultLeaseBase of the limit,
+// split by region weight), raised by grants of the key's allocator and
+// lowered, first, when the allocator moves capacity elsewhere. The
+// allocator is the key's owner in the key's allocator region: the first
+// region, in an order the key picks (rendezvous hashing), that has a live
+// member, among the regions this node sees, and only while it sees a
+// majority of the regions (a minority side of a partition grants
+// nothing). No check waits on a lease: a region whose slice is spent
+// denies (slice_exhausted) until a grant arrives. Requests go out before
+// the slice runs out (from the key's demand in the window and the lease
+// round trip) and, for a busy key, for the next window before it starts;
+// the allocator of the next window starts from the last window's demand
+// and lowers the regions that did not use their bases. Messages are
+// batched per destination node every leaseFlush, one Lease call each.
+
+// DefaultLeaseBase is the fraction of a global limit the regions own as
+// bases (split by weight) when ServerConfig.LeaseBase is 0: what a region
+// cut off from the allocator can always admit per window.
+const DefaultLeaseBase = 0.5
+
+// leaseFlush is how often queued lease messages are sent.
+const leaseFlush = 5 * time.Millisecond
+
+// maxLeaseBatch bounds the messages of one Lease call.
+const maxLeaseBatch = 4096
+
+// leaseShards is the number of locks the holders' table is split over.
+const leaseShards = 64
+
+// leases is a node's lease machinery (nil without several regions).
+type leases struct {
+	s    *Server
+	base float64
+	inc  uint64 // random per process: the high bits of allocator ids
+	ids  atomic.Uint64
+
+	shards [leaseShards]holderShard
+
+	amu    sync.Mutex
+	allocs map[allocKey]*allocEntry
+
+	omu    sync.Mutex
+	outbox map[string][]*sluicev1.LeaseMessage // destination node -> messages
+
+	rtt atomic.Int64 // ns: an average of Lease calls' round trips
+	// hist is what this node knows of its allocator view's history (see
+	// learning); replaced whole by viewChanged, under s.setMu.
+	hist atomic.Pointer[leaseHistory]
+
+	hmu sync.Mutex
+	hot map[*holderEntry]struct{} // entries that asked in their current or last window
+
+	st leaseCounters
+}
+
+// leaseHistory is when this node's own ring last changed (or the node
+// started) and when each region was last seen to lose its last live
+// member (the node's start for a region never seen live), in store-clock
+// ns.
+type leaseHistory struct {
+	ownRing    string
+	ownChanged int64
+	live       map[string]bool
+	goneAt     map[string]int64
+}
+
+// leaseCounters count lease events; see Stats.
+type leaseCounters struct {
+	requests, grants, grantedHits, lowers, acks, givenBack, exhausted, sent, calls, callErrors atomic.Int64
+}
+
+type holderShard struct {
+	mu sync.Mutex
+	m  map[string]*holderEntry // store key -> entry
+}
+
+// holderEntry is this node's side of one key in its region: a holder per
+// window (the current one and, for a busy key, the next).
+type holderEntry struct {
+	mu             sync.Mutex
+	name, key      string
+	window         time.Duration
+	limit          int64
+	seed           uint64
+	wins           map[int64]*holderWin // window id -> its holder
+	nextWindowSent int64                // the window id of the last next-window request
+}
+
+type holderWin struct {
+	h        *lease.Holder
+	demand   int64     // hits asked in the window, allowed or not
+	consumed int64     // hits admitted, as last seen
+	asked    time.Time // when the last request went, wall clock (zero: none)
+}
+
+type allocKey struct {
+	key    string // store key
+	window int64
+}
+
+type allocEntry struct {
+	name, key string
+	window    time.Duration
+	limit     int64
+	a         *lease.Allocator
+	sent      time.Time // when its pending lowers were last sent, wall clock
+}
+
+func newLeases(s *Server, base float64) *leases {
+	if base <= 0 || base > 1 {
+		base = DefaultLeaseBase
+	}
+	l := &leases{s: s, base: base, inc: rand.Uint64() &^ 0xffffffff, allocs: map[allocKey]*allocEntry{},
+		outbox: map[string][]*sluicev1.LeaseMessage{}}
+	for i := range l.shards {
+		l.shards[i].m = map[string]*holderEntry{}
+	}
+	l.rtt.Store(int64(200 * time.Millisecond))
+	now := s.store.Now().UnixNano()
+	h := &leaseHistory{ownChanged: now, live: map[string]bool{}, goneAt: map[string]int64{}}
+	for _, r := range s.regions.Regions() {
+		h.goneAt[r.Name] = now
+	}
+	l.hist.Store(h)
+	l.hot = map[*holderEntry]struct{}{}
+	return l
+}
+
+// leased reports whether r's global slice follows demand by leases: a
+// fixed-window limit of scope global with several regions (the other
+// algorithms keep their fixed slices).
+func (s *Server) leased(r *request) bool {
+	return s.leases != nil && r.scope == region.Global && r.check.Algorithm == window.FixedWindow
+}
+
+// baseOf returns region's base of a limit of limit hits for the key of
+// seed: its share, by weight, of the bases' part of the limit.
+func (l *leases) baseOf(limit int64, reg string, seed uint64) int64 {
+	return l.s.regions.Share(int64(float64(limit)*l.base), reg, seed)
+}
+
+func (l *leases) bases(limit int64, seed uint64) map[string]int64 {
+	out := map[string]int64{}
+	for _, r := range l.s.regions.Regions() {
+		out[r.Name] = l.baseOf(limit, r.Name, seed)
+	}
+	return out
+}
+
+func windowID(now time.Time, w time.Duration) int64 { return now.UnixNano() / int64(w) }
+
+func (l *leases) entry(storeKey []byte, name, key string, w time.Duration, limit int64) *holderEntry {
+	sh := &l.shards[xxhash.Sum64(storeKey)%leaseShards]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.m[string(storeKey)]
+	if e == nil || e.window != w || e.limit != limit {
+		// New, or the limit's numbers changed: start afresh (the old
+		// holders' grants lapse; the allocator's records stay above them).
+		e = &holderEntry{name: name, key: key, window: w, limit: limit, seed: region.SeedOf(name, key), wins: map[int64]*holderWin{}}
+		sh.m[string(storeKey)] = e
+	}
+	return e
+}
+
+// win returns the holder of window id, creating it with the region's
+// base. Requires e.mu.
+func (l *leases) win(e *holderEntry, id int64) *holderWin {
+	w := e.wins[id]
+	if w == nil {
+		w = &holderWin{h: lease.NewHolder(l.s.region, id, l.baseOf(e.limit, l.s.region, e.seed))}
+		e.wins[id] = w
+	}
+	return w
+}
+
+// lead is how long before a slice runs out a request should go: two
+// lease round trips and a flush.
+func (l *leases) lead() time.Duration {
+	return 2*time.Duration(l.rtt.Load()) + 2*leaseFlush
+}
+
+// decide decides a leased check of a key this node owns in its region:
+// under the key's holder lock, from the region's slice of the current
+// window (the store's window of the key counts what was admitted), then
+// asks for more when the slice will run out within the lease lead time.
+func (l *leases) decide(storeKey []byte, r *request, now time.Time) *sluicev1.Decision {
+	s := l.s
+	c := r.check
+	e := l.entry(storeKey, r.name, r.key, c.Window, r.full)
+	id := windowID(now, c.Window)
+	start := time.Unix(0, id*int64(c.Window))
+	e.mu.Lock()
+	w := l.win(e, id)
+	w.demand += c.Hits
+	slice := w.h.Slice()
+	var pd *sluicev1.Decision
+	if c.Hits > 0 && c.Hits > slice {
+		// More than the whole slice now: denied until a grant comes
+		// (the store would answer "never", which is not so).
+		reset := start.Add(c.Window)
+		pd = &sluicev1.Decision{Limit: slice, Remaining: max(slice-w.consumed, 0), ResetTime: unixMsCeil(reset),
+			RetryAfter: msCeil(reset.Sub(now)), Owner: s.name}
+	} else {
+		c.Limit = max(slice, 1) // a slice of 0 and a peek: the peek's answer says no
+		d, err := s.store.ApplyBytes(storeKey, c, now)
+		if err != nil { // cannot happen: checks are validated on entry
+			e.mu.Unlock()
+			return &sluicev1.Decision{Limit: c.Limit, Owner: s.name, Error: err.Error()}
+		}
+		if slice == 0 {
+			d.Allowed, d.Remaining, d.Limit = false, 0, 0
+		}
+		if d.Allowed && c.Hits > 0 && s.replication.Factor > 0 {
+			s.dirty.Add(storeKey)
+		}
+		pd = toProto(d, s.name)
+		if d.Allowed && c.Hits > 0 && !d.NoRoom {
+			pd.AppliedAtNs = now.UnixNano()
+		}
+		pd.Degraded = d.NoRoom
+		if slice > 0 {
+			w.consumed = max(slice-d.Remaining, 0)
+		}
+	}
+	pd.Slice = slice
+	var req *sluicev1.LeaseMessage
+	if want := l.wantMore(e, w, start, now); want > 0 {
+		w.asked = time.Now()
+		rq := w.h.Request(want, w.consumed)
+		req = l.message(e, sluicev1.LeaseKind_LEASE_KIND_REQUEST, id)
+		req.Want, req.Consumed, req.Slice = rq.Want, rq.Consumed, rq.Slice
+	}
+	e.mu.Unlock()
+	if !pd.Allowed && pd.Error == "" && c.Hits > 0 {
+		l.st.exhausted.Add(1)
+	}
+	if req != nil {
+		l.st.requests.Add(1)
+		l.hmu.Lock()
+		l.hot[e] = struct{}{}
+		l.hmu.Unlock()
+		l.toAllocator(storeKey, req)
+	}
+	return pd
+}
+
+// wantMore returns the hits to ask for (0: none): when the key's rate in
+// the window, carried over the lease lead, would spend what is left of
+// the slice, and the whole window at that rate would need more than the
+// slice, at most one request per lead time. Requires e.mu.
+func (l *leases) wantMore(e *holderEntry, w *holderWin, start, now time.Time) int64 {
+	lead := l.lead()
+	if !w.asked.IsZero() && time.Since(w.asked) < lead {
+		return 0
+	}
+	elapsed := max(now.Sub(start), e.window/50, time.Millisecond)
+	predicted := int64(float64(w.demand) * float64(e.window) / float64(elapsed))
+	slice := w.h.Slice()
+	if predicted <= slice {
+		return 0
+	}
+	ahead := int64(float64(w.demand) * float64(lead) / float64(elapsed))
+	if slice-w.consumed > ahead {
+		return 0
+	}
+	return min(predicted-slice, e.limit)
+}
+
+func (l *leases) message(e *holderEntry, kind sluicev1.LeaseKind, id int64) *sluicev1.LeaseMessage {
+	return &sluicev1.LeaseMessage{Kind: kind, Name: e.name, Key: e.key, WindowId: id,
+		WindowMs: e.window.Milliseconds(), Limit: e.limit, Region: l.s.region}
+}
+
+// allocatorRegion returns the allocator region of the key of seed under
+// v: the first region in the key's order (see order) that has a live
+// member; "" when this node sees no majority of the regions live (it then
+// neither grants nor asks: a minority side of a partition must not
+// allocate while the majority side may).
+func (l *leases) allocatorRegion(v *view, seed uint64) string {
+	live := func(r string) bool { return r == l.s.region || v.rings[r] != nil }
+	n := 0
+	for _, r := range l.s.regions.Regions() {
+		if live(r.Name) {
+			n++
+		}
+	}
+	if n*2 <= l.s.regions.Len() {
+		return ""
+	}
+	for _, r := range l.order(seed) {
+		if live(r) {
+			return r
+		}
+	}
+	return ""
+}
+
+// mix is a 64-bit finalizer (SplitMix64's), so that rendezvous scores of
+// nearby inputs are independent.
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
+
+// ownerIn returns the key's owner in region reg under v ("" when reg has
+// no live member).
+func (l *leases) ownerIn(v *view, reg string, storeKey []byte) string {
+	if reg == l.s.region {
+		return v.ring.Owner(storeKey)
+	}
+	if r := v.rings[reg]; r != nil {
+		return r.Owner(storeKey)
+	}
+	return ""
+}
+
+// toAllocator queues m for the key's allocator.
+func (l *leases) toAllocator(storeKey []byte, m *sluicev1.LeaseMessage) {
+	v := l.s.view.Load()
+	reg := l.allocatorRegion(v, region.SeedOf(m.Name, m.Key))
+	if reg == "" {
+		return
+	}
+	if to := l.ownerIn(v, reg, storeKey); to != "" {
+		l.queue(to, m)
+	}
+}
+
+// toHolder queues m for the key's owner in region reg.
+func (l *leases) toHolder(reg string, storeKey []byte, m *sluicev1.LeaseMessage) {
+	if to := l.ownerIn(l.s.view.Load(), reg, storeKey); to != "" {
+		l.queue(to, m)
+	}
+}
+
+func (l *leases) queue(to string, m *sluicev1.LeaseMessage) {
+	l.omu.Lock()
+	l.outbox[to] = append(l.outbox[to], m)
+	l.omu.Unlock()
+}
+
+// run sends the queued messages every leaseFlush, resends the allocators'
+// pending lowers, sends busy keys' next-window requests, and forgets the
+// windows that ended, until ctx ends.
+func (l *leases) run(ctx context.Context) {
+	t := time.NewTicker(leaseFlush)
+	defer t.Stop()
+	var sweepAt, resendAt time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now, wall := l.s.store.Now(), time.Now()
+		l.ahead(now)
+		if wall.Sub(resendAt) >= 10*leaseFlush {
+			resendAt = wall
+			l.resend(wall)
+		}
+		if wall.Sub(sweepAt) > time.Second {
+			sweepAt = wall
+			l.sweep(now)
+		}
+		l.flush(ctx)
+	}
+}
+
+// flush sends each destination's queued messages in one Lease call (this
+// node's own to itself, directly), and handles the replies.
+func (l *leases) flush(ctx context.Context) {
+	l.omu.Lock()
+	out := l.outbox
+	if len(out) == 0 {
+		l.omu.Unlock()
+		return
+	}
+	l.outbox = map[string][]*sluicev1.LeaseMessage{}
+	l.omu.Unlock()
+	v := l.s.view.Load()
+	for to, msgs := range out {
+		if to == l.s.name {
+			for _, rep := range l.handle(msgs) {
+				l.handle([]*sluicev1.LeaseMessage{rep})
+			}
+			continue
+		}
+		p := v.peers[to]
+		if p == nil {
+			continue
+		}
+		for len(msgs) > 0 {
+			n := min(len(msgs), maxLeaseBatch)
+			batch := msgs[:n]
+			msgs = msgs[n:]
+			l.st.calls.Add(1)
+			l.st.sent.Add(int64(n))
+			l.s.bg.Go(func() {
+				cctx, cancel := context.WithTimeout(ctx, l.s.forwardTimeout)
+				defer cancel()
+				began := time.Now()
+				resp, err := p.Client().Lease(cctx, &sluicev1.LeaseRequest{Sender: l.s.name, Messages: batch})
+				if err != nil {
+					l.st.callErrors.Add(1)
+					return
+				}
+				took := time.Since(began)
+				old := l.rtt.Load()
+				l.rtt.Store(old + (int64(took)-old)/8)
+				l.handle(resp.GetMessages())
+			})
+		}
+	}
+}
+
+// ahead sends, for each key busy in its current window, a request for the
+// next window a lead time before it starts: its demand in the current
+// window, so that the next window's allocator lowers the idle regions'
+// bases first.
+func (l *leases) ahead(now time.Time) {
+	lead := l.lead()
+	l.hmu.Lock()
+	entries := make([]*holderEntry, 0, len(l.hot))
+	for e := range l.hot {
+		entries = append(entries, e)
+	}
+	l.hmu.Unlock()
+	for _, e := range entries {
+		e.mu.Lock()
+		id := windowID(now, e.window)
+		next := time.Unix(0, (id+1)*int64(e.window))
+		w := e.wins[id]
+		if w == nil || w.asked.IsZero() {
+			if prev := e.wins[id-1]; prev == nil || prev.asked.IsZero() {
+				l.hmu.Lock()
+				delete(l.hot, e) // quiet for a window
+				l.hmu.Unlock()
+			}
+			e.mu.Unlock()
+			continue
+		}
+		if e.nextWindowSent > id || next.Sub(now) > lead {
+			e.mu.Unlock()
+			continue
+		}
+		e.nextWindowSent = id + 1
+		nw := l.win(e, id+1)
+		elapsed := max(now.Sub(time.Unix(0, id*int64(e.window))), time.Millisecond)
+		predicted := min(int64(float64(w.demand)*float64(e.window)/float64(elapsed)), e.limit)
+		var m *sluicev1.LeaseMessage
+		if want := predicted - nw.h.Slice(); want > 0 {
+			nw.asked = time.Now()
+			m = l.message(e, sluicev1.LeaseKind_LEASE_KIND_REQUEST, id+1)
+			m.Want, m.Slice = want, nw.h.Slice()
+		}
+		sk := ring.Key(nil, e.name, e.key)
+		e.mu.Unlock()
+		if m != nil {
+			l.st.requests.Add(1)
+			l.toAllocator(sk, m)
+		}
+	}
+}
+
+// resend sends again the allocators' lowers and reports not acknowledged
+// within a lead time (now: wall clock).
+func (l *leases) resend(now time.Time) {
+	lead := l.lead()
+	type out struct {
+		reg string
+		sk  []byte
+		m   *sluicev1.LeaseMessage
+	}
+	var msgs []out
+	l.amu.Lock()
+	for k, ae := range l.allocs {
+		if now.Sub(ae.sent) < lead {
+			continue
+		}
+		for _, lw := range ae.a.Pending() {
+			ae.sent = now
+			msgs = append(msgs, out{lw.Region, []byte(k.key), ae.lowerMessage(lw)})
+		}
+	}
+	l.amu.Unlock()
+	for _, o := range msgs {
+		l.toHolder(o.reg, o.sk, o.m)
+	}
+}
+
+// sweep forgets the holders and allocators of windows that ended.
+func (l *leases) sweep(now time.Time) {
+	for i := range l.shards {
+		sh := &l.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			e.mu.Lock()
+			id := windowID(now, e.window)
+			for wid := range e.wins {
+				if wid < id-1 {
+					delete(e.wins, wid)
+				}
+			}
+			if len(e.wins) == 0 {
+				delete(sh.m, k)
+				l.hmu.Lock()
+				delete(l.hot, e)
+				l.hmu.Unlock()
+			}
+			e.mu.Unlock()
+		}
+		sh.mu.Unlock()
+	}
+	l.amu.Lock()
+	for k, ae := range l.allocs {
+		if k.window < windowID(now, ae.window)-1 {
+			delete(l.allocs, k)
+		}
+	}
+	l.amu.Unlock()
+}
+
+func (ae *allocEntry) base(kind sluicev1.LeaseKind, reg string) *sluicev1.LeaseMessage {
+	return &sluicev1.LeaseMessage{Kind: kind, Name: ae.name, Key: ae.key, WindowId: ae.a.Window(),
+		WindowMs: ae.window.Milliseconds(), Limit: ae.limit, Region: reg, Allocator: ae.a.ID()}
+}
+
+func (ae *allocEntry) lowerMessage(lw lease.Lower) *sluicev1.LeaseMessage {
+	m := ae.base(sluicev1.LeaseKind_LEASE_KIND_LOWER, lw.Region)
+	m.Seq, m.Target = lw.Seq, lw.Target
+	return m
+}
+
+func (ae *allocEntry) grantMessage(g lease.Grant) *sluicev1.LeaseMessage {
+	m := ae.base(sluicev1.LeaseKind_LEASE_KIND_GRANT, g.Region)
+	m.Seq, m.Slice = g.Seq, g.Slice
+	return m
+}
+
+// viewChanged notes a new view: a change of this node's own ring, and the
+// regions that lost their last live member. Requires s.setMu.
+func (l *leases) viewChanged(v *view) {
+	old := l.hist.Load()
+	now := l.s.store.Now().UnixNano()
+	h := &leaseHistory{ownRing: old.ownRing, ownChanged: old.ownChanged, live: map[string]bool{}, goneAt: maps.Clone(old.goneAt)}
+	if fp := v.ring.Fingerprint(); fp != old.ownRing {
+		h.ownRing, h.ownChanged = fp, now
+	}
+	for _, r := range l.s.regions.Regions() {
+		h.live[r.Name] = r.Name == l.s.region || v.rings[r.Name] != nil
+		if old.live[r.Name] && !h.live[r.Name] {
+			h.goneAt[r.Name] = now
+		}
+	}
+	l.hist.Store(h)
+}
+
+// learningHorizon is how long after a change of allocator another
+// allocator's grants may still be live for a window: the window itself,
+// the next one (requests go ahead of it), and the time a cut-off former
+// allocator takes to see that it lost the majority (memberlist's failure
+// detection, seconds).
+func learningHorizon(w time.Duration) time.Duration { return 2*w + 10*time.Second }
+
+// learning reports whether this node's allocator of window id (length w)
+// of the key of seed, created now, must learn first: another allocator
+// may have granted in that window, because this node's own ring changed
+// (the key may have had another owner here), or a region that comes
+// before this one in the key's order (and so was the key's allocator
+// region while it was live) was live, within the learning horizon before
+// the window's start.
+func (l *leases) learning(id int64, w time.Duration, seed uint64) bool {
+	h := l.hist.Load()
+	since := id*int64(w) - int64(learningHorizon(w))
+	if h.ownChanged > since {
+		return true
+	}
+	for _, r := range l.order(seed) {
+		if r == l.s.region {
+			return false
+		}
+		if h.goneAt[r] > since {
+			return true
+		}
+	}
+	return false
+}
+
+// order returns the regions in the key of seed's allocator order
+// (rendezvous hashing: by a hash of the key and the region's name).
+func (l *leases) order(seed uint64) []string {
+	regs := l.s.regions.Regions()
+	type scored struct {
+		name  string
+		score uint64
+	}
+	sc := make([]scored, len(regs))
+	for i, r := range regs {
+		sc[i] = scored{r.Name, mix(xxhash.Sum64String(r.Name) ^ seed)}
+	}
+	slices.SortFunc(sc, func(a, b scored) int {
+		switch {
+		case a.score > b.score:
+			return -1
+		case a.score < b.score:
+			return 1
+		}
+		return strings.Compare(a.name, b.name)
+	})
+	out := make([]string, len(sc))
+	for i, x := range sc {
+		out[i] = x.name
+	}
+	return out
+}
+
+// validLease checks a peer's lease message; it returns the reason it is
+// refused ("" when it is not).
+func (l *leases) validLease(m *sluicev1.LeaseMessage) string {
+	switch {
+	case m.GetWindowMs() <= 0 || m.GetWindowMs() > int64(window.MaxWindow/time.Millisecond):
+		return "window_ms out of range"
+	case m.GetLimit() <= 0 || m.GetLimit() > window.MaxLimit:
+		return "limit out of range"
+	case !l.s.regions.Has(m.GetRegion()):
+		return "region not in the region list"
+	case len(m.GetName()) == 0 || len(m.GetName()) > 256 || len(m.GetKey()) > 4096:
+		return "name or key length out of range"
+	}
+	return ""
+}
+
+// handle applies lease messages and returns the replies to send back to
+// their sender (Grants for Requests, Acks for Lowers); what goes to other
+// nodes is queued.
+func (l *leases) handle(msgs []*sluicev1.LeaseMessage) []*sluicev1.LeaseMessage {
+	var replies []*sluicev1.LeaseMessage
+	for _, m := range msgs {
+		if l.validLease(m) != "" {
+			continue
+		}
+		sk := ring.Key(nil, m.Name, m.Key)
+		switch m.Kind {
+		case sluicev1.LeaseKind_LEASE_KIND_REQUEST:
+			replies = append(replies, l.onRequest(sk, m)...)
+		case sluicev1.LeaseKind_LEASE_KIND_GRANT:
+			l.onGrant(sk, m)
+		case sluicev1.LeaseKind_LEASE_KIND_LOWER:
+			if k := l.onLower(sk, m); k != nil {
+				replies = append(replies, k)
+			}
+		case sluicev1.LeaseKind_LEASE_KIND_ACK:
+			l.onAck(sk, m)
+		}
+	}
+	return replies
+}
+
+// alloc returns the allocator state of m's key and window, creating it
+// when this node is the key's allocator (nil when it is not).
+func (l *leases) alloc(sk []byte, m *sluicev1.LeaseMessage, create bool) *allocEntry {
+	k := allocKey{string(sk), m.WindowId}
+	w := time.Duration(m.WindowMs) * time.Millisecond
+	l.amu.Lock()
+	defer l.amu.Unlock()
+	ae := l.allocs[k]
+	if ae != nil && ae.limit == m.Limit && ae.window == w {
+		return ae
+	}
+	if !create {
+		return nil
+	}
+	v := l.s.view.Load()
+	seed := region.SeedOf(m.Name, m.Key)
+	reg := l.allocatorRegion(v, seed)
+	if reg != l.s.region || l.ownerIn(v, reg, sk) != l.s.name {
+		return nil
+	}
+	var demand map[string]int64
+	if prev := l.allocs[allocKey{string(sk), m.WindowId - 1}]; prev != nil && prev.limit == m.Limit {
+		demand = prev.a.Demands()
+	}
+	a, err := lease.NewAllocator(l.inc|(l.ids.Add(1)&0xffffffff), m.WindowId, m.Limit, l.bases(m.Limit, seed), demand, l.learning(m.WindowId, w, seed))
+	if err != nil {
+		return nil
+	}
+	ae = &allocEntry{name: m.Name, key: m.Key, window: w, limit: m.Limit, a: a}
+	l.allocs[k] = ae
+	return ae
+}
+
+func (l *leases) onRequest(sk []byte, m *sluicev1.LeaseMessage) []*sluicev1.LeaseMessage {
+	ae := l.alloc(sk, m, true)
+	if ae == nil {
+		return nil
+	}
+	l.amu.Lock()
+	fresh := ae.sent.IsZero()
+	var lowers []lease.Lower
+	if fresh {
+		ae.sent = time.Now()
+		lowers = append(lowers, ae.a.Pending()...) // learning mode's reports
+	}
+	gs, ls := ae.a.OnRequest(lease.Request{Region: m.Region, Window: m.WindowId, Want: m.Want, Consumed: m.Consumed, Slice: m.Slice})
+	lowers = append(lowers, ls...)
+	if fresh && !ae.a.Learning() {
+		lowers = append(lowers, ae.a.Rebalance()...)
+	}
+	var replies []*sluicev1.LeaseMessage
+	var others []*sluicev1.LeaseMessage
+	for _, g := range gs {
+		l.st.grants.Add(1)
+		if g.Region == m.Region {
+			replies = append(replies, ae.grantMessage(g))
+		} else {
+			others = append(others, ae.grantMessage(g))
+		}
+	}
+	for _, lw := range lowers {
+		others = append(others, ae.lowerMessage(lw))
+	}
+	l.amu.Unlock()
+	for _, o := range others {
+		if o.Kind == sluicev1.LeaseKind_LEASE_KIND_LOWER {
+			l.st.lowers.Add(1)
+		}
+		l.toHolder(o.Region, sk, o)
+	}
+	return replies
+}
+
+func (l *leases) onAck(sk []byte, m *sluicev1.LeaseMessage) {
+	ae := l.alloc(sk, m, false)
+	if ae == nil {
+		return
+	}
+	l.amu.Lock()
+	before := ae.a.Record(m.Region)
+	gs := ae.a.OnAck(lease.Ack{Region: m.Region, Window: m.WindowId, Alloc: m.Allocator, Seq: m.Seq, Slice: m.Slice, Consumed: m.Consumed})
+	if after := ae.a.Record(m.Region); after < before && !ae.a.Learning() {
+		l.st.givenBack.Add(before - after)
+	}
+	l.st.acks.Add(1)
+	msgs := make([]*sluicev1.LeaseMessage, 0, len(gs))
+	for _, g := range gs {
+		l.st.grants.Add(1)
+		msgs = append(msgs, ae.grantMessage(g))
+	}
+	l.amu.Unlock()
+	for _, g := range msgs {
+		l.toHolder(g.Region, sk, g)
+	}
+}
+
+// mine reports whether this node owns the key of sk in its region.
+func (l *leases) mine(sk []byte) bool { return l.s.view.Load().ring.Owner(sk) == l.s.name }
+
+func (l *leases) onGrant(sk []byte, m *sluicev1.LeaseMessage) {
+	if m.Region != l.s.region || !l.mine(sk) {
+		return
+	}
+	e := l.entry(sk, m.Name, m.Key, time.Duration(m.WindowMs)*time.Millisecond, m.Limit)
+	e.mu.Lock()
+	w := l.win(e, m.WindowId)
+	before := w.h.Slice()
+	if w.h.OnGrant(lease.Grant{Region: m.Region, Window: m.WindowId, Alloc: m.Allocator, Seq: m.Seq, Slice: m.Slice}) {
+		l.st.grantedHits.Add(w.h.Slice() - before)
+	}
+	e.mu.Unlock()
+}
+
+// onLower lowers this region's slice of the key's window (when this node
+// owns the key in its region: only the owner's window holds the region's
+// count) and returns the Ack.
+func (l *leases) onLower(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMessage {
+	if m.Region != l.s.region || !l.mine(sk) {
+		return nil
+	}
+	wd := time.Duration(m.WindowMs) * time.Millisecond
+	e := l.entry(sk, m.Name, m.Key, wd, m.Limit)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	w := l.win(e, m.WindowId)
+	now := l.s.store.Now()
+	var consumed int64
+	switch cur := windowID(now, wd); {
+	case m.WindowId == cur:
+		d, err := l.s.store.ApplyBytes(sk, window.Check{Algorithm: window.FixedWindow, Limit: m.Limit, Window: wd}, now)
+		if err != nil {
+			return nil
+		}
+		consumed = max(m.Limit-d.Remaining, 0)
+		w.consumed = consumed
+	case m.WindowId < cur:
+		consumed = w.h.Slice() // over: nothing more is admitted in it, nothing can be freed
+	}
+	k, ok := w.h.OnLower(lease.Lower{Region: m.Region, Window: m.WindowId, Alloc: m.Allocator, Seq: m.Seq, Target: m.Target}, consumed)
+	if !ok {
+		return nil
+	}
+	a := &sluicev1.LeaseMessage{Kind: sluicev1.LeaseKind_LEASE_KIND_ACK, Name: m.Name, Key: m.Key, WindowId: m.WindowId,
+		WindowMs: m.WindowMs, Limit: m.Limit, Region: m.Region, Allocator: k.Alloc, Seq: k.Seq, Slice: k.Slice, Consumed: k.Consumed}
+	return a
+}
+
+// Lease implements PeerService.Lease: it applies a peer's lease messages
+// and answers the replies (Grants to its Requests, Acks to its Lowers).
+// Without several regions it refuses with FAILED_PRECONDITION.
+func (s *Server) Lease(ctx context.Context, req *sluicev1.LeaseRequest) (*sluicev1.LeaseResponse, error) {
+	if s.leases == nil {
+		return nil, status.Error(codes.FailedPrecondition, "sluice: this node has no region list; leases are between regions")
+	}
+	if n := len(req.GetMessages()); n > maxLeaseBatch {
+		return nil, invalidArgument(&fieldError{"messages", "at most 4096 per call"})
+	}
+	return &sluicev1.LeaseResponse{Messages: s.leases.handle(req.GetMessages())}, nil
+}
+
+// regionRings returns the ring of each other region's members in ms
+// (their own rings: a key's owner there), reusing prev's rings whose
+// members did not change; a region without a live member has none.
+func (s *Server) regionRings(prev map[string]*ring.Ring, ms []cluster.Member) map[string]*ring.Ring {
+	if !s.regions.Multi() {
+		return nil
+	}
+	byRegion := map[string][]string{}
+	for _, m := range ms {
+		if m.Region != s.region && m.Name != s.name && s.regions.Has(m.Region) {
+			byRegion[m.Region] = append(byRegion[m.Region], m.Name)
+		}
+	}
+	out := make(map[string]*ring.Ring, len(byRegion))
+	for reg, names := range byRegion {
+		slices.Sort(names)
+		names = slices.Compact(names)
+		if p := prev[reg]; p != nil && slices.Equal(p.Members(), names) {
+			out[reg] = p
+			continue
+		}
+		r, err := ring.New(names, s.ringCfg)
+		if err != nil {
+			s.log.Error("cannot build a region's ring; its members are left out", "region", reg, "members", len(names), "error", err)
+			continue
+		}
+		out[reg] = r
+	}
+	return out
+}
+
+// otherMembers returns the members of ms in the other regions' rings, for
+// dialing.
+func otherMembers(rings map[string]*ring.Ring, ms []cluster.Member) []cluster.Member {
+	var out []cluster.Member
+	for _, m := range ms {
+		if r := rings[m.Region]; r != nil && r.Has(m.Name) {
+			out = append(out, m)
+		}
+	}
+	return out
+}

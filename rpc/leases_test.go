@@ -1,0 +1,129 @@
+package rpc
+
+import (
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sluicehq/sluice/region"
+	"github.com/sluicehq/sluice/rpc/sluicev1"
+)
+
+// leaseCheckUntil sends rc to nodes in turn until want were allowed or
+// the deadline (wall time: leases travel between real gRPC servers)
+// passes, pausing between denials so that requests and grants can move;
+// it returns how many were allowed.
+func leaseCheckUntil(t *testing.T, nodes []*inprocNode, rc *sluicev1.RateLimitCheck, want int, within time.Duration) int {
+	t.Helper()
+	allowed := 0
+	deadline := time.Now().Add(within)
+	for i := 0; allowed < want && time.Now().Before(deadline); i++ {
+		d := check(t, nodes[i%len(nodes)].client, rc)
+		if d.Error != "" {
+			t.Fatalf("check: %v", d)
+		}
+		if d.Allowed {
+			allowed++
+			continue
+		}
+		if !d.SliceExhausted {
+			t.Fatalf("denied without slice_exhausted (the limit is not spent): %v", d)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return allowed
+}
+
+// A global fixed-window key used in one region gets nearly all of the
+// limit in its first window: that region's owner asks the key's
+// allocator for more before its base runs out, the allocator grants the
+// pool and takes the idle regions' bases back lower-first. The regions
+// together never admit more than the limit: once the key's region has
+// had its fill, every region is flooded and nothing more is admitted.
+func TestLeasesFollowDemand(t *testing.T) {
+	clock := windowClock()
+	byRegion := startRegions(t, "a,b,c", 1, NodeConfig{Clock: clock})
+	const limit = 30
+	regions, _ := region.Parse("a,b,c")
+	rc := &sluicev1.RateLimitCheck{Name: "api", Key: "one-region", Limit: limit, WindowMs: 60_000}
+	base := regions.Share(limit/2, "a", region.SeedOf("api", "one-region"))
+	first := check(t, byRegion["a"][0].client, rc)
+	if !first.Allowed || first.Limit != limit || first.Slice < base || first.Scope != sluicev1.Scope_SCOPE_GLOBAL {
+		t.Fatalf("first check: %v; want allowed, limit %d, a slice of at least the base %d", first, limit, base)
+	}
+	got := 1 + leaseCheckUntil(t, byRegion["a"], rc, limit-1, 10*time.Second)
+	if got < limit {
+		t.Errorf("region a admitted %d of a limit of %d used only there; want all of it", got, limit)
+	}
+	more := 0
+	for _, r := range []string{"a", "b", "c"} {
+		n, _ := countAllowed(t, byRegion[r], rc, 10)
+		more += n
+	}
+	time.Sleep(200 * time.Millisecond) // any grant in flight lands
+	for _, r := range []string{"a", "b", "c"} {
+		n, _ := countAllowed(t, byRegion[r], rc, 10)
+		more += n
+	}
+	if got+more > limit {
+		t.Errorf("the regions admitted %d in all, over the limit %d", got+more, limit)
+	}
+	st := byRegion["a"][0].srv.Stats()
+	if st.LeaseRequests == 0 || st.LeaseGrantedHits == 0 {
+		t.Errorf("region a's node: %d requests, %d hits granted; want some", st.LeaseRequests, st.LeaseGrantedHits)
+	}
+	t.Logf("a admitted %d, then %d more anywhere; a's node: %d requests, %d granted hits, %d lease calls", got, more,
+		st.LeaseRequests, st.LeaseGrantedHits, st.LeaseCalls)
+}
+
+// Demand in every region over the limit: each region gets about its fair
+// share, and the regions together admit exactly the limit.
+func TestLeasesUnderContention(t *testing.T) {
+	clock := windowClock()
+	byRegion := startRegions(t, "a,b,c", 1, NodeConfig{Clock: clock})
+	const limit = 60
+	rc := &sluicev1.RateLimitCheck{Name: "api", Key: "everywhere", Limit: limit, WindowMs: 60_000}
+	got := map[string]int{}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, r := range []string{"a", "b", "c"} {
+			if d := check(t, byRegion[r][0].client, rc); d.Allowed {
+				got[r]++
+			}
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	total := got["a"] + got["b"] + got["c"]
+	if total != limit {
+		t.Errorf("the regions admitted %d in all (%v); want exactly the limit %d", total, got, limit)
+	}
+	for r, n := range got {
+		if n < limit/3-limit/6 {
+			t.Errorf("%s admitted %d, far below a fair %d (%v)", r, n, limit/3, got)
+		}
+	}
+	t.Logf("admitted %v", got)
+}
+
+// A peek in a region whose slice is spent says no, and peeks count
+// nothing.
+func TestLeasedPeek(t *testing.T) {
+	clock := windowClock()
+	byRegion := startRegions(t, "a,b,c", 1, NodeConfig{Clock: clock})
+	rc := &sluicev1.RateLimitCheck{Name: "api", Key: "peek", Limit: 3, WindowMs: 60_000}
+	p := proto.CloneOf(rc)
+	p.Hits = proto.Int64(0)
+	for _, r := range []string{"a", "b", "c"} {
+		for range 5 {
+			check(t, byRegion[r][0].client, p)
+		}
+	}
+	got := leaseCheckUntil(t, byRegion["b"], rc, 3, 5*time.Second)
+	if got != 3 {
+		t.Errorf("b admitted %d after peeks everywhere, want the limit 3", got)
+	}
+	if d := check(t, byRegion["b"][0].client, p); d.Allowed {
+		t.Errorf("a peek after the limit was spent: %v", d)
+	}
+}
