@@ -2,6 +2,8 @@ package rpc
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"maps"
 	"math/rand/v2"
 	"slices"
@@ -39,6 +41,8 @@ import (
 // the allocator of the next window starts from the last window's demand
 // and lowers the regions that did not use their bases. Messages are
 // batched per destination node every leaseFlush, one Lease call each.
+
+var traceLeases = os.Getenv("SLUICE_LEASE_TRACE") != ""
 
 // DefaultLeaseBase is the fraction of a global limit the regions own as
 // bases (split by weight) when ServerConfig.LeaseBase is 0: what a region
@@ -93,7 +97,7 @@ type leaseHistory struct {
 
 // leaseCounters count lease events; see Stats.
 type leaseCounters struct {
-	requests, grants, grantedHits, lowers, acks, givenBack, exhausted, sent, calls, callErrors atomic.Int64
+	requests, grants, grantedHits, lowers, acks, givenBack, exhausted, sent, replied, calls, callErrors atomic.Int64
 }
 
 type holderShard struct {
@@ -201,10 +205,11 @@ func (l *leases) win(e *holderEntry, id int64) *holderWin {
 	return w
 }
 
-// lead is how long before a slice runs out a request should go: two
-// lease round trips and a flush.
+// lead is how long before a slice runs out a request should go: three
+// lease round trips (a request, the reports or lowers it may need, the
+// grant) and two flushes.
 func (l *leases) lead() time.Duration {
-	return 2*time.Duration(l.rtt.Load()) + 2*leaseFlush
+	return 3*time.Duration(l.rtt.Load()) + 2*leaseFlush
 }
 
 // decide decides a leased check of a key this node owns in its region:
@@ -281,17 +286,30 @@ func (l *leases) wantMore(e *holderEntry, w *holderWin, start, now time.Time) in
 	if !w.asked.IsZero() && time.Since(w.asked) < lead {
 		return 0
 	}
-	elapsed := max(now.Sub(start), e.window/50, time.Millisecond)
-	predicted := int64(float64(w.demand) * float64(e.window) / float64(elapsed))
+	rate, predicted := l.estimate(e, w, now.Sub(start))
 	slice := w.h.Slice()
 	if predicted <= slice {
 		return 0
 	}
-	ahead := int64(float64(w.demand) * float64(lead) / float64(elapsed))
-	if slice-w.consumed > ahead {
+	if ahead := int64(rate * float64(lead)); slice-w.consumed > ahead {
 		return 0
 	}
 	return min(predicted-slice, e.limit)
+}
+
+// estimate returns the key's demand rate here (hits per ns) and the
+// demand the whole window will have at it, elapsed into the window: the
+// rate so far (counted from at least a quarter window, so that the first
+// checks of a window do not look like a flood), averaged with the last
+// window's when there was one. Requires e.mu.
+func (l *leases) estimate(e *holderEntry, w *holderWin, elapsed time.Duration) (rate float64, predicted int64) {
+	elapsed = min(max(elapsed, 0), e.window)
+	rate = float64(w.demand) / float64(max(elapsed, e.window/4))
+	if prev := e.wins[w.h.Window()-1]; prev != nil && prev.demand > 0 {
+		rate = (rate + float64(prev.demand)/float64(e.window)) / 2
+	}
+	predicted = w.demand + int64(rate*float64(e.window-elapsed))
+	return rate, predicted
 }
 
 func (l *leases) message(e *holderEntry, kind sluicev1.LeaseKind, id int64) *sluicev1.LeaseMessage {
@@ -476,8 +494,8 @@ func (l *leases) ahead(now time.Time) {
 		}
 		e.nextWindowSent = id + 1
 		nw := l.win(e, id+1)
-		elapsed := max(now.Sub(time.Unix(0, id*int64(e.window))), time.Millisecond)
-		predicted := min(int64(float64(w.demand)*float64(e.window)/float64(elapsed)), e.limit)
+		_, predicted := l.estimate(e, w, now.Sub(time.Unix(0, id*int64(e.window))))
+		predicted = min(predicted, e.limit)
 		var m *sluicev1.LeaseMessage
 		if want := predicted - nw.h.Slice(); want > 0 {
 			nw.asked = time.Now()
@@ -549,6 +567,13 @@ func (l *leases) sweep(now time.Time) {
 		}
 	}
 	l.amu.Unlock()
+}
+
+// setLeft tells the allocator how much of its window is still to come at
+// now (store clock).
+func (ae *allocEntry) setLeft(now time.Time) {
+	end := time.Unix(0, (ae.a.Window()+1)*int64(ae.window))
+	ae.a.SetLeft(float64(end.Sub(now)) / float64(ae.window))
 }
 
 func (ae *allocEntry) base(kind sluicev1.LeaseKind, reg string) *sluicev1.LeaseMessage {
@@ -670,6 +695,10 @@ func (l *leases) handle(msgs []*sluicev1.LeaseMessage) []*sluicev1.LeaseMessage 
 		if l.validLease(m) != "" {
 			continue
 		}
+		if traceLeases && m.Key == "k0" {
+			now := l.s.store.Now()
+			fmt.Fprintf(os.Stderr, "TRACE %s %s +%dms %s w%d region=%s seq=%d slice=%d target=%d want=%d consumed=%d\n", time.Now().Format("05.000"), l.s.name, now.UnixMilli()%1000, m.Kind, m.WindowId%100, m.Region, m.Seq, m.Slice, m.Target, m.Want, m.Consumed)
+		}
 		sk := ring.Key(nil, m.Name, m.Key)
 		switch m.Kind {
 		case sluicev1.LeaseKind_LEASE_KIND_REQUEST:
@@ -726,6 +755,7 @@ func (l *leases) onRequest(sk []byte, m *sluicev1.LeaseMessage) []*sluicev1.Leas
 		return nil
 	}
 	l.amu.Lock()
+	ae.setLeft(l.s.store.Now())
 	fresh := ae.sent.IsZero()
 	var lowers []lease.Lower
 	if fresh {
@@ -750,6 +780,9 @@ func (l *leases) onRequest(sk []byte, m *sluicev1.LeaseMessage) []*sluicev1.Leas
 	for _, lw := range lowers {
 		others = append(others, ae.lowerMessage(lw))
 	}
+	if len(lowers) > 0 {
+		ae.sent = time.Now()
+	}
 	l.amu.Unlock()
 	for _, o := range others {
 		if o.Kind == sluicev1.LeaseKind_LEASE_KIND_LOWER {
@@ -766,8 +799,9 @@ func (l *leases) onAck(sk []byte, m *sluicev1.LeaseMessage) {
 		return
 	}
 	l.amu.Lock()
+	ae.setLeft(l.s.store.Now())
 	before := ae.a.Record(m.Region)
-	gs := ae.a.OnAck(lease.Ack{Region: m.Region, Window: m.WindowId, Alloc: m.Allocator, Seq: m.Seq, Slice: m.Slice, Consumed: m.Consumed})
+	gs, ls := ae.a.OnAck(lease.Ack{Region: m.Region, Window: m.WindowId, Alloc: m.Allocator, Seq: m.Seq, Slice: m.Slice, Consumed: m.Consumed})
 	if after := ae.a.Record(m.Region); after < before && !ae.a.Learning() {
 		l.st.givenBack.Add(before - after)
 	}
@@ -776,6 +810,13 @@ func (l *leases) onAck(sk []byte, m *sluicev1.LeaseMessage) {
 	for _, g := range gs {
 		l.st.grants.Add(1)
 		msgs = append(msgs, ae.grantMessage(g))
+	}
+	for _, lw := range ls {
+		l.st.lowers.Add(1)
+		msgs = append(msgs, ae.lowerMessage(lw))
+	}
+	if len(ls) > 0 {
+		ae.sent = time.Now()
 	}
 	l.amu.Unlock()
 	for _, g := range msgs {
@@ -844,7 +885,9 @@ func (s *Server) Lease(ctx context.Context, req *sluicev1.LeaseRequest) (*sluice
 	if n := len(req.GetMessages()); n > maxLeaseBatch {
 		return nil, invalidArgument(&fieldError{"messages", "at most 4096 per call"})
 	}
-	return &sluicev1.LeaseResponse{Messages: s.leases.handle(req.GetMessages())}, nil
+	replies := s.leases.handle(req.GetMessages())
+	s.leases.st.replied.Add(int64(len(replies)))
+	return &sluicev1.LeaseResponse{Messages: replies}, nil
 }
 
 // regionRings returns the ring of each other region's members in ms

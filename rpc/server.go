@@ -355,11 +355,12 @@ type Stats struct {
 	// LeaseGivenBack the hits those acks returned to the pools;
 	// SliceExhausted the leased checks denied here because the region's
 	// slice was spent; LeaseMessages and LeaseCalls the messages and
-	// Lease calls this node sent to other nodes, LeaseCallErrors the
+	// Lease calls this node sent to other nodes (LeaseReplies the replies
+	// it answered other nodes' calls with), LeaseCallErrors the
 	// calls that failed (their messages are lost: sent again or asked
 	// again, never applied twice).
 	LeaseRequests, LeaseGrants, LeaseGrantedHits, LeaseLowers, LeaseAcks, LeaseGivenBack, SliceExhausted int64
-	LeaseMessages, LeaseCalls, LeaseCallErrors                                                           int64
+	LeaseMessages, LeaseReplies, LeaseCalls, LeaseCallErrors                                             int64
 }
 
 // Stats returns the routing counters.
@@ -405,6 +406,7 @@ func (s *Server) Stats() Stats {
 		st.LeaseLowers, st.LeaseAcks, st.LeaseGivenBack = l.st.lowers.Load(), l.st.acks.Load(), l.st.givenBack.Load()
 		st.SliceExhausted = l.st.exhausted.Load()
 		st.LeaseMessages, st.LeaseCalls, st.LeaseCallErrors = l.st.sent.Load(), l.st.calls.Load(), l.st.callErrors.Load()
+		st.LeaseReplies = l.st.replied.Load()
 	}
 	for _, p := range st.Peers {
 		st.ForwardRPCs += p.Batches

@@ -174,6 +174,34 @@ func ClockSkew(p Params) *Scenario {
 	return s
 }
 
+// OneRegion is "a key used in one region": the load of Steady, all of it
+// entering the first region (issue 20: from its second window on, nearly
+// all of the limit should be admitted there).
+func OneRegion(p Params) *Scenario {
+	s := base("oneregion", p)
+	s.Arrivals = []Arrival{{Region: s.Regions[0].Name, Rate: steadyRate(p, 3)}}
+	return s
+}
+
+// Move is "demand that moves": the load of Steady entering the first
+// region for the first half of the run (rounded down to whole windows),
+// then the second region (the first again when there is one) for the
+// rest (issue 20: followed within two windows).
+func Move(p Params) *Scenario {
+	s := base("move", p)
+	half := time.Duration(max(s.Windows/2, 1)) * s.Limit.Window
+	to := s.Regions[min(1, len(s.Regions)-1)].Name
+	s.Arrivals = []Arrival{{Region: s.Regions[0].Name, Rate: steadyRate(p, 3), To: half},
+		{Region: to, Rate: steadyRate(p, 3), From: half}}
+	return s
+}
+
+// Leases returns the scenarios of issue 20's done-when for p: those of
+// DoneWhen, OneRegion and Move.
+func Leases(p Params) []*Scenario {
+	return append(DoneWhen(p), OneRegion(p), Move(p))
+}
+
 // DoneWhen returns the five scenarios of issue 19's done-when for p:
 // Steady, Skew, FloodAll, Partition and ClockSkew.
 func DoneWhen(p Params) []*Scenario {

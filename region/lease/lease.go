@@ -110,8 +110,10 @@ type Allocator struct {
 	lowerAt map[string]uint64 // region -> seq of the Lower awaiting its Ack (0: none)
 	target  map[string]int64  // region -> that Lower's target
 	used    map[string]int64  // region -> consumed hits it last reported
-	demand  map[string]int64  // region -> hits it expects to need in the window (consumed + want)
+	demand  map[string]int64  // region -> hits it expects to need in the window (its slice + want when it asked)
+	prior   map[string]int64  // region -> its demand in the last window (the constructor's demand)
 	waiting map[string]int64  // region -> hits it asked for and was not granted yet
+	left    float64           // the part of the window still to come (0..1), as the caller last said
 }
 
 // NewAllocator returns the allocator id of a window whose limit is limit
@@ -127,7 +129,7 @@ func NewAllocator(id uint64, window, limit int64, bases map[string]int64, demand
 	var sum int64
 	a := &Allocator{id: id, window: window, limit: limit, record: map[string]int64{},
 		seq: map[string]uint64{}, lowerAt: map[string]uint64{}, target: map[string]int64{},
-		used: map[string]int64{}, demand: map[string]int64{}, waiting: map[string]int64{}}
+		used: map[string]int64{}, demand: map[string]int64{}, prior: map[string]int64{}, waiting: map[string]int64{}, left: 1}
 	for r, b := range bases {
 		if b < 0 {
 			return nil, fmt.Errorf("lease: base of %s: must be >= 0, got %d", r, b)
@@ -142,7 +144,7 @@ func NewAllocator(id uint64, window, limit int64, bases map[string]int64, demand
 	slices.Sort(a.regions)
 	for r, d := range demand {
 		if _, ok := a.record[r]; ok {
-			a.demand[r] = max(d, 0)
+			a.prior[r] = max(d, 0)
 		}
 	}
 	if learning {
@@ -173,7 +175,7 @@ func (a *Allocator) Learning() bool { return a.known != nil }
 func (a *Allocator) Demands() map[string]int64 {
 	out := make(map[string]int64, len(a.regions))
 	for _, r := range a.regions {
-		out[r] = max(a.demand[r], a.used[r])
+		out[r] = max(a.demand[r], a.used[r], a.prior[r]/2)
 	}
 	return out
 }
@@ -195,11 +197,18 @@ func (a *Allocator) lower(r string, target int64) Lower {
 	return Lower{Region: r, Window: a.window, Alloc: a.id, Seq: a.seq[r], Target: target}
 }
 
+// SetLeft tells the allocator how much of its window is still to come
+// (0..1): a region's expected demand is what it used plus its last
+// window's demand over what is left, so that late in a window what a
+// region does not need any more can go where it is needed.
+func (a *Allocator) SetLeft(left float64) { a.left = min(max(left, 0), 1) }
+
 // Rebalance returns the Lowers that take back, from the regions holding
-// more than their fair share of the regions' demand, what they do not
-// need (their bases included): at a window's start from last window's
-// demand, so that a key used in one region gets nearly all of the limit.
-// What the Acks free goes to the regions waiting for it.
+// more than their fair share of the regions' expected demand (and not
+// waiting for more themselves), what they will not need (their bases
+// included): at a window's start from last window's demand, so that a
+// key used in one region gets nearly all of the limit. What the Acks
+// free goes to the regions waiting for it.
 func (a *Allocator) Rebalance() []Lower {
 	if a.Learning() {
 		return nil
@@ -207,7 +216,7 @@ func (a *Allocator) Rebalance() []Lower {
 	fair := a.fairShares()
 	var out []Lower
 	for _, r := range a.regions {
-		if a.lowerAt[r] != 0 {
+		if a.lowerAt[r] != 0 || a.waiting[r] > 0 {
 			continue
 		}
 		keep := max(fair[r], a.used[r])
@@ -225,7 +234,7 @@ func (a *Allocator) Rebalance() []Lower {
 func (a *Allocator) fairShares() map[string]int64 {
 	need := make(map[string]int64, len(a.regions))
 	for _, r := range a.regions {
-		need[r] = max(a.demand[r], a.used[r])
+		need[r] = max(a.demand[r], a.used[r]+int64(float64(a.prior[r])*a.left+0.5))
 	}
 	out := make(map[string]int64, len(a.regions))
 	left := a.limit
@@ -328,11 +337,12 @@ func (a *Allocator) Pending() []Lower {
 // Slice hits now and forever under that sequence number, so what it gave
 // back returns to the pool, and is granted at once to the regions waiting
 // for it (Grants to send). The last report of learning mode opens the
-// pool. An ack of another window or allocator, of an older Lower, or a
-// duplicate is ignored.
-func (a *Allocator) OnAck(k Ack) []Grant {
+// pool, and takes back (Lowers to send) what regions hold beyond their
+// fair share when others wait. An ack of another window or allocator, of
+// an older Lower, or a duplicate is ignored.
+func (a *Allocator) OnAck(k Ack) ([]Grant, []Lower) {
 	if k.Window != a.window || k.Alloc != a.id || a.lowerAt[k.Region] == 0 || k.Seq != a.lowerAt[k.Region] {
-		return nil
+		return nil, nil
 	}
 	a.lowerAt[k.Region] = 0
 	a.used[k.Region] = max(a.used[k.Region], k.Consumed)
@@ -342,10 +352,11 @@ func (a *Allocator) OnAck(k Ack) []Grant {
 		}
 		a.record[k.Region] = max(k.Slice, 0)
 	}
+	var lowers []Lower
 	if a.Learning() {
 		a.known[k.Region] = true
 		if len(a.known) < len(a.regions) {
-			return nil
+			return nil, nil
 		}
 		a.known = nil
 		a.free = a.limit
@@ -353,6 +364,9 @@ func (a *Allocator) OnAck(k Ack) []Grant {
 			a.free -= a.record[r]
 		}
 		a.free = max(a.free, 0)
+		if a.contended("") {
+			lowers = a.Rebalance()
+		}
 	}
 	var out []Grant
 	for _, r := range a.regions {
@@ -360,7 +374,7 @@ func (a *Allocator) OnAck(k Ack) []Grant {
 			out = append(out, g)
 		}
 	}
-	return out
+	return out, lowers
 }
 
 // Holder is one region's side of one key's window: its slice and the

@@ -121,8 +121,12 @@ func (s *sim) step(arrivals map[string]int) {
 				}
 			}
 		case Ack:
-			for _, g := range s.alloc.OnAck(v) {
+			gs, ls := s.alloc.OnAck(v)
+			for _, g := range gs {
 				s.send(g.Region, g)
+			}
+			for _, l := range ls {
+				s.send(l.Region, l)
 			}
 		}
 		s.check()
@@ -284,11 +288,11 @@ func TestLearningMode(t *testing.T) {
 	if ha.OnGrant(late) || ha.Slice() != 2 {
 		t.Fatalf("a late grant of the former allocator raised the slice to %d", ha.Slice())
 	}
-	if gs := a.OnAck(ka); len(gs) != 0 || !a.Learning() {
+	if gs, _ := a.OnAck(ka); len(gs) != 0 || !a.Learning() {
 		t.Fatalf("the pool opened on one report of two: %v", gs)
 	}
 	kb, _ := hb.OnLower(reports[1], 0)
-	gs = a.OnAck(kb)
+	gs, _ = a.OnAck(kb)
 	if a.Learning() || len(gs) != 1 || gs[0].Region != "b" || gs[0].Slice != 7 || a.Free() != 1 {
 		t.Fatalf("after both reports: learning %v, grants %v, free %d; want b's slice 7 and 1 free", a.Learning(), gs, a.Free())
 	}
@@ -328,7 +332,7 @@ func TestMessagesAreIdempotent(t *testing.T) {
 	if h.Slice() != 5 {
 		t.Fatalf("a late old grant raised the slice to %d", h.Slice())
 	}
-	gs = a.OnAck(k)
+	gs, _ = a.OnAck(k)
 	a.OnAck(k) // a duplicate
 	if a.Record("a") != 5 || len(gs) != 1 || gs[0].Region != "b" || gs[0].Slice != 5 || a.Free() != 0 {
 		t.Fatalf("after the ack: a's record %d, grants %v, free %d; want 5, b to 5, 0", a.Record("a"), gs, a.Free())

@@ -227,6 +227,22 @@ func (l *Lab) CrossRegionForwards() (checks, messages int64) {
 	return checks, messages
 }
 
+// LeaseMessages returns the lease messages the nodes have sent to other
+// nodes so far (package rpc's leases: requests, grants, lowers, acks;
+// batched in calls) and the replies they answered them with. With one
+// node per region every one crosses regions; with more, those to a node
+// of the same region are counted too.
+func (l *Lab) LeaseMessages() int64 {
+	var n int64
+	for _, ns := range l.nodes {
+		for _, node := range ns {
+			st := node.Server().Stats()
+			n += st.LeaseMessages + st.LeaseReplies
+		}
+	}
+	return n
+}
+
 // Close stops every node (a graceful stop, bounded) and the WAN.
 func (l *Lab) Close() {
 	var wg sync.WaitGroup
@@ -346,10 +362,11 @@ func (t *Target) Heal(r string) error {
 }
 
 // CrossRegionMessages implements scenario.MessageCounter: the forward
-// calls across regions and their answers (Lab.CrossRegionForwards).
+// calls across regions and their answers (Lab.CrossRegionForwards), and
+// the lease messages (Lab.LeaseMessages).
 func (t *Target) CrossRegionMessages() int64 {
 	_, m := t.lab.CrossRegionForwards()
-	return m
+	return m + t.lab.LeaseMessages()
 }
 
 // A ClientTarget alone cannot cut regions off or count messages: the

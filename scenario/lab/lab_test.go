@@ -40,6 +40,13 @@ func run(t *testing.T, s *scenario.Scenario, scope string, nodes int, scale floa
 	_ = rep.WriteText(&b)
 	t.Logf("%s, %s, %s:\n%s", s.Name, scope, l.Describe(), b.String())
 	checks, _ := l.CrossRegionForwards()
+	for r, ns := range l.nodes {
+		for _, n := range ns {
+			st := n.Server().Stats()
+			t.Logf("%s %s: lease requests %d grants %d granted hits %d lowers %d acks %d given back %d exhausted %d msgs %d calls %d errs %d",
+				r, n.Name(), st.LeaseRequests, st.LeaseGrants, st.LeaseGrantedHits, st.LeaseLowers, st.LeaseAcks, st.LeaseGivenBack, st.SliceExhausted, st.LeaseMessages, st.LeaseCalls, st.LeaseCallErrors)
+		}
+	}
 	return rep, checks
 }
 
