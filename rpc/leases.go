@@ -3,9 +3,9 @@ package rpc
 import (
 	"context"
 	"fmt"
-	"os"
 	"maps"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"sync"

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -161,6 +162,16 @@ func serveFlags(host string) []serveFlag {
 			usage: "the cluster's regions and weights, the same on every node, e.g. us-east=2,eu-west=1,ap-south=1 (weight default 1; the first is the home region of exact limits); empty: one region",
 			to:    func(c *rpc.NodeConfig, v string) { c.Regions, _ = region.Parse(v) },
 			valid: func(v string) error { _, err := region.Parse(v); return err }},
+		&stringFlag{name: "lease-base", def: "0.5",
+			usage: "with --regions: the part (0 < f <= 1) of a global fixed-window limit the regions own as bases, split by weight (what a region cut off can always admit); the rest is leased to the regions by demand",
+			to:    func(c *rpc.NodeConfig, v string) { c.LeaseBase, _ = strconv.ParseFloat(v, 64) },
+			valid: func(v string) error {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil || !(f > 0 && f <= 1) {
+					return fmt.Errorf("want a number in (0, 1], got %q", v)
+				}
+				return nil
+			}},
 		&stringFlag{name: "profile", def: "lan",
 			usage: "gossip timings: lan, wan or local",
 			to:    func(c *rpc.NodeConfig, v string) { c.Profile = cluster.Profile(v) },
@@ -301,6 +312,7 @@ var serveCheckOrder = []string{
 	"max-recv-bytes", "max-concurrent-streams", "http-max-header-bytes",
 	"keepalive-min-time", "max-connection-age-grace", "http-read-header-timeout", "http-read-timeout",
 	"http-write-timeout", "http-idle-timeout", "max-connection-age", "name", "profile", "regions",
+	"lease-base",
 }
 
 // nodeConfig checks the values of the flags of table in cmd (in
