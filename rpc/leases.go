@@ -122,6 +122,7 @@ type holderWin struct {
 	demand   int64     // hits asked in the window, allowed or not
 	consumed int64     // hits admitted, as last seen
 	asked    time.Time // when the last request went, wall clock (zero: none)
+	askedAt  int64     // the slice when it went
 }
 
 type allocKey struct {
@@ -130,11 +131,12 @@ type allocKey struct {
 }
 
 type allocEntry struct {
-	name, key string
-	window    time.Duration
-	limit     int64
-	a         *lease.Allocator
-	sent      time.Time // when its pending lowers were last sent, wall clock
+	name, key  string
+	window     time.Duration
+	limit      int64
+	a          *lease.Allocator
+	sent       time.Time // when its pending lowers were last sent, wall clock
+	rebalanced time.Time // when it last rebalanced for a waiting region, wall clock
 }
 
 func newLeases(s *Server, base float64) *leases {
@@ -258,7 +260,7 @@ func (l *leases) decide(storeKey []byte, r *request, now time.Time) *sluicev1.De
 	pd.Slice = slice
 	var req *sluicev1.LeaseMessage
 	if want := l.wantMore(e, w, start, now); want > 0 {
-		w.asked = time.Now()
+		w.asked, w.askedAt = time.Now(), w.h.Slice()
 		rq := w.h.Request(want, w.consumed)
 		req = l.message(e, sluicev1.LeaseKind_LEASE_KIND_REQUEST, id)
 		req.Want, req.Consumed, req.Slice = rq.Want, rq.Consumed, rq.Slice
@@ -283,8 +285,15 @@ func (l *leases) decide(storeKey []byte, r *request, now time.Time) *sluicev1.De
 // slice, at most one request per lead time. Requires e.mu.
 func (l *leases) wantMore(e *holderEntry, w *holderWin, start, now time.Time) int64 {
 	lead := l.lead()
-	if !w.asked.IsZero() && time.Since(w.asked) < lead {
-		return 0
+	// At most one request per round trip (the answer to the last one
+	// comes in about that); while no grant came since the last, one per
+	// four (the allocator remembers what a region waits for and grants
+	// it when capacity frees: asking again only refreshes the demand).
+	if !w.asked.IsZero() {
+		since, rtt := time.Since(w.asked), time.Duration(l.rtt.Load())+2*leaseFlush
+		if since < rtt || (w.h.Slice() == w.askedAt && since < 4*rtt) {
+			return 0
+		}
 	}
 	rate, predicted := l.estimate(e, w, now.Sub(start))
 	slice := w.h.Slice()
@@ -405,7 +414,7 @@ func (l *leases) run(ctx context.Context) {
 		l.ahead(now)
 		if wall.Sub(resendAt) >= 10*leaseFlush {
 			resendAt = wall
-			l.resend(wall)
+			l.resend(wall, now)
 		}
 		if wall.Sub(sweepAt) > time.Second {
 			sweepAt = wall
@@ -512,9 +521,11 @@ func (l *leases) ahead(now time.Time) {
 }
 
 // resend sends again the allocators' lowers and reports not acknowledged
-// within a lead time (now: wall clock).
-func (l *leases) resend(now time.Time) {
+// within a lead time, and rebalances the current windows' allocators for
+// which a region waits (now: wall clock; storeNow: the store's).
+func (l *leases) resend(now, storeNow time.Time) {
 	lead := l.lead()
+	rtt := time.Duration(l.rtt.Load())
 	type out struct {
 		reg string
 		sk  []byte
@@ -523,6 +534,17 @@ func (l *leases) resend(now time.Time) {
 	var msgs []out
 	l.amu.Lock()
 	for k, ae := range l.allocs {
+		// A region waits for more: as the window goes on, take back what
+		// the others will not use in what is left of it.
+		if ae.a.Waiting() && !ae.a.Learning() && now.Sub(ae.rebalanced) >= rtt/2 && k.window == windowID(storeNow, ae.window) {
+			ae.rebalanced = now
+			ae.setLeft(storeNow)
+			for _, lw := range ae.a.Rebalance() {
+				ae.sent = now
+				l.st.lowers.Add(1)
+				msgs = append(msgs, out{lw.Region, []byte(k.key), ae.lowerMessage(lw)})
+			}
+		}
 		if now.Sub(ae.sent) < lead {
 			continue
 		}
@@ -740,7 +762,10 @@ func (l *leases) alloc(sk []byte, m *sluicev1.LeaseMessage, create bool) *allocE
 	if prev := l.allocs[allocKey{string(sk), m.WindowId - 1}]; prev != nil && prev.limit == m.Limit {
 		demand = prev.a.Demands()
 	}
-	a, err := lease.NewAllocator(l.inc|(l.ids.Add(1)&0xffffffff), m.WindowId, m.Limit, l.bases(m.Limit, seed), demand, l.learning(m.WindowId, w, seed))
+	// A window whose limit changed learns too: the regions may hold
+	// grants of the old limit's allocator.
+	learning := ae != nil || l.learning(m.WindowId, w, seed)
+	a, err := lease.NewAllocator(l.inc|(l.ids.Add(1)&0xffffffff), m.WindowId, m.Limit, l.bases(m.Limit, seed), demand, learning)
 	if err != nil {
 		return nil
 	}

@@ -193,3 +193,46 @@ func (st *state) refund(c *Check, appliedAt, now int64) bool {
 		return true
 	}
 }
+
+// Rerate applies a changed rate to key's token or leaky bucket at now:
+// the debt drains at the key's old rate up to now, and at c.Limit (hits
+// per c.Window) from now on, as if a check under c's numbers had consumed
+// at now. A bucket otherwise drains at the rate of the last check that
+// consumed, so a rate lowered between checks would keep draining at the
+// old rate until the next one (a region whose share of a global bucket
+// was lowered must not refill at the share it gave away). It reports
+// whether the key held a bucket of c's algorithm and window (other
+// states, and missing keys, are left alone). It returns an error when c
+// is invalid or not a bucket.
+func (s *Store) Rerate(key []byte, c Check, now time.Time) (bool, error) {
+	if err := c.Validate(); err != nil {
+		return false, err
+	}
+	if c.Algorithm != TokenBucket && c.Algorithm != LeakyBucket {
+		return false, &FieldError{Field: "algorithm", Reason: "must be a bucket to rerate, got " + c.Algorithm.String()}
+	}
+	k := unsafe.String(unsafe.SliceData(key), len(key))
+	h := s.hash(k)
+	sh := &s.shards[h%shardCount]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	slot, found := sh.t.find(h, k)
+	if !found {
+		return false, nil
+	}
+	e := &sh.t.slots[slot]
+	st := e.st
+	w := int64(c.Window)
+	if st.spec != makeSpec(c.Algorithm, w) {
+		return false, nil
+	}
+	t := now.UnixNano()
+	if t < st.at {
+		t = st.at // time went backwards: no refill
+	}
+	debt := u128{st.a, st.b}.subFloor(mul64(uint64(t-st.at), st.rate))
+	st.a, st.b, st.at, st.rate = debt.hi, debt.lo, t, uint64(c.Limit)
+	e.st = st
+	sh.t.noteExpiry(st.expires())
+	return true, nil
+}

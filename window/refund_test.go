@@ -537,3 +537,36 @@ func BenchmarkRefund(b *testing.B) {
 		})
 	}
 }
+
+// A bucket rerated drains at the new rate from then on: a region whose
+// share of a global token bucket was lowered from 10/s to 1/s right after
+// it spent its burst has 1 token a second later, not 10; and what drained
+// before the rerate drained at the old rate.
+func TestRerate(t *testing.T) {
+	s := NewStore(StoreConfig{})
+	t0 := time.Unix(1_800_000_000, 0)
+	c := Check{Algorithm: TokenBucket, Limit: 10, Burst: 10, Window: time.Second, Hits: 10}
+	if d, _ := s.Apply("k", c, t0); !d.Allowed {
+		t.Fatal("the burst was refused")
+	}
+	half := t0.Add(500 * time.Millisecond) // 5 tokens back at 10/s
+	low := Check{Algorithm: TokenBucket, Limit: 1, Burst: 10, Window: time.Second}
+	if ok, err := s.Rerate([]byte("k"), low, half); !ok || err != nil {
+		t.Fatalf("rerate: %v, %v", ok, err)
+	}
+	peek := low
+	peek.Hits = 0
+	d, _ := s.Apply("k", peek, half.Add(time.Second))
+	if d.Remaining != 6 {
+		t.Fatalf("remaining %d a second after the rerate, want 5 (at 10/s before it) + 1 (at 1/s after)", d.Remaining)
+	}
+	if ok, _ := s.Rerate([]byte("missing"), low, half); ok {
+		t.Error("rerated a missing key")
+	}
+	if ok, _ := s.Rerate([]byte("k"), Check{Algorithm: LeakyBucket, Limit: 1, Window: time.Second}, half); ok {
+		t.Error("rerated a token bucket as a leaky one")
+	}
+	if _, err := s.Rerate([]byte("k"), Check{Algorithm: FixedWindow, Limit: 1, Window: time.Second}, half); err == nil {
+		t.Error("rerated a fixed window")
+	}
+}

@@ -41,6 +41,7 @@ package lease
 
 import (
 	"fmt"
+	"math"
 	"slices"
 )
 
@@ -107,13 +108,15 @@ type Allocator struct {
 	known   map[string]bool  // learning mode: the regions that reported
 	free    int64            // pool hits granted to nobody (0 while learning)
 	seq     map[string]uint64
-	lowerAt map[string]uint64 // region -> seq of the Lower awaiting its Ack (0: none)
-	target  map[string]int64  // region -> that Lower's target
-	used    map[string]int64  // region -> consumed hits it last reported
-	demand  map[string]int64  // region -> hits it expects to need in the window (its slice + want when it asked)
-	prior   map[string]int64  // region -> its demand in the last window (the constructor's demand)
-	waiting map[string]int64  // region -> hits it asked for and was not granted yet
-	left    float64           // the part of the window still to come (0..1), as the caller last said
+	lowerAt map[string]uint64  // region -> seq of the Lower awaiting its Ack (0: none)
+	target  map[string]int64   // region -> that Lower's target
+	used    map[string]int64   // region -> consumed hits it last reported
+	demand  map[string]int64   // region -> hits it expects to need in the window (its slice + want when it asked)
+	prior   map[string]int64   // region -> its demand in the last window (the constructor's demand)
+	extra   map[string]int64   // region -> hits it expected to admit beyond what it had used, when it last asked
+	askedAt map[string]float64 // region -> the part of the window left when it last asked
+	waiting map[string]int64   // region -> hits it asked for and was not granted yet
+	left    float64            // the part of the window still to come (0..1), as the caller last said
 }
 
 // NewAllocator returns the allocator id of a window whose limit is limit
@@ -129,7 +132,8 @@ func NewAllocator(id uint64, window, limit int64, bases map[string]int64, demand
 	var sum int64
 	a := &Allocator{id: id, window: window, limit: limit, record: map[string]int64{},
 		seq: map[string]uint64{}, lowerAt: map[string]uint64{}, target: map[string]int64{},
-		used: map[string]int64{}, demand: map[string]int64{}, prior: map[string]int64{}, waiting: map[string]int64{}, left: 1}
+		used: map[string]int64{}, demand: map[string]int64{}, prior: map[string]int64{}, waiting: map[string]int64{}, left: 1,
+		extra: map[string]int64{}, askedAt: map[string]float64{}}
 	for r, b := range bases {
 		if b < 0 {
 			return nil, fmt.Errorf("lease: base of %s: must be >= 0, got %d", r, b)
@@ -232,9 +236,16 @@ func (a *Allocator) Rebalance() []Lower {
 // and what the regions that need less leave goes to the others. A region
 // that has used more than its share keeps what it used.
 func (a *Allocator) fairShares() map[string]int64 {
+	// A region's expected need: what it used, plus what it expected to
+	// admit beyond that when it last asked (or, if it did not, its last
+	// window's demand), scaled down to what is left of the window.
 	need := make(map[string]int64, len(a.regions))
 	for _, r := range a.regions {
-		need[r] = max(a.demand[r], a.used[r]+int64(float64(a.prior[r])*a.left+0.5))
+		more := float64(a.prior[r]) * a.left
+		if at := a.askedAt[r]; at > 0 {
+			more = max(more, float64(a.extra[r])*min(a.left/at, 1))
+		}
+		need[r] = a.used[r] + int64(math.Round(more))
 	}
 	out := make(map[string]int64, len(a.regions))
 	left := a.limit
@@ -275,7 +286,9 @@ func (a *Allocator) OnRequest(r Request) (grants []Grant, lowers []Lower) {
 		return nil, nil // not a region of the key
 	}
 	a.used[r.Region] = max(a.used[r.Region], r.Consumed)
-	a.demand[r.Region] = max(r.Slice+max(r.Want, 0), a.used[r.Region])
+	a.demand[r.Region] = max(a.demand[r.Region], r.Slice+max(r.Want, 0), a.used[r.Region])
+	a.extra[r.Region] = max(r.Slice+max(r.Want, 0)-r.Consumed, 0)
+	a.askedAt[r.Region] = max(a.left, 1e-3)
 	if r.Want <= 0 || a.Learning() {
 		a.waiting[r.Region] = max(r.Want, 0)
 		return nil, nil
@@ -310,6 +323,11 @@ func (a *Allocator) grant(region string, pool int64) (Grant, bool) {
 	a.seq[region]++
 	return Grant{Region: region, Window: a.window, Alloc: a.id, Seq: a.seq[region], Slice: a.record[region]}, true
 }
+
+// Waiting reports whether some region waits for hits the pool did not
+// have (the caller then rebalances as the window goes on: what other
+// regions will not use goes to it).
+func (a *Allocator) Waiting() bool { return a.contended("") }
 
 // contended reports whether a region other than region waits for hits.
 func (a *Allocator) contended(region string) bool {
