@@ -309,13 +309,16 @@ func (l *leases) wantMore(e *holderEntry, w *holderWin, start, now time.Time) in
 // estimate returns the key's demand rate here (hits per ns) and the
 // demand the whole window will have at it, elapsed into the window: the
 // rate so far (counted from at least a quarter window, so that the first
-// checks of a window do not look like a flood), averaged with the last
-// window's when there was one. Requires e.mu.
+// checks of a window do not look like a flood), blended with the last
+// window's when there was one (half and half at the window's start, the
+// current window's alone from its middle on, so that demand that moved
+// away is forgotten). Requires e.mu.
 func (l *leases) estimate(e *holderEntry, w *holderWin, elapsed time.Duration) (rate float64, predicted int64) {
 	elapsed = min(max(elapsed, 0), e.window)
 	rate = float64(w.demand) / float64(max(elapsed, e.window/4))
 	if prev := e.wins[w.h.Window()-1]; prev != nil && prev.demand > 0 {
-		rate = (rate + float64(prev.demand)/float64(e.window)) / 2
+		old := max(0.5-float64(elapsed)/float64(e.window), 0)
+		rate = (1-old)*rate + old*float64(prev.demand)/float64(e.window)
 	}
 	predicted = w.demand + int64(rate*float64(e.window-elapsed))
 	return rate, predicted
@@ -488,7 +491,7 @@ func (l *leases) ahead(now time.Time) {
 		id := windowID(now, e.window)
 		next := time.Unix(0, (id+1)*int64(e.window))
 		w := e.wins[id]
-		if w == nil || w.asked.IsZero() {
+		if w == nil || w.asked.IsZero() || w.demand == 0 {
 			if prev := e.wins[id-1]; prev == nil || prev.asked.IsZero() {
 				l.hmu.Lock()
 				delete(l.hot, e) // quiet for a window

@@ -173,13 +173,18 @@ func (a *Allocator) Window() int64 { return a.window }
 // reports before it grants.
 func (a *Allocator) Learning() bool { return a.known != nil }
 
-// Demands returns each region's expected demand for the window as the
-// allocator knows it (what it asked for and used): the next window's
-// allocator starts from it.
+// Demands returns each region's demand in the window as the allocator
+// knows it: what it used, or what it asked for while the window ran
+// (not a request made ahead of the window, which only guessed, nor the
+// last window's demand: a region that went quiet has none); the next
+// window's allocator starts from it.
 func (a *Allocator) Demands() map[string]int64 {
 	out := make(map[string]int64, len(a.regions))
 	for _, r := range a.regions {
-		out[r] = max(a.demand[r], a.used[r], a.prior[r]/2)
+		out[r] = a.used[r]
+		if at := a.askedAt[r]; at > 0 && at < 1 {
+			out[r] = max(out[r], a.demand[r])
+		}
 	}
 	return out
 }
