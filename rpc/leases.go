@@ -115,6 +115,15 @@ type holderEntry struct {
 	seed           uint64
 	wins           map[int64]*holderWin // window id -> its holder
 	nextWindowSent int64                // the window id of the last next-window request
+	// Buckets (one lease, window id bucketLease): the bucket's capacity
+	// (burst) and algorithm from the last check (0 before one), when a
+	// check last came (wall clock), and the demand of the current and
+	// last rate periods (see bucketPeriod).
+	capacity               int64
+	algorithm              window.Algorithm
+	lastCheck, periodStart time.Time
+	periodDemand, lastRate float64 // hits; hits per ns
+	idleSent               bool    // an idle report went since the last check
 }
 
 type holderWin struct {
@@ -137,6 +146,8 @@ type allocEntry struct {
 	a          *lease.Allocator
 	sent       time.Time // when its pending lowers were last sent, wall clock
 	rebalanced time.Time // when it last rebalanced for a waiting region, wall clock
+	touched    time.Time // when a message last came for it, wall clock (buckets: idle ones are forgotten)
+	view       *view     // the view it was last found to be the key's allocator under
 }
 
 func newLeases(s *Server, base float64) *leases {
@@ -163,7 +174,18 @@ func newLeases(s *Server, base float64) *leases {
 // fixed-window limit of scope global with several regions (the other
 // algorithms keep their fixed slices).
 func (s *Server) leased(r *request) bool {
-	return s.leases != nil && r.scope == region.Global && r.check.Algorithm == window.FixedWindow
+	return s.leases != nil && r.scope == region.Global && (r.check.Algorithm == window.FixedWindow || isBucket(r.check.Algorithm))
+}
+
+// burstShare is a bucket's burst share for a slice of slice hits of a
+// limit of limit hits per window and capacity capacity: the same part of
+// the capacity as of the rate (rounded down, so that the shares never
+// add up to more than the capacity).
+func burstShare(slice, limit, capacity int64) int64 {
+	if limit <= 0 {
+		return 0
+	}
+	return int64((uint64(slice) * uint64(capacity)) / uint64(limit))
 }
 
 // baseOf returns region's base of a limit of limit hits for the key of
@@ -181,6 +203,23 @@ func (l *leases) bases(limit int64, seed uint64) map[string]int64 {
 }
 
 func windowID(now time.Time, w time.Duration) int64 { return now.UnixNano() / int64(w) }
+
+// bucketLease is the window id of a bucket's lease: a bucket has no
+// windows, its slice (a share of its rate and, in proportion, of its
+// burst) holds until the allocator lowers it.
+const bucketLease int64 = -1
+
+// isBucket reports whether a is a token or leaky bucket.
+func isBucket(a window.Algorithm) bool { return a == window.TokenBucket || a == window.LeakyBucket }
+
+// bucketPeriod is how long a bucket key's demand is measured over before
+// its region reports it again: its window, at least a second (so that a
+// hot key-region pair sends about a message a second at most).
+func bucketPeriod(w time.Duration) time.Duration { return max(w, time.Second) }
+
+// bucketIdle is how long a bucket key's holder and allocator state are
+// kept without a check or a message.
+const bucketIdle = 10 * time.Minute
 
 func (l *leases) entry(storeKey []byte, name, key string, w time.Duration, limit int64) *holderEntry {
 	sh := &l.shards[xxhash.Sum64(storeKey)%leaseShards]
@@ -219,6 +258,9 @@ func (l *leases) lead() time.Duration {
 // window (the store's window of the key counts what was admitted), then
 // asks for more when the slice will run out within the lease lead time.
 func (l *leases) decide(storeKey []byte, r *request, now time.Time) *sluicev1.Decision {
+	if isBucket(r.check.Algorithm) {
+		return l.decideBucket(storeKey, r, now)
+	}
 	s := l.s
 	c := r.check
 	e := l.entry(storeKey, r.name, r.key, c.Window, r.full)
@@ -267,6 +309,83 @@ func (l *leases) decide(storeKey []byte, r *request, now time.Time) *sluicev1.De
 	}
 	e.mu.Unlock()
 	if !pd.Allowed && pd.Error == "" && c.Hits > 0 {
+		l.st.exhausted.Add(1)
+	}
+	if req != nil {
+		l.st.requests.Add(1)
+		l.hmu.Lock()
+		l.hot[e] = struct{}{}
+		l.hmu.Unlock()
+		l.toAllocator(storeKey, req)
+	}
+	return pd
+}
+
+// decideBucket decides a leased token or leaky bucket check: the region's
+// slice is a share of the bucket's rate (slice hits per window) and, in
+// proportion, of its burst; a check that finds the share spent is denied
+// (slice_exhausted, retry after a lease round trip). The region reports
+// its demand rate at most once a bucketPeriod, and at once when a check
+// is denied for want of share.
+func (l *leases) decideBucket(storeKey []byte, r *request, now time.Time) *sluicev1.Decision {
+	s := l.s
+	c := r.check
+	e := l.entry(storeKey, r.name, r.key, c.Window, r.full)
+	wall := time.Now()
+	e.mu.Lock()
+	capacity := r.fullBurst
+	e.capacity, e.algorithm, e.lastCheck, e.idleSent = capacity, c.Algorithm, wall, false
+	w := l.win(e, bucketLease)
+	period := bucketPeriod(e.window)
+	if e.periodStart.IsZero() || wall.Sub(e.periodStart) >= period {
+		if !e.periodStart.IsZero() {
+			e.lastRate = e.periodDemand / float64(max(wall.Sub(e.periodStart), 1))
+		}
+		e.periodStart, e.periodDemand = wall, 0
+	}
+	e.periodDemand += float64(c.Hits)
+	slice := w.h.Slice()
+	c.Limit, c.Burst = slice, burstShare(slice, r.full, capacity)
+	var pd *sluicev1.Decision
+	if slice == 0 || c.Burst == 0 || c.Hits > c.Burst {
+		retry := l.lead()
+		pd = &sluicev1.Decision{Limit: slice, ResetTime: unixMsCeil(now.Add(retry)), RetryAfter: msCeil(retry), Owner: s.name}
+	} else {
+		d, err := s.store.ApplyBytes(storeKey, c, now)
+		if err != nil { // cannot happen: checks are validated on entry
+			e.mu.Unlock()
+			return &sluicev1.Decision{Limit: c.Limit, Owner: s.name, Error: err.Error()}
+		}
+		if d.Allowed && c.Hits > 0 && s.replication.Factor > 0 {
+			s.dirty.Add(storeKey)
+		}
+		pd = toProto(d, s.name)
+		if d.Allowed && c.Hits > 0 && !d.NoRoom {
+			pd.AppliedAtNs = now.UnixNano()
+		}
+		pd.Degraded = d.NoRoom
+	}
+	pd.Slice = slice
+	// The region's rate of demand, in hits per window: this period's so
+	// far blended with the last period's, and a quarter more (room to
+	// grow; what it does not use goes back when others ask).
+	elapsed := max(wall.Sub(e.periodStart), period/4)
+	rate := e.periodDemand / float64(elapsed)
+	if e.lastRate > 0 {
+		rate = (rate + e.lastRate) / 2
+	}
+	desired := min(int64(rate*float64(e.window)*1.25)+1, e.limit)
+	var req *sluicev1.LeaseMessage
+	denied := !pd.Allowed && pd.Error == "" && c.Hits > 0
+	since := wall.Sub(w.asked)
+	rtt := time.Duration(l.rtt.Load()) + 2*leaseFlush
+	if want := desired - slice; (w.asked.IsZero() || since >= period || (denied && want > 0 && since >= rtt)) && (want > 0 || slice > w.h.Base()) {
+		w.asked, w.askedAt = wall, slice
+		req = l.message(e, sluicev1.LeaseKind_LEASE_KIND_REQUEST, bucketLease)
+		req.Want, req.Slice = want, slice
+	}
+	e.mu.Unlock()
+	if denied {
 		l.st.exhausted.Add(1)
 	}
 	if req != nil {
@@ -488,6 +607,30 @@ func (l *leases) ahead(now time.Time) {
 	l.hmu.Unlock()
 	for _, e := range entries {
 		e.mu.Lock()
+		if bw := e.wins[bucketLease]; bw != nil {
+			// A bucket key gone quiet reports a demand of 0 once, so
+			// that its share can go where it is needed.
+			var m *sluicev1.LeaseMessage
+			if !e.idleSent && time.Since(e.lastCheck) >= bucketPeriod(e.window) && bw.h.Slice() > 0 {
+				e.idleSent = true
+				bw.asked, bw.askedAt = time.Now(), bw.h.Slice()
+				m = l.message(e, sluicev1.LeaseKind_LEASE_KIND_REQUEST, bucketLease)
+				m.Want, m.Slice = -bw.h.Slice(), bw.h.Slice()
+			}
+			quiet := e.idleSent
+			sk := ring.Key(nil, e.name, e.key)
+			e.mu.Unlock()
+			if m != nil {
+				l.st.requests.Add(1)
+				l.toAllocator(sk, m)
+			}
+			if quiet {
+				l.hmu.Lock()
+				delete(l.hot, e)
+				l.hmu.Unlock()
+			}
+			continue
+		}
 		id := windowID(now, e.window)
 		next := time.Unix(0, (id+1)*int64(e.window))
 		w := e.wins[id]
@@ -537,9 +680,12 @@ func (l *leases) resend(now, storeNow time.Time) {
 	var msgs []out
 	l.amu.Lock()
 	for k, ae := range l.allocs {
+		if !l.stillAllocator(k, ae) {
+			continue
+		}
 		// A region waits for more: as the window goes on, take back what
 		// the others will not use in what is left of it.
-		if ae.a.Waiting() && !ae.a.Learning() && now.Sub(ae.rebalanced) >= rtt/2 && k.window == windowID(storeNow, ae.window) {
+		if ae.a.Waiting() && !ae.a.Learning() && now.Sub(ae.rebalanced) >= rtt/2 && (k.window == windowID(storeNow, ae.window) || k.window == bucketLease) {
 			ae.rebalanced = now
 			ae.setLeft(storeNow)
 			for _, lw := range ae.a.Rebalance() {
@@ -571,7 +717,7 @@ func (l *leases) sweep(now time.Time) {
 			e.mu.Lock()
 			id := windowID(now, e.window)
 			for wid := range e.wins {
-				if wid < id-1 {
+				if (wid != bucketLease && wid < id-1) || (wid == bucketLease && time.Since(e.lastCheck) > bucketIdle) {
 					delete(e.wins, wid)
 				}
 			}
@@ -587,7 +733,7 @@ func (l *leases) sweep(now time.Time) {
 	}
 	l.amu.Lock()
 	for k, ae := range l.allocs {
-		if k.window < windowID(now, ae.window)-1 {
+		if (k.window != bucketLease && k.window < windowID(now, ae.window)-1) || (k.window == bucketLease && time.Since(ae.touched) > bucketIdle) {
 			delete(l.allocs, k)
 		}
 	}
@@ -597,6 +743,9 @@ func (l *leases) sweep(now time.Time) {
 // setLeft tells the allocator how much of its window is still to come at
 // now (store clock).
 func (ae *allocEntry) setLeft(now time.Time) {
+	if ae.a.Window() == bucketLease {
+		return // no window: a region's need is what it last reported
+	}
 	end := time.Unix(0, (ae.a.Window()+1)*int64(ae.window))
 	ae.a.SetLeft(float64(end.Sub(now)) / float64(ae.window))
 }
@@ -720,9 +869,9 @@ func (l *leases) handle(msgs []*sluicev1.LeaseMessage) []*sluicev1.LeaseMessage 
 		if l.validLease(m) != "" {
 			continue
 		}
-		if traceLeases && m.Key == "k0" {
+		if traceLeases {
 			now := l.s.store.Now()
-			fmt.Fprintf(os.Stderr, "TRACE %s %s +%dms %s w%d region=%s seq=%d slice=%d target=%d want=%d consumed=%d\n", time.Now().Format("05.000"), l.s.name, now.UnixMilli()%1000, m.Kind, m.WindowId%100, m.Region, m.Seq, m.Slice, m.Target, m.Want, m.Consumed)
+			fmt.Fprintf(os.Stderr, "TRACE %s %s %s +%dms %s w%d region=%s seq=%d slice=%d target=%d want=%d consumed=%d\n", time.Now().Format("05.000"), l.s.name, m.Key, now.UnixMilli()%1000, m.Kind, m.WindowId%100, m.Region, m.Seq, m.Slice, m.Target, m.Want, m.Consumed)
 		}
 		sk := ring.Key(nil, m.Name, m.Key)
 		switch m.Kind {
@@ -741,6 +890,25 @@ func (l *leases) handle(msgs []*sluicev1.LeaseMessage) []*sluicev1.LeaseMessage 
 	return replies
 }
 
+// stillAllocator reports whether this node is still the allocator of ae's
+// key under its current view, and forgets ae when it is not: an allocator
+// state acts (grants, lowers) only while its node is the key's allocator,
+// so that two allocators never grant from one pool at once (the next one
+// learns first). Requires l.amu.
+func (l *leases) stillAllocator(k allocKey, ae *allocEntry) bool {
+	v := l.s.view.Load()
+	if ae.view == v {
+		return true
+	}
+	sk := []byte(k.key)
+	if l.allocatorRegion(v, region.SeedOf(ae.name, ae.key)) == l.s.region && l.ownerIn(v, l.s.region, sk) == l.s.name {
+		ae.view = v
+		return true
+	}
+	delete(l.allocs, k)
+	return false
+}
+
 // alloc returns the allocator state of m's key and window, creating it
 // when this node is the key's allocator (nil when it is not).
 func (l *leases) alloc(sk []byte, m *sluicev1.LeaseMessage, create bool) *allocEntry {
@@ -749,7 +917,11 @@ func (l *leases) alloc(sk []byte, m *sluicev1.LeaseMessage, create bool) *allocE
 	l.amu.Lock()
 	defer l.amu.Unlock()
 	ae := l.allocs[k]
+	if ae != nil && !l.stillAllocator(k, ae) {
+		ae = nil
+	}
 	if ae != nil && ae.limit == m.Limit && ae.window == w {
+		ae.touched = time.Now()
 		return ae
 	}
 	if !create {
@@ -762,17 +934,18 @@ func (l *leases) alloc(sk []byte, m *sluicev1.LeaseMessage, create bool) *allocE
 		return nil
 	}
 	var demand map[string]int64
-	if prev := l.allocs[allocKey{string(sk), m.WindowId - 1}]; prev != nil && prev.limit == m.Limit {
+	if prev := l.allocs[allocKey{string(sk), m.WindowId - 1}]; prev != nil && prev.limit == m.Limit && m.WindowId != bucketLease {
 		demand = prev.a.Demands()
 	}
 	// A window whose limit changed learns too: the regions may hold
-	// grants of the old limit's allocator.
-	learning := ae != nil || l.learning(m.WindowId, w, seed)
+	// grants of the old limit's allocator. So does every bucket's: its
+	// leases outlive any allocator state (they have no window to end).
+	learning := ae != nil || m.WindowId == bucketLease || l.learning(m.WindowId, w, seed)
 	a, err := lease.NewAllocator(l.inc|(l.ids.Add(1)&0xffffffff), m.WindowId, m.Limit, l.bases(m.Limit, seed), demand, learning)
 	if err != nil {
 		return nil
 	}
-	ae = &allocEntry{name: m.Name, key: m.Key, window: w, limit: m.Limit, a: a}
+	ae = &allocEntry{name: m.Name, key: m.Key, window: w, limit: m.Limit, a: a, touched: time.Now(), view: v}
 	l.allocs[k] = ae
 	return ae
 }
@@ -865,8 +1038,49 @@ func (l *leases) onGrant(sk []byte, m *sluicev1.LeaseMessage) {
 	before := w.h.Slice()
 	if w.h.OnGrant(lease.Grant{Region: m.Region, Window: m.WindowId, Alloc: m.Allocator, Seq: m.Seq, Slice: m.Slice}) {
 		l.st.grantedHits.Add(w.h.Slice() - before)
+		if m.WindowId == bucketLease {
+			l.rerate(sk, e, e.window, w.h, l.s.store.Now())
+		}
 	}
 	e.mu.Unlock()
+}
+
+// bucketUsed returns what the region's bucket of the key holds of its
+// share now, in slice units (hits per window): the share whose burst
+// holds the bucket's debt (hits admitted and not yet drained), rounded
+// up; 0 when the store holds nothing of the key; the whole slice when
+// it does but the bucket's capacity is not known here yet (state handed
+// here before any check came: a lower then frees nothing). Requires e.mu.
+func (l *leases) bucketUsed(sk []byte, e *holderEntry, w time.Duration, slice int64, now time.Time) int64 {
+	if _, ok := l.s.store.Get(string(sk)); !ok {
+		return 0
+	}
+	if e.capacity <= 0 || e.algorithm == 0 {
+		return slice
+	}
+	c := window.Check{Algorithm: e.algorithm, Limit: max(slice, 1), Burst: e.capacity, Window: w}
+	d, err := l.s.store.ApplyBytes(sk, c, now)
+	if err != nil {
+		return slice
+	}
+	used := e.capacity - d.Remaining // hits of debt, rounded up
+	return min((used*e.limit+e.capacity-1)/e.capacity, e.limit)
+}
+
+// rerate makes the region's bucket of the key drain at h's slice from now
+// on (at least 1 hit per window: a rate of 0 is no bucket; a region whose
+// share is 0 admits nothing, and what refills meanwhile is at most its
+// burst share when a grant comes). Requires e.mu.
+func (l *leases) rerate(sk []byte, e *holderEntry, w time.Duration, h *lease.Holder, now time.Time) {
+	for _, a := range []window.Algorithm{window.TokenBucket, window.LeakyBucket} {
+		if e.algorithm != 0 && a != e.algorithm {
+			continue
+		}
+		c := window.Check{Algorithm: a, Limit: max(h.Slice(), 1), Window: w}
+		if ok, _ := l.s.store.Rerate(sk, c, now); ok {
+			return
+		}
+	}
 }
 
 // onLower lowers this region's slice of the key's window (when this node
@@ -884,6 +1098,12 @@ func (l *leases) onLower(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMes
 	now := l.s.store.Now()
 	var consumed int64
 	switch cur := windowID(now, wd); {
+	case m.WindowId == bucketLease:
+		// A bucket's share keeps what its region admitted and has not
+		// yet drained (its debt, in slice units: the burst share that
+		// holds it), and its debt drains at the lowered rate from now on.
+		consumed = l.bucketUsed(sk, e, wd, w.h.Slice(), now)
+		defer l.rerate(sk, e, wd, w.h, now)
 	case m.WindowId == cur:
 		d, err := l.s.store.ApplyBytes(sk, window.Check{Algorithm: window.FixedWindow, Limit: m.Limit, Window: wd}, now)
 		if err != nil {

@@ -28,7 +28,10 @@ func leaseCheckUntil(t *testing.T, nodes []*inprocNode, rc *sluicev1.RateLimitCh
 			continue
 		}
 		if !d.SliceExhausted {
-			t.Fatalf("denied without slice_exhausted (the limit is not spent): %v", d)
+			if d.Slice != d.Limit {
+				t.Fatalf("denied without slice_exhausted on a slice smaller than the limit: %v", d)
+			}
+			break // the region holds the whole limit, and spent it
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -125,5 +128,35 @@ func TestLeasedPeek(t *testing.T) {
 	}
 	if d := check(t, byRegion["b"][0].client, p); d.Allowed {
 		t.Errorf("a peek after the limit was spent: %v", d)
+	}
+}
+
+// A global token bucket's share follows demand too: a bucket used in one
+// region gets nearly all of the burst there (its share of the rate and,
+// in proportion, of the burst), and the regions together never admit
+// more than the burst while no time passes (the clock is held; the rate
+// adds nothing).
+func TestLeasedBucket(t *testing.T) {
+	clock := windowClock()
+	byRegion := startRegions(t, "a,b,c", 1, NodeConfig{Clock: clock})
+	const limit = 30
+	for _, alg := range []sluicev1.Algorithm{sluicev1.Algorithm_ALGORITHM_TOKEN_BUCKET, sluicev1.Algorithm_ALGORITHM_LEAKY_BUCKET} {
+		rc := &sluicev1.RateLimitCheck{Name: "api", Key: "bucket-" + alg.String(), Limit: limit, WindowMs: 60_000, Algorithm: alg}
+		got := leaseCheckUntil(t, byRegion["a"], rc, limit-3, 10*time.Second)
+		if got < limit-3 {
+			t.Errorf("%s: region a admitted %d of a burst of %d used only there; want nearly all of it", alg, got, limit)
+		}
+		more := 0
+		for range 3 {
+			for _, r := range []string{"a", "b", "c"} {
+				n, _ := countAllowed(t, byRegion[r], rc, 10)
+				more += n
+			}
+			time.Sleep(100 * time.Millisecond) // grants in flight land
+		}
+		if got+more > limit {
+			t.Errorf("%s: the regions admitted %d in all, over the burst %d with no time passing", alg, got+more, limit)
+		}
+		t.Logf("%s: a admitted %d, then %d more anywhere", alg, got, more)
 	}
 }

@@ -66,7 +66,15 @@ func (s *Server) applyScopes(reqs []request, fromPeer bool) {
 			// The slice follows demand (leases.go); the base is what a
 			// stand-in holder may admit in the owner's stead.
 			r.leased = true
+			r.fullBurst = r.check.Capacity() // before the limit becomes the base
 			r.check.Limit = s.leases.baseOf(r.full, s.region, seed)
+			if isBucket(r.check.Algorithm) {
+				r.check.Burst = burstShare(r.check.Limit, r.full, r.fullBurst)
+				r.zeroBase = r.check.Burst == 0
+				if r.zeroBase {
+					r.check.Burst = 1 // never applied (zeroBase)
+				}
+			}
 			if r.check.Limit == 0 {
 				r.zeroBase = true
 				r.check.Limit = 1 // never applied (zeroBase); keeps the check valid

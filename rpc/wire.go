@@ -74,6 +74,9 @@ type request struct {
 	// (leases.go; check.Limit is then the region's base); zeroBase marks
 	// a base of 0 (a stand-in then admits nothing).
 	leased, zeroBase bool
+	// fullBurst is a leased bucket's whole capacity (check.Burst is then
+	// the base's share of it).
+	fullBurst int64
 }
 
 // parseChecks validates a batch and converts it; a check without numbers

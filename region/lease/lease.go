@@ -408,6 +408,7 @@ func (a *Allocator) OnAck(k Ack) ([]Grant, []Lower) {
 type Holder struct {
 	region string
 	window int64
+	base   int64
 	slice  int64
 	alloc  uint64 // the allocator that last wrote to it (0: none yet)
 	seq    uint64 // the newest of its sequence numbers applied
@@ -415,8 +416,11 @@ type Holder struct {
 
 // NewHolder returns region's holder of a window with base hits of its own.
 func NewHolder(region string, window, base int64) *Holder {
-	return &Holder{region: region, window: window, slice: max(base, 0)}
+	return &Holder{region: region, window: window, base: max(base, 0), slice: max(base, 0)}
 }
+
+// Base returns the holder's base (what it started with).
+func (h *Holder) Base() int64 { return h.base }
 
 // Slice returns what the holder may admit in all in its window.
 func (h *Holder) Slice() int64 { return h.slice }
