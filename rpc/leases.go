@@ -122,8 +122,9 @@ type holderEntry struct {
 	capacity               int64
 	algorithm              window.Algorithm
 	lastCheck, periodStart time.Time
-	periodDemand, lastRate float64 // hits; hits per ns
-	idleSent               bool    // an idle report went since the last check
+	periodDemand, lastRate float64   // hits; hits per ns
+	idleSent               bool      // an idle report went since the last check
+	touched                time.Time // the last check or lease message (wall clock)
 }
 
 type holderWin struct {
@@ -334,7 +335,7 @@ func (l *leases) decideBucket(storeKey []byte, r *request, now time.Time) *sluic
 	wall := time.Now()
 	e.mu.Lock()
 	capacity := r.fullBurst
-	e.capacity, e.algorithm, e.lastCheck, e.idleSent = capacity, c.Algorithm, wall, false
+	e.capacity, e.algorithm, e.lastCheck, e.idleSent, e.touched = capacity, c.Algorithm, wall, false, wall
 	w := l.win(e, bucketLease)
 	period := bucketPeriod(e.window)
 	if e.periodStart.IsZero() || wall.Sub(e.periodStart) >= period {
@@ -450,9 +451,10 @@ func (l *leases) message(e *holderEntry, kind sluicev1.LeaseKind, id int64) *slu
 
 // allocatorRegion returns the allocator region of the key of seed under
 // v: the first region in the key's order (see order) that has a live
-// member; "" when this node sees no majority of the regions live (it then
-// neither grants nor asks: a minority side of a partition must not
-// allocate while the majority side may).
+// member or lost its last one less than regionDownAfter ago; "" when this
+// node sees no majority of the regions live (it then neither grants nor
+// asks: a minority side of a partition must not allocate while the
+// majority side may).
 func (l *leases) allocatorRegion(v *view, seed uint64) string {
 	live := func(r string) bool { return r == l.s.region || v.rings[r] != nil }
 	n := 0
@@ -464,13 +466,24 @@ func (l *leases) allocatorRegion(v *view, seed uint64) string {
 	if n*2 <= l.s.regions.Len() {
 		return ""
 	}
+	h := l.hist.Load()
+	recent := l.s.store.Now().UnixNano() - int64(regionDownAfter)
 	for _, r := range l.order(seed) {
-		if live(r) {
+		if live(r) || h.goneAt[r] > recent {
+			// A region gone for less than regionDownAfter keeps its keys'
+			// allocators (unreachable: no grants meanwhile), so that a
+			// member wrongly suspected, and refuted, never makes two.
 			return r
 		}
 	}
 	return ""
 }
+
+// regionDownAfter is how long a region must have had no live member
+// before the next region takes its keys' allocators over: memberlist
+// refutes a wrong suspicion within seconds, and a region cut off sees the
+// others' majority gone (and stops granting) within about as long.
+const regionDownAfter = 30 * time.Second
 
 // mix is a 64-bit finalizer (SplitMix64's), so that rendezvous scores of
 // nearby inputs are independent.
@@ -717,7 +730,11 @@ func (l *leases) sweep(now time.Time) {
 			e.mu.Lock()
 			id := windowID(now, e.window)
 			for wid := range e.wins {
-				if (wid != bucketLease && wid < id-1) || (wid == bucketLease && time.Since(e.lastCheck) > bucketIdle) {
+				// A bucket's holder is forgotten only when idle and back at
+				// its base: one that was lowered must stay lowered (made
+				// again, it would start at its base, above the allocator's
+				// record).
+				if (wid != bucketLease && wid < id-1) || (wid == bucketLease && time.Since(e.touched) > bucketIdle && e.wins[wid].h.Slice() == e.wins[wid].h.Base()) {
 					delete(e.wins, wid)
 				}
 			}
@@ -869,7 +886,7 @@ func (l *leases) handle(msgs []*sluicev1.LeaseMessage) []*sluicev1.LeaseMessage 
 		if l.validLease(m) != "" {
 			continue
 		}
-		if traceLeases {
+		if traceLeases && m.Key == "k0" {
 			now := l.s.store.Now()
 			fmt.Fprintf(os.Stderr, "TRACE %s %s %s +%dms %s w%d region=%s seq=%d slice=%d target=%d want=%d consumed=%d\n", time.Now().Format("05.000"), l.s.name, m.Key, now.UnixMilli()%1000, m.Kind, m.WindowId%100, m.Region, m.Seq, m.Slice, m.Target, m.Want, m.Consumed)
 		}
@@ -1034,6 +1051,7 @@ func (l *leases) onGrant(sk []byte, m *sluicev1.LeaseMessage) {
 	}
 	e := l.entry(sk, m.Name, m.Key, time.Duration(m.WindowMs)*time.Millisecond, m.Limit)
 	e.mu.Lock()
+	e.touched = time.Now()
 	w := l.win(e, m.WindowId)
 	before := w.h.Slice()
 	if w.h.OnGrant(lease.Grant{Region: m.Region, Window: m.WindowId, Alloc: m.Allocator, Seq: m.Seq, Slice: m.Slice}) {
@@ -1094,6 +1112,7 @@ func (l *leases) onLower(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMes
 	e := l.entry(sk, m.Name, m.Key, wd, m.Limit)
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.touched = time.Now()
 	w := l.win(e, m.WindowId)
 	now := l.s.store.Now()
 	var consumed int64

@@ -67,6 +67,17 @@ func runLeases(t *testing.T, s *scenario.Scenario, nodes int, jitter time.Durati
 	var b strings.Builder
 	_ = rep.WriteText(&b)
 	t.Logf("%s (seed %d, %s):\n%s", s.Name, s.Seed, l.Describe(), b.String())
+	if rep.Totals.Over > 0 {
+		// The over-admitted key's admissions, to read what happened.
+		var b strings.Builder
+		for _, c := range res.Checks {
+			if c.Key == rep.Totals.MaxOverKey && c.Err == nil && c.Answer.Allowed {
+				fmt.Fprintf(&b, "  %8.1f ms  %-9s slice %3d remaining %3d latency %.1f ms\n", float64(c.Sent)/1e6, c.Region,
+					c.Answer.Slice, c.Answer.Remaining, float64(c.Answer.Latency)/1e6)
+			}
+		}
+		t.Logf("%s's admissions (sent, region, slice):\n%s", rep.Totals.MaxOverKey, b.String())
+	}
 	r := leaseRun{name: s.Name, over: rep.Totals.Over, maxOver: rep.Totals.MaxOver, util: rep.Totals.Utilisation,
 		admitted: rep.Totals.Admitted, oracle: rep.Totals.OracleAdmitted, msgs: res.CrossRegionMessages, errors: rep.Totals.Errors}
 	var adm, orc int64
@@ -189,8 +200,9 @@ func TestLeasesAllocatorCrash(t *testing.T) {
 
 // The full matrix of issue 20's done-when, for BENCHMARKS.md (make
 // bench-leases): 3 and 5 regions, round trips of 50 and 200 ms, every
-// scenario on SLUICE_LEASE_SEEDS random seeds (default 2). Set
-// SLUICE_LEASE_MATRIX=1 to run it (about 10 minutes).
+// scenario on SLUICE_LEASE_SEEDS random seeds (default 2); then token and
+// leaky buckets under steady, skewed, one-region and cut load, 3 regions
+// 100 ms apart. Set SLUICE_LEASE_MATRIX=1 to run it (about 12 minutes).
 func TestLeaseMatrix(t *testing.T) {
 	if os.Getenv("SLUICE_LEASE_MATRIX") == "" {
 		t.Skip("set SLUICE_LEASE_MATRIX=1 (make bench-leases)")
@@ -213,6 +225,21 @@ func TestLeaseMatrix(t *testing.T) {
 					rows = append(rows, fmt.Sprintf("%d  %4s  %5d  %-10s over %d  util %.3f  from-w2 %.3f  msgs/key-region/s %.2f  worst p99 %.2f ms  errors %d",
 						regions, rtt, p.Seed, s.Name, r.over, r.util, r.utilLater, r.perKeyRegionSec, r.p99, r.errors))
 				}
+			}
+		}
+	}
+	// Buckets: 3 regions 100 ms apart.
+	for range seeds {
+		for _, alg := range []string{"token_bucket", "leaky_bucket"} {
+			p := scenario.DefaultParams()
+			p.Seed, p.Windows, p.Algorithm = rand.Uint64()%100000, 6, alg
+			for _, s := range []*scenario.Scenario{scenario.Steady(p), scenario.Skew(p), scenario.OneRegion(p), scenario.Partition(p)} {
+				r := runLeases(t, s, 1, 10*time.Millisecond, nil)
+				if r.over != 0 {
+					t.Errorf("%s, seed %d, %s: over-admission %d", alg, p.Seed, s.Name, r.over)
+				}
+				rows = append(rows, fmt.Sprintf("3  100ms  %5d  %-10s %-12s over %d  util %.3f  from-w2 %.3f  msgs/key-region/s %.2f  worst p99 %.2f ms  errors %d",
+					p.Seed, s.Name, alg, r.over, r.util, r.utilLater, r.perKeyRegionSec, r.p99, r.errors))
 			}
 		}
 	}
