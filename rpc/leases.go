@@ -309,7 +309,7 @@ func (l *leases) decide(storeKey []byte, r *request, now time.Time) *sluicev1.De
 		req.Want, req.Consumed, req.Slice = rq.Want, rq.Consumed, rq.Slice
 	}
 	e.mu.Unlock()
-	if !pd.Allowed && pd.Error == "" && c.Hits > 0 {
+	if !pd.Allowed && pd.Error == "" && c.Hits > 0 && slice < r.full {
 		l.st.exhausted.Add(1)
 	}
 	if req != nil {
@@ -386,7 +386,7 @@ func (l *leases) decideBucket(storeKey []byte, r *request, now time.Time) *sluic
 		req.Want, req.Slice = want, slice
 	}
 	e.mu.Unlock()
-	if denied {
+	if denied && slice < r.full {
 		l.st.exhausted.Add(1)
 	}
 	if req != nil {

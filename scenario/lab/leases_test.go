@@ -29,6 +29,7 @@ type leaseRun struct {
 	name             string
 	over, maxOver    int64
 	util, utilLater  float64 // admitted / oracle: all windows, and from the second on
+	utilFollow       float64 // move: from the second window after the move on (-1: not a move)
 	admitted, oracle int64
 	msgs             int64   // lease messages and forwards between nodes
 	perKeyRegionSec  float64 // msgs per (key, region) per second
@@ -80,15 +81,24 @@ func runLeases(t *testing.T, s *scenario.Scenario, nodes int, jitter time.Durati
 	}
 	r := leaseRun{name: s.Name, over: rep.Totals.Over, maxOver: rep.Totals.MaxOver, util: rep.Totals.Utilisation,
 		admitted: rep.Totals.Admitted, oracle: rep.Totals.OracleAdmitted, msgs: res.CrossRegionMessages, errors: rep.Totals.Errors}
-	var adm, orc int64
+	var adm, orc, fAdm, fOrc int64
+	moved := int64(max(s.Windows/2, 1)) // Move's demand moves at this window's start
 	for _, w := range rep.Windows {
 		if w.Window >= 1 {
 			adm += w.Admitted
 			orc += w.OracleAdmitted
 		}
+		if w.Window >= moved+2 && w.Window < int64(s.Windows) {
+			fAdm += w.Admitted
+			fOrc += w.OracleAdmitted
+		}
 	}
 	if orc > 0 {
 		r.utilLater = float64(adm) / float64(orc)
+	}
+	r.utilFollow = -1
+	if s.Name == "move" && fOrc > 0 {
+		r.utilFollow = float64(fAdm) / float64(fOrc)
 	}
 	secs := float64(rep.DurationMs) / 1000
 	r.perKeyRegionSec = float64(r.msgs) / (float64(s.Keys.Count) * float64(len(s.Regions)) * secs)
@@ -216,14 +226,18 @@ func TestLeaseMatrix(t *testing.T) {
 		for _, rtt := range []time.Duration{50 * time.Millisecond, 200 * time.Millisecond} {
 			for range seeds {
 				p := scenario.DefaultParams()
-				p.Regions, p.RTT, p.Seed, p.Windows = regions, rtt, rand.Uint64()%100000, 6
+				p.Regions, p.RTT, p.Seed, p.Windows = regions, rtt, rand.Uint64()%100000, 8
 				for _, s := range scenario.Leases(p) {
 					r := runLeases(t, s, 1, 10*time.Millisecond, nil)
 					if r.over != 0 {
 						t.Errorf("%d regions, %s, seed %d, %s: over-admission %d", regions, rtt, p.Seed, s.Name, r.over)
 					}
-					rows = append(rows, fmt.Sprintf("%d  %4s  %5d  %-10s over %d  util %.3f  from-w2 %.3f  msgs/key-region/s %.2f  worst p99 %.2f ms  errors %d",
-						regions, rtt, p.Seed, s.Name, r.over, r.util, r.utilLater, r.perKeyRegionSec, r.p99, r.errors))
+					follow := ""
+					if r.utilFollow >= 0 {
+						follow = fmt.Sprintf("  2-after-move %.3f", r.utilFollow)
+					}
+					rows = append(rows, fmt.Sprintf("%d  %4s  %5d  %-10s over %d  util %.3f  from-w2 %.3f%s  msgs/key-region/s %.2f  worst p99 %.2f ms  errors %d",
+						regions, rtt, p.Seed, s.Name, r.over, r.util, r.utilLater, follow, r.perKeyRegionSec, r.p99, r.errors))
 				}
 			}
 		}
