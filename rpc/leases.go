@@ -280,24 +280,12 @@ func (l *leases) decide(storeKey []byte, r *request, now time.Time) *sluicev1.De
 			RetryAfter: msCeil(reset.Sub(now)), Owner: s.name}
 	} else {
 		c.Limit = max(slice, 1) // a slice of 0 and a peek: the peek's answer says no
-		d, err := s.store.ApplyBytes(storeKey, c, now)
-		if err != nil { // cannot happen: checks are validated on entry
-			e.mu.Unlock()
-			return &sluicev1.Decision{Limit: c.Limit, Owner: s.name, Error: err.Error()}
-		}
+		pd = s.applyOwned(storeKey, c, now)
 		if slice == 0 {
-			d.Allowed, d.Remaining, d.Limit = false, 0, 0
+			pd.Allowed, pd.Remaining, pd.Limit = false, 0, 0
 		}
-		if d.Allowed && c.Hits > 0 && s.replication.Factor > 0 {
-			s.dirty.Add(storeKey)
-		}
-		pd = toProto(d, s.name)
-		if d.Allowed && c.Hits > 0 && !d.NoRoom {
-			pd.AppliedAtNs = now.UnixNano()
-		}
-		pd.Degraded = d.NoRoom
-		if slice > 0 {
-			w.consumed = max(slice-d.Remaining, 0)
+		if slice > 0 && pd.Error == "" {
+			w.consumed = max(slice-pd.Remaining, 0)
 		}
 	}
 	pd.Slice = slice
@@ -309,7 +297,15 @@ func (l *leases) decide(storeKey []byte, r *request, now time.Time) *sluicev1.De
 		req.Want, req.Consumed, req.Slice = rq.Want, rq.Consumed, rq.Slice
 	}
 	e.mu.Unlock()
-	if !pd.Allowed && pd.Error == "" && c.Hits > 0 && slice < r.full {
+	l.decided(storeKey, e, req, !pd.Allowed && pd.Error == "" && c.Hits > 0 && slice < r.full)
+	return pd
+}
+
+// decided counts a leased check's denial for want of slice (exhausted)
+// and sends its request, if any, marking the key busy. Called without
+// e.mu.
+func (l *leases) decided(storeKey []byte, e *holderEntry, req *sluicev1.LeaseMessage, exhausted bool) {
+	if exhausted {
 		l.st.exhausted.Add(1)
 	}
 	if req != nil {
@@ -319,7 +315,6 @@ func (l *leases) decide(storeKey []byte, r *request, now time.Time) *sluicev1.De
 		l.hmu.Unlock()
 		l.toAllocator(storeKey, req)
 	}
-	return pd
 }
 
 // decideBucket decides a leased token or leaky bucket check: the region's
@@ -352,19 +347,7 @@ func (l *leases) decideBucket(storeKey []byte, r *request, now time.Time) *sluic
 		retry := l.lead()
 		pd = &sluicev1.Decision{Limit: slice, ResetTime: unixMsCeil(now.Add(retry)), RetryAfter: msCeil(retry), Owner: s.name}
 	} else {
-		d, err := s.store.ApplyBytes(storeKey, c, now)
-		if err != nil { // cannot happen: checks are validated on entry
-			e.mu.Unlock()
-			return &sluicev1.Decision{Limit: c.Limit, Owner: s.name, Error: err.Error()}
-		}
-		if d.Allowed && c.Hits > 0 && s.replication.Factor > 0 {
-			s.dirty.Add(storeKey)
-		}
-		pd = toProto(d, s.name)
-		if d.Allowed && c.Hits > 0 && !d.NoRoom {
-			pd.AppliedAtNs = now.UnixNano()
-		}
-		pd.Degraded = d.NoRoom
+		pd = s.applyOwned(storeKey, c, now)
 	}
 	pd.Slice = slice
 	// The region's rate of demand, in hits per window: this period's so
@@ -386,16 +369,7 @@ func (l *leases) decideBucket(storeKey []byte, r *request, now time.Time) *sluic
 		req.Want, req.Slice = want, slice
 	}
 	e.mu.Unlock()
-	if denied && slice < r.full {
-		l.st.exhausted.Add(1)
-	}
-	if req != nil {
-		l.st.requests.Add(1)
-		l.hmu.Lock()
-		l.hot[e] = struct{}{}
-		l.hmu.Unlock()
-		l.toAllocator(storeKey, req)
-	}
+	l.decided(storeKey, e, req, denied && slice < r.full)
 	return pd
 }
 

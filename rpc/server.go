@@ -1003,7 +1003,12 @@ func (s *Server) decide(storeKey []byte, r *request) *sluicev1.Decision {
 	if r.leased {
 		return s.leases.decide(storeKey, r, s.store.Now())
 	}
-	now := s.store.Now()
+	return s.applyOwned(storeKey, c, s.store.Now())
+}
+
+// applyOwned applies c to this node's window of storeKey at now, marks the
+// key for replication when it changed, and answers as owner.
+func (s *Server) applyOwned(storeKey []byte, c window.Check, now time.Time) *sluicev1.Decision {
 	d, err := s.store.ApplyBytes(storeKey, c, now)
 	if err != nil { // cannot happen: checks are validated on entry
 		return &sluicev1.Decision{Limit: c.Limit, Owner: s.name, Error: err.Error()}
