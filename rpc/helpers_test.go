@@ -41,9 +41,9 @@ func testLogger() *slog.Logger {
 // (one ring per region, the list in the ring's fingerprint and the
 // gossiped metadata, global limits split into slices; with those weights
 // the local slice of every limit up to 10^6 is the whole limit, so the
-// tests' numbers hold: the bases are the whole limit (LeaseBase 1), as no
-// allocator can lease the rest with the second region down). make test
-// runs the hand-off, crash and leave tests so too. nil when unset.
+// tests' numbers hold: LeaseBase 1 keeps fixed slices, as no allocator
+// can lease with the second region down). make test runs the hand-off,
+// crash and leave tests so too. nil when unset.
 var regionsUnderTest = func() *region.Config {
 	r, err := region.Parse(os.Getenv("SLUICE_TEST_REGIONS"))
 	if err != nil {

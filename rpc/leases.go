@@ -89,6 +89,8 @@ type leases struct {
 // member (the node's start for a region never seen live), in store-clock
 // ns.
 type leaseHistory struct {
+	started    int64      // the node's start
+	ring, prev *ring.Ring // this node's ring, and the one before its last change (nil: none yet)
 	ownRing    string
 	ownChanged int64
 	live       map[string]bool
@@ -162,7 +164,7 @@ func newLeases(s *Server, base float64) *leases {
 	}
 	l.rtt.Store(int64(200 * time.Millisecond))
 	now := s.store.Now().UnixNano()
-	h := &leaseHistory{ownChanged: now, live: map[string]bool{}, goneAt: map[string]int64{}}
+	h := &leaseHistory{ownChanged: now, started: now, live: map[string]bool{}, goneAt: map[string]int64{}}
 	for _, r := range s.regions.Regions() {
 		h.goneAt[r.Name] = now
 	}
@@ -172,10 +174,11 @@ func newLeases(s *Server, base float64) *leases {
 }
 
 // leased reports whether r's global slice follows demand by leases: a
-// fixed-window limit of scope global with several regions (the other
-// algorithms keep their fixed slices).
+// fixed-window or bucket limit of scope global with several regions, and
+// a pool to lease (LeaseBase below 1; at 1 the bases are the whole limit,
+// and every algorithm keeps fixed slices).
 func (s *Server) leased(r *request) bool {
-	return s.leases != nil && r.scope == region.Global && (r.check.Algorithm == window.FixedWindow || isBucket(r.check.Algorithm))
+	return s.leases != nil && s.leases.base < 1 && r.scope == region.Global && (r.check.Algorithm == window.FixedWindow || isBucket(r.check.Algorithm))
 }
 
 // burstShare is a bucket's burst share for a slice of slice hits of a
@@ -242,9 +245,32 @@ func (l *leases) win(e *holderEntry, id int64) *holderWin {
 	w := e.wins[id]
 	if w == nil {
 		w = &holderWin{h: lease.NewHolder(l.s.region, id, l.baseOf(e.limit, l.s.region, e.seed))}
+		if l.unsure(e, id) {
+			w.h.StartAt(0)
+		}
 		e.wins[id] = w
 	}
 	return w
+}
+
+// unsure reports whether a holder made now for window id of e may belong
+// to a region that holds less than its base: since the window's lowers
+// could have gone out (a lead time before it starts; for a bucket, within
+// bucketIdle), the node started (an earlier process of it may have held
+// the key's slice) or its ring changed and the key had another owner here
+// under the ring before, whose slice the allocator may have lowered. Such
+// a holder starts at 0 and asks (the allocator's grants are absolute: the
+// first one gives it the region's record).
+func (l *leases) unsure(e *holderEntry, id int64) bool {
+	h := l.hist.Load()
+	since := id*int64(e.window) - int64(l.lead())
+	if id == bucketLease {
+		since = l.s.store.Now().UnixNano() - int64(bucketIdle)
+	}
+	if h.started > since {
+		return true
+	}
+	return h.ownChanged > since && h.prev != nil && h.prev.Owner(ring.Key(nil, e.name, e.key)) != l.s.name
 }
 
 // lead is how long before a slice runs out a request should go: three
@@ -763,9 +789,10 @@ func (ae *allocEntry) grantMessage(g lease.Grant) *sluicev1.LeaseMessage {
 func (l *leases) viewChanged(v *view) {
 	old := l.hist.Load()
 	now := l.s.store.Now().UnixNano()
-	h := &leaseHistory{ownRing: old.ownRing, ownChanged: old.ownChanged, live: map[string]bool{}, goneAt: maps.Clone(old.goneAt)}
+	h := &leaseHistory{ownRing: old.ownRing, ownChanged: old.ownChanged, started: old.started, ring: old.ring, prev: old.prev,
+		live: map[string]bool{}, goneAt: maps.Clone(old.goneAt)}
 	if fp := v.ring.Fingerprint(); fp != old.ownRing {
-		h.ownRing, h.ownChanged = fp, now
+		h.ownRing, h.ownChanged, h.ring, h.prev = fp, now, v.ring, old.ring
 	}
 	for _, r := range l.s.regions.Regions() {
 		h.live[r.Name] = r.Name == l.s.region || v.rings[r.Name] != nil

@@ -8,7 +8,35 @@ import (
 
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
+	"github.com/sluicehq/sluice/window"
 )
+
+// startLeaseRegions starts one node in each of the regions a, b and c on
+// clock and moves the clock to the next minute's window: in the window a
+// node starts in, its holders start at 0 (an earlier process of it may
+// have held less than its base), and these tests are about the windows
+// after.
+func startLeaseRegions(t *testing.T, clock *window.ManualClock) map[string][]*inprocNode {
+	t.Helper()
+	byRegion := startRegions(t, "a,b,c", 1, NodeConfig{Clock: clock})
+	clock.Advance(time.Minute)
+	return byRegion
+}
+
+// In the window a node starts in, its region's holders start at 0 and
+// ask: the first check of a key is denied (slice_exhausted), a check
+// after the grant is allowed.
+func TestLeasesStartAtZeroAfterAStart(t *testing.T) {
+	clock := windowClock()
+	byRegion := startRegions(t, "a,b,c", 1, NodeConfig{Clock: clock})
+	rc := &sluicev1.RateLimitCheck{Name: "api", Key: "fresh", Limit: 30, WindowMs: 60_000}
+	if d := check(t, byRegion["a"][0].client, rc); d.Allowed || !d.SliceExhausted || d.Slice != 0 {
+		t.Fatalf("first check in the start's window: %v, want denied on a slice of 0", d)
+	}
+	if got := leaseCheckUntil(t, byRegion["a"], rc, 1, 5*time.Second); got != 1 {
+		t.Fatalf("no check allowed after the first one's request")
+	}
+}
 
 // leaseCheckUntil sends rc to nodes in turn until want were allowed or
 // the deadline (wall time: leases travel between real gRPC servers)
@@ -46,7 +74,7 @@ func leaseCheckUntil(t *testing.T, nodes []*inprocNode, rc *sluicev1.RateLimitCh
 // had its fill, every region is flooded and nothing more is admitted.
 func TestLeasesFollowDemand(t *testing.T) {
 	clock := windowClock()
-	byRegion := startRegions(t, "a,b,c", 1, NodeConfig{Clock: clock})
+	byRegion := startLeaseRegions(t, clock)
 	const limit = 30
 	regions, _ := region.Parse("a,b,c")
 	rc := &sluicev1.RateLimitCheck{Name: "api", Key: "one-region", Limit: limit, WindowMs: 60_000}
@@ -84,7 +112,7 @@ func TestLeasesFollowDemand(t *testing.T) {
 // share, and the regions together admit exactly the limit.
 func TestLeasesUnderContention(t *testing.T) {
 	clock := windowClock()
-	byRegion := startRegions(t, "a,b,c", 1, NodeConfig{Clock: clock})
+	byRegion := startLeaseRegions(t, clock)
 	const limit = 60
 	rc := &sluicev1.RateLimitCheck{Name: "api", Key: "everywhere", Limit: limit, WindowMs: 60_000}
 	got := map[string]int{}
@@ -113,7 +141,7 @@ func TestLeasesUnderContention(t *testing.T) {
 // nothing.
 func TestLeasedPeek(t *testing.T) {
 	clock := windowClock()
-	byRegion := startRegions(t, "a,b,c", 1, NodeConfig{Clock: clock})
+	byRegion := startLeaseRegions(t, clock)
 	rc := &sluicev1.RateLimitCheck{Name: "api", Key: "peek", Limit: 3, WindowMs: 60_000}
 	p := proto.CloneOf(rc)
 	p.Hits = proto.Int64(0)
@@ -138,7 +166,7 @@ func TestLeasedPeek(t *testing.T) {
 // adds nothing).
 func TestLeasedBucket(t *testing.T) {
 	clock := windowClock()
-	byRegion := startRegions(t, "a,b,c", 1, NodeConfig{Clock: clock})
+	byRegion := startLeaseRegions(t, clock)
 	const limit = 30
 	for _, alg := range []sluicev1.Algorithm{sluicev1.Algorithm_ALGORITHM_TOKEN_BUCKET, sluicev1.Algorithm_ALGORITHM_LEAKY_BUCKET} {
 		rc := &sluicev1.RateLimitCheck{Name: "api", Key: "bucket-" + alg.String(), Limit: limit, WindowMs: 60_000, Algorithm: alg}

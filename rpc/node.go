@@ -51,8 +51,9 @@ type NodeConfig struct {
 	Regions *region.Config
 	// LeaseBase is the fraction (0 < f <= 1) of a global fixed-window
 	// limit the regions own as bases, split by weight; the rest is the
-	// pool the key's allocator leases to the regions by demand. 0:
-	// DefaultLeaseBase (0.5). (Optional)
+	// pool the key's allocator leases to the regions by demand; 1 turns
+	// leases off (fixed slices for every algorithm). 0: DefaultLeaseBase
+	// (0.5). (Optional)
 	LeaseBase float64
 	// Join lists gossip addresses (host:port) of members to join; empty
 	// starts a cluster of one. Joining retries in the background until one

@@ -419,7 +419,18 @@ func NewHolder(region string, window, base int64) *Holder {
 	return &Holder{region: region, window: window, base: max(base, 0), slice: max(base, 0)}
 }
 
-// Base returns the holder's base (what it started with).
+// StartAt sets the slice of a holder that has applied no message yet to
+// slice (at most its base): for a region that may hold less than its base
+// already (the key moved to this holder's node after the allocator
+// lowered it), so that the holder never starts above the allocator's
+// record. Requests and grants raise it as usual.
+func (h *Holder) StartAt(slice int64) {
+	if h.alloc == 0 {
+		h.slice = min(max(slice, 0), h.base)
+	}
+}
+
+// Base returns the holder's base (what it owns with no message).
 func (h *Holder) Base() int64 { return h.base }
 
 // Slice returns what the holder may admit in all in its window.
