@@ -417,10 +417,13 @@ func (l *leases) wantMore(e *holderEntry, w *holderWin, start, now time.Time) in
 	}
 	rate, predicted := l.estimate(e, w, now.Sub(start))
 	slice := w.h.Slice()
+	// A holder that started below its base (see unsure) asks for at least
+	// its base back: the base is the region's own unless it was given away.
+	predicted = max(predicted, w.h.Base())
 	if predicted <= slice {
 		return 0
 	}
-	if ahead := int64(rate * float64(lead)); slice-w.consumed > ahead {
+	if ahead := int64(rate * float64(lead)); slice-w.consumed > ahead && slice >= w.h.Base() {
 		return 0
 	}
 	return min(predicted-slice, e.limit)
