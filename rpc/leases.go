@@ -1058,7 +1058,8 @@ func (l *leases) onGrant(sk []byte, m *sluicev1.LeaseMessage) {
 	e.touched = time.Now()
 	w := l.win(e, m.WindowId)
 	before := w.h.Slice()
-	if w.h.OnGrant(lease.Grant{Region: m.Region, Window: m.WindowId, Alloc: m.Allocator, Seq: m.Seq, Slice: m.Slice}) {
+	// A slice is never more than the limit, whatever a peer says.
+	if w.h.OnGrant(lease.Grant{Region: m.Region, Window: m.WindowId, Alloc: m.Allocator, Seq: m.Seq, Slice: min(m.Slice, e.limit)}) {
 		l.st.grantedHits.Add(w.h.Slice() - before)
 		if m.WindowId == bucketLease {
 			l.rerate(sk, e, e.window, w.h, l.s.store.Now())

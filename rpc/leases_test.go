@@ -1,8 +1,14 @@
 package rpc
 
 import (
+	"context"
+	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"google.golang.org/protobuf/proto"
 
@@ -186,5 +192,58 @@ func TestLeasedBucket(t *testing.T) {
 			t.Errorf("%s: the regions admitted %d in all, over the burst %d with no time passing", alg, got+more, limit)
 		}
 		t.Logf("%s: a admitted %d, then %d more anywhere", alg, got, more)
+	}
+}
+
+// A peer's lease messages are input too: out-of-range numbers, unknown
+// regions, negative and huge values and unknown kinds are dropped or
+// applied within bounds, never a panic, and a node without regions
+// refuses the call.
+func TestLeaseRefusesBadMessages(t *testing.T) {
+	clock := windowClock()
+	byRegion := startLeaseRegions(t, clock)
+	s := byRegion["a"][0].srv
+	rng := rand.New(rand.NewPCG(1, 2))
+	pick := func(vs ...int64) int64 { return vs[rng.IntN(len(vs))] }
+	for range 2000 {
+		m := &sluicev1.LeaseMessage{
+			Kind:      sluicev1.LeaseKind(rng.IntN(6)),
+			Name:      []string{"", "api", strings.Repeat("n", 300)}[rng.IntN(3)],
+			Key:       []string{"k", strings.Repeat("k", 5000)}[rng.IntN(2)],
+			WindowId:  pick(-2, -1, 0, 1<<40, -1<<62),
+			WindowMs:  pick(-1, 0, 1, 60_000, 1<<62),
+			Limit:     pick(-5, 0, 1, 10, 1<<62),
+			Region:    []string{"a", "b", "zz", ""}[rng.IntN(4)],
+			Allocator: uint64(rng.IntN(3)),
+			Seq:       uint64(rng.IntN(3)),
+			Slice:     pick(-1, 0, 5, 1<<62),
+			Target:    pick(-7, -1, 0, 3),
+			Want:      pick(-1<<62, -3, 0, 7, 1<<62),
+			Consumed:  pick(-3, 0, 4, 1<<62),
+		}
+		if _, err := s.Lease(context.Background(), &sluicev1.LeaseRequest{Sender: "b-1", Messages: []*sluicev1.LeaseMessage{m}}); err != nil {
+			t.Fatalf("a call of one message refused: %v", err)
+		}
+	}
+	many := make([]*sluicev1.LeaseMessage, maxLeaseBatch+1)
+	for i := range many {
+		many[i] = &sluicev1.LeaseMessage{}
+	}
+	if _, err := s.Lease(context.Background(), &sluicev1.LeaseRequest{Messages: many}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("%d messages in a call: %v, want INVALID_ARGUMENT", len(many), err)
+	}
+	// The node still answers, and the key's regions still admit at most
+	// the limit.
+	rc := &sluicev1.RateLimitCheck{Name: "api", Key: "after", Limit: 6, WindowMs: 60_000}
+	total := 0
+	for _, r := range []string{"a", "b", "c"} {
+		total += leaseCheckUntil(t, byRegion[r], rc, 6, 2*time.Second)
+	}
+	if total > 6 {
+		t.Errorf("%d admitted after the bad messages, over the limit 6", total)
+	}
+	one := startNode(t, "solo", clock)
+	if _, err := one.Server().Lease(context.Background(), &sluicev1.LeaseRequest{}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("a node without regions: %v, want FAILED_PRECONDITION", err)
 	}
 }
