@@ -24,10 +24,11 @@ run: build ## start a local three-node cluster on loopback (Ctrl-C stops all thr
 # exactness holds as in a single-region cluster.
 REGION_TESTS ?= JoinAndLeave|RollingReplacement|ReplacingAnOwner|JoinDuringHits|KilledOwner|Restart|StandIn|FinishLeave|CheckDecidedAsTheRingChanges|DuplicateName|Pin|Region
 
-test: ## vet, then run every test with the race detector (and rpc's join/leave/crash tests again with regions configured)
+test: ## vet, then run every test with the race detector (and rpc's join/leave/crash tests again with regions configured, and the lab's lease scenarios alone)
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
 	SLUICE_TEST_REGIONS=local=1000000,far=1 $(GO) test -race -count=1 -run '$(REGION_TESTS)' ./rpc
+	SLUICE_LAB_LEASES=1 $(GO) test -race -count=1 -run 'TestLease' ./scenario/lab
 
 .PHONY: bench
 bench: ## window benchmarks against go-limiter (see BENCHMARKS.md)

@@ -122,7 +122,7 @@ func TestLeasesUnderContention(t *testing.T) {
 	const limit = 60
 	rc := &sluicev1.RateLimitCheck{Name: "api", Key: "everywhere", Limit: limit, WindowMs: 60_000}
 	got := map[string]int{}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(2 * time.Second)
 	for time.Now().Before(deadline) {
 		for _, r := range []string{"a", "b", "c"} {
 			if d := check(t, byRegion[r][0].client, rc); d.Allowed {
