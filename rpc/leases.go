@@ -2,10 +2,8 @@ package rpc
 
 import (
 	"context"
-	"fmt"
 	"maps"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -41,8 +39,6 @@ import (
 // the allocator of the next window starts from the last window's demand
 // and lowers the regions that did not use their bases. Messages are
 // batched per destination node every leaseFlush, one Lease call each.
-
-var traceLeases = os.Getenv("SLUICE_LEASE_TRACE") != ""
 
 // DefaultLeaseBase is the fraction of a global limit the regions own as
 // bases (split by weight) when ServerConfig.LeaseBase is 0: what a region
@@ -91,7 +87,6 @@ type leases struct {
 type leaseHistory struct {
 	started    int64      // the node's start
 	ring, prev *ring.Ring // this node's ring, and the one before its last change (nil: none yet)
-	ownRing    string
 	ownChanged int64
 	live       map[string]bool
 	goneAt     map[string]int64
@@ -792,10 +787,10 @@ func (ae *allocEntry) grantMessage(g lease.Grant) *sluicev1.LeaseMessage {
 func (l *leases) viewChanged(v *view) {
 	old := l.hist.Load()
 	now := l.s.store.Now().UnixNano()
-	h := &leaseHistory{ownRing: old.ownRing, ownChanged: old.ownChanged, started: old.started, ring: old.ring, prev: old.prev,
+	h := &leaseHistory{ownChanged: old.ownChanged, started: old.started, ring: old.ring, prev: old.prev,
 		live: map[string]bool{}, goneAt: maps.Clone(old.goneAt)}
-	if fp := v.ring.Fingerprint(); fp != old.ownRing {
-		h.ownRing, h.ownChanged, h.ring, h.prev = fp, now, v.ring, old.ring
+	if old.ring == nil || v.ring.Fingerprint() != old.ring.Fingerprint() {
+		h.ownChanged, h.ring, h.prev = now, v.ring, old.ring
 	}
 	for _, r := range l.s.regions.Regions() {
 		h.live[r.Name] = r.Name == l.s.region || v.rings[r.Name] != nil
@@ -889,10 +884,6 @@ func (l *leases) handle(msgs []*sluicev1.LeaseMessage) []*sluicev1.LeaseMessage 
 	for _, m := range msgs {
 		if l.validLease(m) != "" {
 			continue
-		}
-		if traceLeases && m.Key == "k0" {
-			now := l.s.store.Now()
-			fmt.Fprintf(os.Stderr, "TRACE %s %s %s +%dms %s w%d region=%s seq=%d slice=%d target=%d want=%d consumed=%d\n", time.Now().Format("05.000"), l.s.name, m.Key, now.UnixMilli()%1000, m.Kind, m.WindowId%100, m.Region, m.Seq, m.Slice, m.Target, m.Want, m.Consumed)
 		}
 		sk := ring.Key(nil, m.Name, m.Key)
 		switch m.Kind {

@@ -10,7 +10,6 @@ import (
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
-	"github.com/sluicehq/sluice/window"
 )
 
 // Regions (the README, "Regions"). With a region list (ServerConfig.Regions)
@@ -82,7 +81,7 @@ func (s *Server) applyScopes(reqs []request, fromPeer bool) {
 			continue
 		}
 		r.check.Limit = s.regions.Share(r.check.Limit, s.region, seed)
-		if r.check.Burst > 0 && (r.check.Algorithm == window.TokenBucket || r.check.Algorithm == window.LeakyBucket) {
+		if r.check.Burst > 0 && isBucket(r.check.Algorithm) {
 			// The buckets' capacity is split too (the windows ignore it).
 			r.check.Burst = s.regions.Share(r.check.Burst, s.region, seed)
 			r.noSlice = r.check.Burst == 0

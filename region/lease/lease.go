@@ -195,10 +195,6 @@ func (a *Allocator) Free() int64 { return a.free }
 // Record returns the allocator's record of region's slice.
 func (a *Allocator) Record(region string) int64 { return a.record[region] }
 
-// Granted returns the hits the regions hold or may hold (their bases
-// included): the limit less the free pool.
-func (a *Allocator) Granted() int64 { return a.limit - a.free }
-
 func (a *Allocator) lower(r string, target int64) Lower {
 	a.seq[r]++
 	a.lowerAt[r] = a.seq[r]

@@ -78,6 +78,16 @@ func (s *sim) send(r string, v any) {
 	}
 }
 
+// sendAll puts the allocator's grants and lowers on the bus.
+func (s *sim) sendAll(gs []Grant, ls []Lower) {
+	for _, g := range gs {
+		s.send(g.Region, g)
+	}
+	for _, l := range ls {
+		s.send(l.Region, l)
+	}
+}
+
 // take admits hits in region r when they fit its slice.
 func (s *sim) take(r string, hits int64) bool {
 	if s.consumed[r]+hits > s.holders[r].Slice() {
@@ -103,13 +113,7 @@ func (s *sim) step(arrivals map[string]int) {
 	for _, m := range due {
 		switch v := m.val.(type) {
 		case Request:
-			gs, ls := s.alloc.OnRequest(v)
-			for _, g := range gs {
-				s.send(g.Region, g)
-			}
-			for _, l := range ls {
-				s.send(l.Region, l)
-			}
+			s.sendAll(s.alloc.OnRequest(v))
 		case Grant:
 			if !s.cut[v.Region] {
 				s.holders[v.Region].OnGrant(v)
@@ -121,13 +125,7 @@ func (s *sim) step(arrivals map[string]int) {
 				}
 			}
 		case Ack:
-			gs, ls := s.alloc.OnAck(v)
-			for _, g := range gs {
-				s.send(g.Region, g)
-			}
-			for _, l := range ls {
-				s.send(l.Region, l)
-			}
+			s.sendAll(s.alloc.OnAck(v))
 		}
 		s.check()
 	}
