@@ -112,6 +112,7 @@ type holderEntry struct {
 	seed           uint64
 	wins           map[int64]*holderWin // window id -> its holder
 	nextWindowSent int64                // the window id of the last next-window request
+	first          int64                // the window id of the first holder made (its demand before is not known)
 	// Buckets (one lease, window id bucketLease): the bucket's capacity
 	// (burst) and algorithm from the last check (0 before one), when a
 	// check last came (wall clock), and the demand of the current and
@@ -130,6 +131,7 @@ type holderWin struct {
 	consumed int64     // hits admitted, as last seen
 	asked    time.Time // when the last request went, wall clock (zero: none)
 	askedAt  int64     // the slice when it went
+	wanted   int64     // the slice it asked to reach (slice + want, at most the limit)
 }
 
 type allocKey struct {
@@ -239,6 +241,9 @@ func (l *leases) entry(storeKey []byte, name, key string, w time.Duration, limit
 func (l *leases) win(e *holderEntry, id int64) *holderWin {
 	w := e.wins[id]
 	if w == nil {
+		if len(e.wins) == 0 || id < e.first {
+			e.first = id
+		}
 		w = &holderWin{h: lease.NewHolder(l.s.region, id, l.baseOf(e.limit, l.s.region, e.seed))}
 		if l.unsure(e, id) {
 			w.h.StartAt(0)
@@ -312,7 +317,7 @@ func (l *leases) decide(storeKey []byte, r *request, now time.Time) *sluicev1.De
 	pd.Slice = slice
 	var req *sluicev1.LeaseMessage
 	if want := l.wantMore(e, w, start, now); want > 0 {
-		w.asked, w.askedAt = time.Now(), w.h.Slice()
+		w.asked, w.askedAt, w.wanted = time.Now(), w.h.Slice(), min(w.h.Slice()+want, e.limit)
 		rq := w.h.Request(want, w.consumed)
 		req = l.message(e, sluicev1.LeaseKind_LEASE_KIND_REQUEST, id)
 		req.Want, req.Consumed, req.Slice = rq.Want, rq.Consumed, rq.Slice
@@ -400,18 +405,20 @@ func (l *leases) decideBucket(storeKey []byte, r *request, now time.Time) *sluic
 // slice, at most one request per lead time. Requires e.mu.
 func (l *leases) wantMore(e *holderEntry, w *holderWin, start, now time.Time) int64 {
 	lead := l.lead()
-	// At most one request per round trip (the answer to the last one
-	// comes in about that); while no grant came since the last, one per
-	// four (the allocator remembers what a region waits for and grants
-	// it when capacity frees: asking again only refreshes the demand).
+	rate, predicted := l.estimate(e, w, now.Sub(start))
+	slice := w.h.Slice()
+	// The allocator remembers what a region waits for and grants it as
+	// capacity frees, so asking again only tells it of more demand: at
+	// most one request per round trip (the answer to the last one comes
+	// in about that), and then only for more than the last one asked;
+	// the same again after four round trips with no grant (a request or
+	// its grant may have been lost).
 	if !w.asked.IsZero() {
 		since, rtt := time.Since(w.asked), time.Duration(l.rtt.Load())+2*leaseFlush
-		if since < rtt || (w.h.Slice() == w.askedAt && since < 4*rtt) {
+		if since < rtt || (min(predicted, e.limit) <= w.wanted && (slice != w.askedAt || since < 4*rtt)) {
 			return 0
 		}
 	}
-	rate, predicted := l.estimate(e, w, now.Sub(start))
-	slice := w.h.Slice()
 	// A holder that started below its base (see unsure) asks for at least
 	// its base back: the base is the region's own unless it was given away.
 	predicted = max(predicted, w.h.Base())
@@ -433,14 +440,33 @@ func (l *leases) wantMore(e *holderEntry, w *holderWin, start, now time.Time) in
 // away is forgotten). Requires e.mu.
 func (l *leases) estimate(e *holderEntry, w *holderWin, elapsed time.Duration) (rate float64, predicted int64) {
 	elapsed = min(max(elapsed, 0), e.window)
-	rate = float64(w.demand) / float64(max(elapsed, e.window/4))
-	if prev := e.wins[w.h.Window()-1]; prev != nil && prev.demand > 0 {
-		old := max(0.5-float64(elapsed)/float64(e.window), 0)
-		rate = (1-old)*rate + old*float64(prev.demand)/float64(e.window)
+	id := w.h.Window()
+	prev, known := e.wins[id-1], e.first < id
+	switch {
+	case w.demand < fewHits && known:
+		// Few hits: too few to tell a rate from, pooled with the last
+		// window's demand (0 if the key was not checked here in it), as
+		// if that window were observed too: one check early in a window
+		// of a key that sees one a window is not four.
+		var last int64
+		if prev != nil {
+			last = prev.demand
+		}
+		rate = float64(w.demand+last) / float64(elapsed+e.window)
+	default:
+		rate = float64(w.demand) / float64(max(elapsed, e.window/4))
+		if prev != nil && prev.demand > 0 {
+			old := max(0.5-float64(elapsed)/float64(e.window), 0)
+			rate = (1-old)*rate + old*float64(prev.demand)/float64(e.window)
+		}
 	}
 	predicted = w.demand + int64(rate*float64(e.window-elapsed))
 	return rate, predicted
 }
+
+// fewHits is the demand in a window below which estimate pools it with
+// the last window's.
+const fewHits = 4
 
 func (l *leases) message(e *holderEntry, kind sluicev1.LeaseKind, id int64) *sluicev1.LeaseMessage {
 	return &sluicev1.LeaseMessage{Kind: kind, Name: e.name, Key: e.key, WindowId: id,
@@ -694,12 +720,22 @@ func (l *leases) resend(now, storeNow time.Time) {
 		if !l.stillAllocator(k, ae) {
 			continue
 		}
-		// A region waits for more: as the window goes on, take back what
-		// the others will not use in what is left of it.
-		if ae.a.Waiting() && !ae.a.Learning() && now.Sub(ae.rebalanced) >= rtt/2 && (k.window == windowID(storeNow, ae.window) || k.window == bucketLease) {
+		// A region waits for more: take back what the others will not use
+		// in what is left of the window, once, at the last moment what
+		// it frees can still be granted and spent (reclaimAhead before
+		// the window ends); a bucket's, once a round trip.
+		var reclaim []lease.Lower
+		switch cur := windowID(storeNow, ae.window); {
+		case k.window == bucketLease && ae.a.Waiting() && now.Sub(ae.rebalanced) >= rtt:
+			ae.rebalanced = now
+			reclaim = ae.a.Rebalance()
+		case k.window == cur && ae.rebalanced.IsZero() && ae.a.Waiting() && !ae.a.Learning() && time.Unix(0, (cur+1)*int64(ae.window)).Sub(storeNow) <= reclaimAhead(rtt, ae.window):
 			ae.rebalanced = now
 			ae.setLeft(storeNow)
-			for _, lw := range ae.a.Rebalance() {
+			reclaim = ae.a.Reclaim()
+		}
+		if len(reclaim) > 0 {
+			for _, lw := range reclaim {
 				ae.sent = now
 				l.st.lowers.Add(1)
 				msgs = append(msgs, out{lw.Region, []byte(k.key), ae.lowerMessage(lw)})
@@ -718,6 +754,13 @@ func (l *leases) resend(now, storeNow time.Time) {
 		l.toHolder(o.reg, o.sk, o.m)
 	}
 }
+
+// reclaimAhead is how long before a window ends its allocator reclaims
+// what regions will not use for the regions that wait (Allocator.Reclaim):
+// two lease round trips (the Lower and its Ack, then the Grant: one and a
+// half at most, and a half for the checks that spend it) and a twentieth
+// of the window.
+func reclaimAhead(rtt, w time.Duration) time.Duration { return 2*rtt + w/20 }
 
 // sweep forgets the holders and allocators of windows that ended.
 func (l *leases) sweep(now time.Time) {
@@ -807,6 +850,14 @@ func (l *leases) viewChanged(v *view) {
 // allocator takes to see that it lost the majority (memberlist's failure
 // detection, seconds).
 func learningHorizon(w time.Duration) time.Duration { return 2*w + 10*time.Second }
+
+// LeaseLearningHorizon returns how long after a node starts (or its ring
+// changes) its allocators of a limit whose window is w (ns) still start
+// in learning mode: they grant nothing in a window until every region
+// reported what it holds (a round trip, and two messages per region, per
+// key and window). A cluster measured for its steady state is measured
+// after it.
+func LeaseLearningHorizon(w time.Duration) time.Duration { return learningHorizon(w) }
 
 // learning reports whether this node's allocator of window id (length w)
 // of the key of seed, created now, must learn first: another allocator

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/region"
+	"github.com/sluicehq/sluice/region/lease"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
@@ -245,5 +246,44 @@ func TestLeaseRefusesBadMessages(t *testing.T) {
 	one := startNode(t, "solo", clock)
 	if _, err := one.Server().Lease(context.Background(), &sluicev1.LeaseRequest{}); status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("a node without regions: %v, want FAILED_PRECONDITION", err)
+	}
+}
+
+// The demand estimate a request is sized by: a few hits early in a window
+// are pooled with the last window's demand (a key checked about once a
+// window does not look like four), a busy key's rate shows at once, and a
+// key with no history here falls back to the rate so far (over at least a
+// quarter window).
+func TestLeaseDemandEstimate(t *testing.T) {
+	const w = time.Second
+	l := &leases{}
+	mk := func(first int64, prev int64, hasPrev bool, demand int64) (*holderEntry, *holderWin) {
+		e := &holderEntry{window: w, limit: 100, first: first, wins: map[int64]*holderWin{}}
+		if hasPrev {
+			e.wins[9] = &holderWin{h: lease.NewHolder("a", 9, 1), demand: prev}
+		}
+		cur := &holderWin{h: lease.NewHolder("a", 10, 1), demand: demand}
+		e.wins[10] = cur
+		return e, cur
+	}
+	for _, c := range []struct {
+		name             string
+		first, prev      int64
+		hasPrev          bool
+		demand           int64
+		elapsed          time.Duration
+		minPred, maxPred int64
+	}{
+		{"once a window, one check at 100 ms", 9, 1, true, 1, 100 * time.Millisecond, 1, 2},
+		{"quiet last window, one check", 8, 0, false, 1, 100 * time.Millisecond, 1, 1},
+		{"no history: rate so far over a quarter window", 10, 0, false, 1, 100 * time.Millisecond, 4, 4},
+		{"busy key: 30 last window, 3 hits in 100 ms", 9, 30, true, 3, 100 * time.Millisecond, 20, 30},
+		{"demand moved here: 8 hits in 250 ms, none before", 9, 0, true, 8, 250 * time.Millisecond, 24, 32},
+	} {
+		e, cur := mk(c.first, c.prev, c.hasPrev, c.demand)
+		_, pred := l.estimate(e, cur, c.elapsed)
+		if pred < c.minPred || pred > c.maxPred {
+			t.Errorf("%s: predicted %d, want %d..%d", c.name, pred, c.minPred, c.maxPred)
+		}
 	}
 }

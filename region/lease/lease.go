@@ -214,18 +214,40 @@ func (a *Allocator) SetLeft(left float64) { a.left = min(max(left, 0), 1) }
 // included): at a window's start from last window's demand, so that a
 // key used in one region gets nearly all of the limit. What the Acks
 // free goes to the regions waiting for it.
-func (a *Allocator) Rebalance() []Lower {
+func (a *Allocator) Rebalance() []Lower { return a.rebalance(math.Round, false) }
+
+// Reclaim is Rebalance for the last moment in a window when what it
+// frees can still be granted and used (the caller picks it: a few round
+// trips before the window ends): a region keeps what it used and the
+// whole hits of its expected need over what is left of the window
+// (rounded down, where Rebalance rounds to the nearest), since a hit a
+// region is less likely than not to use is better spent by a region that
+// waits for it. A region that waits itself is lowered too when it holds
+// more than that (it asked early in the window, from a guess of its
+// demand; lowered, it waits no more, and asks again if it needs to). It
+// returns nothing unless a region waits.
+func (a *Allocator) Reclaim() []Lower {
+	if !a.Waiting() {
+		return nil
+	}
+	return a.rebalance(math.Floor, true)
+}
+
+// rebalance lowers the regions that hold more than their fair share (by
+// round) and what they used; waiting regions only when all is set.
+func (a *Allocator) rebalance(round func(float64) float64, all bool) []Lower {
 	if a.Learning() {
 		return nil
 	}
-	fair := a.fairShares()
+	fair := a.fairShares(round)
 	var out []Lower
 	for _, r := range a.regions {
-		if a.lowerAt[r] != 0 || a.waiting[r] > 0 {
+		if a.lowerAt[r] != 0 || (a.waiting[r] > 0 && !all) {
 			continue
 		}
 		keep := max(fair[r], a.used[r])
 		if a.record[r] > keep {
+			a.waiting[r] = 0
 			out = append(out, a.lower(r, keep))
 		}
 	}
@@ -236,7 +258,7 @@ func (a *Allocator) Rebalance() []Lower {
 // (water-filling): every region gets up to its demand, in equal rounds,
 // and what the regions that need less leave goes to the others. A region
 // that has used more than its share keeps what it used.
-func (a *Allocator) fairShares() map[string]int64 {
+func (a *Allocator) fairShares(round func(float64) float64) map[string]int64 {
 	// A region's expected need: what it used, plus what it expected to
 	// admit beyond that when it last asked (or, if it did not, its last
 	// window's demand), scaled down to what is left of the window.
@@ -246,7 +268,7 @@ func (a *Allocator) fairShares() map[string]int64 {
 		if at := a.askedAt[r]; at > 0 {
 			more = max(more, float64(a.extra[r])*min(a.left/at, 1))
 		}
-		need[r] = a.used[r] + int64(math.Round(more))
+		need[r] = a.used[r] + int64(round(more))
 	}
 	out := make(map[string]int64, len(a.regions))
 	left := a.limit
@@ -273,12 +295,13 @@ func (a *Allocator) fairShares() map[string]int64 {
 	return out
 }
 
-// OnRequest handles a region's request: it grants what the pool has, up
-// to Want and the region's fair share (a Grant to send), and when the
-// region gets less than its fair share, asks the regions that hold more
-// than theirs to lower to it (Lowers to send; what their Acks free is
-// granted by OnAck). A request of another window, or while learning, is
-// only noted.
+// OnRequest handles a region's request: it grants what the pool has to
+// the regions waiting (see grantWaiting: fair shares first, then the
+// rest; Grants to send, to the requesting region and perhaps others), and
+// when the region still waits, asks the regions that hold more than
+// their fair share to lower to it (Lowers to send; what their Acks free
+// is granted by OnAck). A request of another window, or while learning,
+// is only noted.
 func (a *Allocator) OnRequest(r Request) (grants []Grant, lowers []Lower) {
 	if r.Window != a.window {
 		return nil, nil
@@ -295,34 +318,61 @@ func (a *Allocator) OnRequest(r Request) (grants []Grant, lowers []Lower) {
 		return nil, nil
 	}
 	a.waiting[r.Region] = r.Want
-	if g, ok := a.grant(r.Region, a.free); ok {
-		grants = append(grants, g)
-	}
+	grants = a.grantWaiting()
 	if a.waiting[r.Region] > 0 {
 		lowers = a.Rebalance()
 	}
 	return grants, lowers
 }
 
-// grant gives region up to what it waits for out of at most pool free
-// hits, within its fair share when other regions want the pool too.
-func (a *Allocator) grant(region string, pool int64) (Grant, bool) {
-	n := min(a.waiting[region], pool)
-	if n <= 0 || a.lowerAt[region] != 0 {
-		return Grant{}, false
+// grantWaiting gives the free pool to the regions waiting for hits (one
+// Grant per region raised): first each up to its fair share (what a
+// region below its share waits for comes first), then what is still free
+// in equal rounds up to what each waits for, since capacity left in the
+// pool while a region waits is capacity no one admits with. A region
+// whose Lower awaits its Ack gets nothing until it answered.
+func (a *Allocator) grantWaiting() []Grant {
+	if a.Learning() || a.free <= 0 {
+		return nil
 	}
-	fair := a.fairShares()
-	if room := fair[region] - a.record[region]; room < n && a.contended(region) {
-		n = max(room, 0)
+	raised := map[string]int64{}
+	give := func(r string, n int64) {
+		a.free -= n
+		a.record[r] += n // recorded before it is sent
+		a.waiting[r] -= n
+		raised[r] += n
 	}
-	if n <= 0 {
-		return Grant{}, false
+	fair := a.fairShares(math.Round)
+	for _, r := range a.regions {
+		if n := min(a.waiting[r], a.free, fair[r]-a.record[r]); n > 0 && a.lowerAt[r] == 0 {
+			give(r, n)
+		}
 	}
-	a.free -= n
-	a.record[region] += n // recorded before it is sent
-	a.waiting[region] -= n
-	a.seq[region]++
-	return Grant{Region: region, Window: a.window, Alloc: a.id, Seq: a.seq[region], Slice: a.record[region]}, true
+	for a.free > 0 {
+		var open []string
+		for _, r := range a.regions {
+			if a.waiting[r] > 0 && a.lowerAt[r] == 0 {
+				open = append(open, r)
+			}
+		}
+		if len(open) == 0 {
+			break
+		}
+		share := max(a.free/int64(len(open)), 1)
+		for _, r := range open {
+			if n := min(share, a.waiting[r], a.free); n > 0 {
+				give(r, n)
+			}
+		}
+	}
+	var out []Grant
+	for _, r := range a.regions {
+		if raised[r] > 0 {
+			a.seq[r]++
+			out = append(out, Grant{Region: r, Window: a.window, Alloc: a.id, Seq: a.seq[r], Slice: a.record[r]})
+		}
+	}
+	return out
 }
 
 // Waiting reports whether some region waits for hits the pool did not
@@ -387,13 +437,7 @@ func (a *Allocator) OnAck(k Ack) ([]Grant, []Lower) {
 			lowers = a.Rebalance()
 		}
 	}
-	var out []Grant
-	for _, r := range a.regions {
-		if g, ok := a.grant(r, a.free); ok {
-			out = append(out, g)
-		}
-	}
-	return out, lowers
+	return a.grantWaiting(), lowers
 }
 
 // Holder is one region's side of one key's window: its slice and the

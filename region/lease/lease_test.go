@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
 )
@@ -133,6 +134,11 @@ func (s *sim) step(arrivals map[string]int) {
 		for _, l := range s.alloc.Pending() {
 			s.send(l.Region, l)
 		}
+	}
+	if s.now%10 == 0 {
+		// The window is 400 ticks: late-window reclaims as it goes on.
+		s.alloc.SetLeft(1 - float64(s.now)/400)
+		s.sendAll(nil, s.alloc.Reclaim())
 	}
 	for _, r := range s.regions {
 		h := s.holders[r]
@@ -342,7 +348,7 @@ func TestMessagesAreIdempotent(t *testing.T) {
 func TestFairShares(t *testing.T) {
 	a, _ := NewAllocator(1, 1, 120, map[string]int64{"a": 0, "b": 0, "c": 0},
 		map[string]int64{"a": 1000, "b": 50, "c": 10}, false)
-	f := a.fairShares()
+	f := a.fairShares(math.Round)
 	if f["a"] != 60 || f["b"] != 50 || f["c"] != 10 {
 		t.Fatalf("fair shares %v, want a 60, b 50, c 10", f)
 	}
@@ -352,5 +358,90 @@ func TestFairShares(t *testing.T) {
 	ls := a.Rebalance()
 	if len(ls) != 2 || ls[0].Region != "b" || ls[0].Target != 0 || ls[1].Region != "c" {
 		t.Fatalf("rebalance %v, want b and c lowered to 0", ls)
+	}
+}
+
+// The pool never idles while a region waits: what is free after every
+// waiting region got its fair share goes to those that want more, and
+// each region gets one Grant carrying its whole new slice.
+func TestFreePoolGoesToWaitingRegions(t *testing.T) {
+	// Limit 10, bases 1 each; last window a needed 8, b 1, c 0: fair
+	// shares a 8, b 1, c 0 (leaving 1 to nobody's need).
+	a, _ := NewAllocator(1, 1, 10, map[string]int64{"a": 1, "b": 1, "c": 1},
+		map[string]int64{"a": 8, "b": 1}, false)
+	if a.Free() != 7 {
+		t.Fatalf("free %d, want 7", a.Free())
+	}
+	// b asks for 3 more than it holds: beyond its fair share, but nobody
+	// else waits, so it gets them.
+	gs, _ := a.OnRequest(Request{Region: "b", Window: 1, Want: 3, Slice: 1})
+	if len(gs) != 1 || gs[0].Region != "b" || gs[0].Slice != 4 || a.Free() != 4 {
+		t.Fatalf("b's grants %v, free %d; want b to 4, 4 free", gs, a.Free())
+	}
+	// a asks for 20: the 4 free hits go to it, and c (no demand) is
+	// asked to give back its base.
+	gs, ls := a.OnRequest(Request{Region: "a", Window: 1, Want: 20, Slice: 1})
+	if len(gs) != 1 || gs[0].Region != "a" || gs[0].Slice != 5 || a.Free() != 0 {
+		t.Fatalf("a's grants %v, free %d; want a to 5, 0 free", gs, a.Free())
+	}
+	if len(ls) != 1 || ls[0].Region != "c" || ls[0].Target != 0 {
+		t.Fatalf("lowers %v, want c to 0", ls)
+	}
+	// What c's ack frees goes to a at once, not to the pool.
+	hc := NewHolder("c", 1, 1)
+	k, _ := hc.OnLower(ls[0], 0)
+	gs, _ = a.OnAck(k)
+	if len(gs) != 1 || gs[0].Region != "a" || gs[0].Slice != 6 || a.Free() != 0 {
+		t.Fatalf("after c's ack: grants %v, free %d; want a to 6, 0 free", gs, a.Free())
+	}
+}
+
+// Reclaim, late in a window, takes back from every region what it will
+// probably not use (what it used plus the whole hits of its expected
+// need over what is left), waiting regions included, and only when some
+// region waits; what it frees goes to the region that waits.
+func TestReclaim(t *testing.T) {
+	a, _ := NewAllocator(1, 1, 10, map[string]int64{"a": 2, "b": 2, "c": 2}, map[string]int64{"a": 10, "b": 2, "c": 2}, false)
+	if ls := a.Reclaim(); len(ls) != 0 {
+		t.Fatalf("reclaim with nobody waiting: %v", ls)
+	}
+	ha, hb, hc := NewHolder("a", 1, 2), NewHolder("b", 1, 2), NewHolder("c", 1, 2)
+	// a asks for 8 and gets the pool's 4 (its fair share is 6); b then
+	// asks for 1 and waits (the pool is empty, and c keeps its base: its
+	// last window's demand was 2).
+	gs, ls := a.OnRequest(ha.Request(8, 2))
+	if len(gs) != 1 || gs[0].Slice != 6 || len(ls) != 0 {
+		t.Fatalf("a's request: grants %v, lowers %v; want a to 6, no lowers", gs, ls)
+	}
+	ha.OnGrant(gs[0])
+	if gs, ls = a.OnRequest(hb.Request(1, 1)); len(gs)+len(ls) != 0 {
+		t.Fatalf("b's request: grants %v, lowers %v; want none", gs, ls)
+	}
+	// 60 % of the window gone: b's need is 1 (used) + ⌊2 × 0.4⌋ = 1, c's
+	// 0 + ⌊2 × 0.4⌋ = 0; a's 2 + ⌊8 × 0.4⌋ = 5 < 6, so a is not lowered.
+	a.SetLeft(0.4)
+	ls = a.Reclaim()
+	targets := map[string]int64{}
+	for _, l := range ls {
+		targets[l.Region] = l.Target
+	}
+	if len(ls) != 2 || targets["b"] != 1 || targets["c"] != 0 {
+		t.Fatalf("reclaim %v, want b to 1 and c to 0", ls)
+	}
+	var freed []Grant
+	for _, l := range ls {
+		h := map[string]*Holder{"b": hb, "c": hc}[l.Region]
+		k, _ := h.OnLower(l, map[string]int64{"b": 1, "c": 0}[l.Region])
+		g, _ := a.OnAck(k)
+		freed = append(freed, g...)
+	}
+	for _, g := range freed {
+		if g.Region != "a" {
+			t.Fatalf("freed hits went to %s: %v", g.Region, freed)
+		}
+		ha.OnGrant(g)
+	}
+	if ha.Slice() != 9 || hb.Slice() != 1 || hc.Slice() != 0 || a.Free() != 0 {
+		t.Fatalf("after reclaim: a %d, b %d, c %d, free %d; want 9, 1, 0, 0", ha.Slice(), hb.Slice(), hc.Slice(), a.Free())
 	}
 }

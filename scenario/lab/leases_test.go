@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/rpc"
 	"github.com/sluicehq/sluice/scenario"
 )
 
@@ -52,6 +53,13 @@ type leaseRun struct {
 // runLeases runs s on a fresh lab (nodes per region, jitter on each
 // one-way delay) and returns its figures; the full report is logged.
 func runLeases(t *testing.T, s *scenario.Scenario, nodes int, jitter time.Duration, during func(*Lab, time.Time)) leaseRun {
+	return runLeasesWarm(t, s, nodes, jitter, false, during)
+}
+
+// runLeasesWarm is runLeases; warm starts the load only when the nodes'
+// allocators are past their learning horizon (rpc.LeaseLearningHorizon:
+// a cluster's steady state, not its first seconds).
+func runLeasesWarm(t *testing.T, s *scenario.Scenario, nodes int, jitter time.Duration, warm bool, during func(*Lab, time.Time)) leaseRun {
 	t.Helper()
 	p, err := scenario.NewPlan(s)
 	if err != nil {
@@ -64,6 +72,9 @@ func runLeases(t *testing.T, s *scenario.Scenario, nodes int, jitter time.Durati
 		t.Fatal(err)
 	}
 	defer l.Close()
+	if warm {
+		time.Sleep(rpc.LeaseLearningHorizon(s.Limit.Window))
+	}
 	tg, err := l.Target(fmt.Sprintf("%s.%d", s.Name, time.Now().UnixNano()), 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -80,6 +91,14 @@ func runLeases(t *testing.T, s *scenario.Scenario, nodes int, jitter time.Durati
 	var b strings.Builder
 	_ = rep.WriteText(&b)
 	t.Logf("%s (seed %d, %s):\n%s", s.Name, s.Seed, l.Describe(), b.String())
+	for reg, ns := range l.nodes {
+		for _, n := range ns {
+			st := n.Server().Stats()
+			t.Logf("%s %s: lease requests %d grants %d (%d hits) lowers %d acks %d given back %d exhausted %d msgs %d replies %d calls %d errs %d",
+				reg, n.Name(), st.LeaseRequests, st.LeaseGrants, st.LeaseGrantedHits, st.LeaseLowers, st.LeaseAcks, st.LeaseGivenBack,
+				st.SliceExhausted, st.LeaseMessages, st.LeaseReplies, st.LeaseCalls, st.LeaseCallErrors)
+		}
+	}
 	if rep.Totals.Over > 0 {
 		// The over-admitted key's admissions, to read what happened.
 		var b strings.Builder
@@ -227,14 +246,47 @@ func TestLeaseMatrix(t *testing.T) {
 	if v := os.Getenv("SLUICE_LEASE_SEEDS"); v != "" {
 		_, _ = fmt.Sscan(v, &seeds)
 	}
+	// Narrowing it, to look at one cell: SLUICE_LEASE_REGIONS (e.g. "5"),
+	// SLUICE_LEASE_RTTS (e.g. "200ms"), SLUICE_LEASE_ONLY (a scenario's
+	// name; it also leaves the buckets out).
+	regionsList, rtts := []int{3, 5}, []time.Duration{50 * time.Millisecond, 200 * time.Millisecond}
+	if v := os.Getenv("SLUICE_LEASE_REGIONS"); v != "" {
+		regionsList = nil
+		for _, f := range strings.Split(v, ",") {
+			var n int
+			if _, err := fmt.Sscan(f, &n); err != nil {
+				t.Fatalf("SLUICE_LEASE_REGIONS: %v", err)
+			}
+			regionsList = append(regionsList, n)
+		}
+	}
+	if v := os.Getenv("SLUICE_LEASE_RTTS"); v != "" {
+		rtts = nil
+		for _, f := range strings.Split(v, ",") {
+			d, err := time.ParseDuration(f)
+			if err != nil {
+				t.Fatalf("SLUICE_LEASE_RTTS: %v", err)
+			}
+			rtts = append(rtts, d)
+		}
+	}
+	only := os.Getenv("SLUICE_LEASE_ONLY")
+	// SLUICE_LEASE_COLD=1 starts the load at once (allocators learning).
+	warm := os.Getenv("SLUICE_LEASE_COLD") == ""
 	var rows []string
-	for _, regions := range []int{3, 5} {
-		for _, rtt := range []time.Duration{50 * time.Millisecond, 200 * time.Millisecond} {
+	for _, regions := range regionsList {
+		for _, rtt := range rtts {
 			for range seeds {
 				p := scenario.DefaultParams()
 				p.Regions, p.RTT, p.Seed, p.Windows = regions, rtt, rand.Uint64()%100000, 8
+				if v := os.Getenv("SLUICE_LEASE_SEED"); v != "" {
+					p.Seed = testSeed()
+				}
 				for _, s := range scenario.Leases(p) {
-					r := runLeases(t, s, 1, 10*time.Millisecond, nil)
+					if only != "" && s.Name != only {
+						continue
+					}
+					r := runLeasesWarm(t, s, 1, 10*time.Millisecond, warm, nil)
 					if r.over != 0 {
 						t.Errorf("%d regions, %s, seed %d, %s: over-admission %d", regions, rtt, p.Seed, s.Name, r.over)
 					}
@@ -249,12 +301,12 @@ func TestLeaseMatrix(t *testing.T) {
 		}
 	}
 	// Buckets: 3 regions 100 ms apart.
-	for range seeds {
+	for i := 0; i < seeds && only == ""; i++ {
 		for _, alg := range []string{"token_bucket", "leaky_bucket"} {
 			p := scenario.DefaultParams()
 			p.Seed, p.Windows, p.Algorithm = rand.Uint64()%100000, 6, alg
 			for _, s := range []*scenario.Scenario{scenario.Steady(p), scenario.Skew(p), scenario.OneRegion(p), scenario.Partition(p)} {
-				r := runLeases(t, s, 1, 10*time.Millisecond, nil)
+				r := runLeasesWarm(t, s, 1, 10*time.Millisecond, warm, nil)
 				if r.over != 0 {
 					t.Errorf("%s, seed %d, %s: over-admission %d", alg, p.Seed, s.Name, r.over)
 				}
