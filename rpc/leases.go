@@ -77,7 +77,48 @@ type leases struct {
 	hmu sync.Mutex
 	hot map[*holderEntry]struct{} // entries that asked in their current or last window
 
-	st leaseCounters
+	st    leaseCounters
+	pools sync.Map // limit name label -> *poolCounters
+}
+
+// poolCounters are a limit name's lease figures, per window ended: the
+// slices this node's region held of it, what it admitted of them, and
+// what this node's allocators left in the pool (granted to nobody). With
+// every node's summed, used / (slices + free) is the share of the limit
+// admitted, and slices / (slices + free) the pool's use.
+type poolCounters struct {
+	slice, used, free atomic.Int64
+}
+
+// pool returns name's counters: a configured limit's own, "(inline)" for
+// the rest (a label never holds a name a client made up).
+func (l *leases) pool(name string) *poolCounters {
+	if set := l.s.limits.Current(); set == nil || !set.Has(name) {
+		name = InlineName
+	}
+	if p, ok := l.pools.Load(name); ok {
+		return p.(*poolCounters)
+	}
+	p, _ := l.pools.LoadOrStore(name, &poolCounters{})
+	return p.(*poolCounters)
+}
+
+// PoolStats is a limit name's lease figures on one node (see Stats):
+// hits of the slices its region held, of them admitted, and left in its
+// allocators' pools, summed over the windows that ended.
+type PoolStats struct {
+	SliceHits, UsedHits, FreeHits int64
+}
+
+// poolStats returns the lease figures by limit name label.
+func (l *leases) poolStats() map[string]PoolStats {
+	out := map[string]PoolStats{}
+	l.pools.Range(func(k, v any) bool {
+		p := v.(*poolCounters)
+		out[k.(string)] = PoolStats{SliceHits: p.slice.Load(), UsedHits: p.used.Load(), FreeHits: p.free.Load()}
+		return true
+	})
+	return out
 }
 
 // leaseHistory is when this node's own ring last changed (or the node
@@ -775,6 +816,12 @@ func (l *leases) sweep(now time.Time) {
 				// its base: one that was lowered must stay lowered (made
 				// again, it would start at its base, above the allocator's
 				// record).
+				if wid != bucketLease && wid < id-1 {
+					hw := e.wins[wid]
+					p := l.pool(e.name)
+					p.slice.Add(hw.h.Slice())
+					p.used.Add(min(hw.consumed, hw.h.Slice()))
+				}
 				if (wid != bucketLease && wid < id-1) || (wid == bucketLease && time.Since(e.touched) > bucketIdle && e.wins[wid].h.Slice() == e.wins[wid].h.Base()) {
 					delete(e.wins, wid)
 				}
@@ -791,6 +838,9 @@ func (l *leases) sweep(now time.Time) {
 	}
 	l.amu.Lock()
 	for k, ae := range l.allocs {
+		if k.window != bucketLease && k.window < windowID(now, ae.window)-1 && !ae.a.Learning() {
+			l.pool(ae.name).free.Add(ae.a.Free())
+		}
 		if (k.window != bucketLease && k.window < windowID(now, ae.window)-1) || (k.window == bucketLease && time.Since(ae.touched) > bucketIdle) {
 			delete(l.allocs, k)
 		}

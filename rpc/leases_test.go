@@ -113,6 +113,20 @@ func TestLeasesFollowDemand(t *testing.T) {
 	}
 	t.Logf("a admitted %d, then %d more anywhere; a's node: %d requests, %d granted hits, %d lease calls", got, more,
 		st.LeaseRequests, st.LeaseGrantedHits, st.LeaseCalls)
+	// Two windows on, the window is swept: the pool figures (by name
+	// label; "api" is not a configured limit) count every admission, and
+	// the slices held and the pool left add up to at most the limit.
+	clock.Advance(2 * time.Minute)
+	var pool PoolStats
+	for _, r := range []string{"a", "b", "c"} {
+		srv := byRegion[r][0].srv
+		srv.leases.sweep(clock.Now())
+		p := srv.Stats().LeasePools[InlineName]
+		pool.SliceHits, pool.UsedHits, pool.FreeHits = pool.SliceHits+p.SliceHits, pool.UsedHits+p.UsedHits, pool.FreeHits+p.FreeHits
+	}
+	if pool.UsedHits != int64(got+more) || pool.SliceHits < pool.UsedHits || pool.SliceHits+pool.FreeHits > limit {
+		t.Errorf("pool figures %+v; want %d used, slices at least that, slices and free at most %d", pool, got+more, limit)
+	}
 }
 
 // Demand in every region over the limit: each region gets about its fair

@@ -166,6 +166,9 @@ var (
 		{prometheus.NewDesc("sluice_lease_call_errors_total", "Lease calls that failed (their messages are sent or asked again, never applied twice).", nil, nil), func(st Stats) int64 { return st.LeaseCallErrors }},
 		{prometheus.NewDesc("sluice_ring_mismatch_total", "Members seen with the same member set but another ring fingerprint (they disagree about owners).", nil, nil), func(st Stats) int64 { return st.RingMismatch }},
 	}
+	descPoolSlice  = prometheus.NewDesc("sluice_lease_slice_hits_total", "Hits of the slices this node's region held of a global limit, summed over the windows that ended, by limit name (configured limits; \"(inline)\" for the rest).", []string{"name"}, nil)
+	descPoolUsed   = prometheus.NewDesc("sluice_lease_slice_used_hits_total", "Hits this node's region admitted of its slices of a global limit, summed over the windows that ended, by limit name.", []string{"name"}, nil)
+	descPoolFree   = prometheus.NewDesc("sluice_lease_pool_free_hits_total", "Hits this node's allocators left in a global limit's pool, granted to no region, summed over the windows that ended, by limit name. Over all nodes: used / (slice + free) is the share of the limit admitted.", []string{"name"}, nil)
 	descReplicas   = prometheus.NewDesc("sluice_replicas", "Copies of other owners' keys held on this node.", nil, nil)
 	descRLS        = prometheus.NewDesc("sluice_rls_requests_total", "Envoy ShouldRateLimit requests answered, by overall code (ok, over_limit).", []string{"code"}, nil)
 	descRLSPartial = prometheus.NewDesc("sluice_rls_partial_charges_total", "Envoy requests refused that left a descriptor charged (one answered degraded, which the node does not refund).", nil, nil)
@@ -175,7 +178,7 @@ var (
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLocal, descForwarded, descFwdCalls, descFwdErrors, descNoConn,
 		descReceived, descReceivedRPCs, descMembers, descRingEpoch, descKeys, descSwept, descEvictedLive, descKeysRefused, descReloads, descLimits,
-		descRLS, descRLSPartial, descReplicas} {
+		descRLS, descRLSPartial, descReplicas, descPoolSlice, descPoolUsed, descPoolFree} {
 		ch <- d
 	}
 	for _, h := range descHandOff {
@@ -209,6 +212,11 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 			counter(h.desc, h.get(st))
 		}
 		gauge(descReplicas, int64(st.Replicas))
+		for name, p := range st.LeasePools {
+			counter(descPoolSlice, p.SliceHits, name)
+			counter(descPoolUsed, p.UsedHits, name)
+			counter(descPoolFree, p.FreeHits, name)
+		}
 		v := srv.view.Load()
 		gauge(descMembers, int64(len(v.members)))
 		gauge(descRingEpoch, int64(v.epoch))

@@ -361,6 +361,10 @@ type Stats struct {
 	// again, never applied twice).
 	LeaseRequests, LeaseGrants, LeaseGrantedHits, LeaseLowers, LeaseAcks, LeaseGivenBack, SliceExhausted int64
 	LeaseMessages, LeaseReplies, LeaseCalls, LeaseCallErrors                                             int64
+	// LeasePools are the lease figures by limit name (a configured
+	// limit's name, InlineName for the rest): see PoolStats. Nil without
+	// leases.
+	LeasePools map[string]PoolStats
 }
 
 // Stats returns the routing counters.
@@ -407,6 +411,7 @@ func (s *Server) Stats() Stats {
 		st.SliceExhausted = l.st.exhausted.Load()
 		st.LeaseMessages, st.LeaseCalls, st.LeaseCallErrors = l.st.sent.Load(), l.st.calls.Load(), l.st.callErrors.Load()
 		st.LeaseReplies = l.st.replied.Load()
+		st.LeasePools = l.poolStats()
 	}
 	for _, p := range st.Peers {
 		st.ForwardRPCs += p.Batches
