@@ -49,6 +49,7 @@ func scenarioCommand(e env) *cli.Command {
 			&cli.BoolFlag{Name: "simulate", Usage: "start the scenario's regions as a cluster in this process (real nodes on 127.0.0.1, the scenario's round-trip times simulated on their gRPC and gossip, its clock offsets and cuts applied) instead of --region's nodes"},
 			&cli.IntFlag{Name: "nodes-per-region", Value: 1, Usage: "with --simulate: nodes per region (1..16)"},
 			&cli.BoolFlag{Name: "no-wan", Usage: "with --simulate: no delay between regions (the baseline a WAN run's latency is compared with)"},
+			&cli.FloatFlag{Name: "lease-base", Value: rpc.DefaultLeaseBase, Usage: "with --simulate: the nodes' --lease-base, the part (0 < f <= 1) of a global limit the regions own as bases; 1: fixed slices, no leases"},
 		}, clientAuthFlags(e)...),
 		Action: runScenario,
 	}
@@ -87,6 +88,10 @@ func runScenario(ctx context.Context, cmd *cli.Command) error {
 		return usagef("region", "--simulate starts its own nodes: give no --region")
 	case !simulate && (cmd.IsSet("nodes-per-region") || cmd.Bool("no-wan")):
 		return usagef("nodes-per-region", "--nodes-per-region and --no-wan apply to --simulate only")
+	case !simulate && cmd.IsSet("lease-base"):
+		return usagef("lease-base", "applies to --simulate only (a cluster's nodes take it from sluice serve --lease-base)")
+	case !(cmd.Float("lease-base") > 0 && cmd.Float("lease-base") <= 1):
+		return usagef("lease-base", "must be in (0, 1], got %v", cmd.Float("lease-base"))
 	case perRegion < 1 || perRegion > 16:
 		return usagef("nodes-per-region", "must be in 1..16, got %d", perRegion)
 	}
@@ -103,7 +108,7 @@ func runScenario(ctx context.Context, cmd *cli.Command) error {
 		if cmd.Bool("no-wan") {
 			scale = -1
 		}
-		l, err = lab.Start(ctx, lab.Config{Plan: p, NodesPerRegion: perRegion, RTTScale: scale})
+		l, err = lab.Start(ctx, lab.Config{Plan: p, NodesPerRegion: perRegion, RTTScale: scale, LeaseBase: cmd.Float("lease-base")})
 		if err != nil {
 			return err
 		}

@@ -55,6 +55,10 @@ type Config struct {
 	// Ready bounds the wait for every region's ring to hold its nodes and
 	// agree. Default 30 s. (Optional)
 	Ready time.Duration
+	// LeaseBase is the nodes' rpc.NodeConfig.LeaseBase: the part of a
+	// global limit the regions own as bases, (0, 1]; 1 is fixed slices,
+	// no leases. 0: the default, rpc.DefaultLeaseBase. (Optional)
+	LeaseBase float64
 }
 
 // Lab is a running multi-region cluster. Close it when done.
@@ -124,6 +128,7 @@ func Start(ctx context.Context, cfg Config) (*Lab, error) {
 				Name: name, Region: r, Regions: regions,
 				GRPCAddr: "127.0.0.1:0", GossipTransport: tr, DialOptions: l.Net.DialOptions(r),
 				Clock: offsetClock{p.ClockOffset(r)}, Logger: cfg.Logger, LeaveTimeout: time.Second,
+				LeaseBase: cfg.LeaseBase,
 			}
 			if seed != "" {
 				nc.Join = []string{seed}
