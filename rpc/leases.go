@@ -45,8 +45,13 @@ import (
 // cut off from the allocator can always admit per window.
 const DefaultLeaseBase = 0.5
 
-// leaseFlush is how often queued lease messages are sent.
-const leaseFlush = 5 * time.Millisecond
+// leaseFlush is how often queued lease messages are sent, one Lease call
+// per destination node: every 5 ms the calls' own cost (a gRPC call each,
+// hundreds a second per node) doubled the p99 of in-region checks under
+// load (scenario/testdata/load.yaml in the lab); every 20 ms it is within
+// about a millisecond of fixed slices'. It adds up to 20 ms to a lease's
+// round trip (the lead counts two).
+const leaseFlush = 20 * time.Millisecond
 
 // maxLeaseBatch bounds the messages of one Lease call.
 const maxLeaseBatch = 4096
@@ -172,7 +177,6 @@ type holderWin struct {
 	consumed int64     // hits admitted, as last seen
 	asked    time.Time // when the last request went, wall clock (zero: none)
 	askedAt  int64     // the slice when it went
-	wanted   int64     // the slice it asked to reach (slice + want, at most the limit)
 }
 
 type allocKey struct {
@@ -187,6 +191,7 @@ type allocEntry struct {
 	a          *lease.Allocator
 	sent       time.Time // when its pending lowers were last sent, wall clock
 	rebalanced time.Time // when it last rebalanced for a waiting region, wall clock
+	reclaimed  bool      // its late-window reclaim went
 	touched    time.Time // when a message last came for it, wall clock (buckets: idle ones are forgotten)
 	view       *view     // the view it was last found to be the key's allocator under
 }
@@ -358,7 +363,7 @@ func (l *leases) decide(storeKey []byte, r *request, now time.Time) *sluicev1.De
 	pd.Slice = slice
 	var req *sluicev1.LeaseMessage
 	if want := l.wantMore(e, w, start, now); want > 0 {
-		w.asked, w.askedAt, w.wanted = time.Now(), w.h.Slice(), min(w.h.Slice()+want, e.limit)
+		w.asked, w.askedAt = time.Now(), w.h.Slice()
 		rq := w.h.Request(want, w.consumed)
 		req = l.message(e, sluicev1.LeaseKind_LEASE_KIND_REQUEST, id)
 		req.Want, req.Consumed, req.Slice = rq.Want, rq.Consumed, rq.Slice
@@ -446,20 +451,22 @@ func (l *leases) decideBucket(storeKey []byte, r *request, now time.Time) *sluic
 // slice, at most one request per lead time. Requires e.mu.
 func (l *leases) wantMore(e *holderEntry, w *holderWin, start, now time.Time) int64 {
 	lead := l.lead()
-	rate, predicted := l.estimate(e, w, now.Sub(start))
 	slice := w.h.Slice()
-	// The allocator remembers what a region waits for and grants it as
-	// capacity frees, so asking again only tells it of more demand: at
-	// most one request per round trip (the answer to the last one comes
-	// in about that), and then only for more than the last one asked;
-	// the same again after four round trips with no grant (a request or
-	// its grant may have been lost).
+	// At most one request per round trip (the answer to the last one
+	// comes in about that); while no grant came since the last, one per
+	// four (the allocator remembers what a region waits for and grants
+	// it as capacity frees). Asking again after a grant is worth its
+	// message: it refreshes what the region used and waits for, which
+	// the allocator's fair shares and reclaims go by (asking only for
+	// more than the last request cut the messages by a tenth and the
+	// utilisation under 90/10 skew by 3-6 points).
 	if !w.asked.IsZero() {
 		since, rtt := time.Since(w.asked), time.Duration(l.rtt.Load())+2*leaseFlush
-		if since < rtt || (min(predicted, e.limit) <= w.wanted && (slice != w.askedAt || since < 4*rtt)) {
+		if since < rtt || (slice == w.askedAt && since < 4*rtt) {
 			return 0
 		}
 	}
+	rate, predicted := l.estimate(e, w, now.Sub(start))
 	// A holder that started below its base (see unsure) asks for at least
 	// its base back: the base is the region's own unless it was given away.
 	predicted = max(predicted, w.h.Base())
@@ -731,7 +738,7 @@ func (l *leases) ahead(now time.Time) {
 		predicted = min(predicted, e.limit)
 		var m *sluicev1.LeaseMessage
 		if want := predicted - nw.h.Slice(); want > 0 {
-			nw.asked = time.Now()
+			nw.asked, nw.askedAt = time.Now(), nw.h.Slice()
 			m = l.message(e, sluicev1.LeaseKind_LEASE_KIND_REQUEST, id+1)
 			m.Want, m.Slice = want, nw.h.Slice()
 		}
@@ -762,18 +769,25 @@ func (l *leases) resend(now, storeNow time.Time) {
 			continue
 		}
 		// A region waits for more: take back what the others will not use
-		// in what is left of the window, once, at the last moment what
-		// it frees can still be granted and spent (reclaimAhead before
-		// the window ends); a bucket's, once a round trip.
+		// in what is left of the window (their fair share of the
+		// expected demand), once a round trip, and once more, keeping
+		// only what they will probably use, at the last moment what it
+		// frees can still be granted and spent (reclaimAhead before the
+		// window ends); a bucket's, once a round trip.
 		var reclaim []lease.Lower
 		switch cur := windowID(storeNow, ae.window); {
 		case k.window == bucketLease && ae.a.Waiting() && now.Sub(ae.rebalanced) >= rtt:
 			ae.rebalanced = now
 			reclaim = ae.a.Rebalance()
-		case k.window == cur && ae.rebalanced.IsZero() && ae.a.Waiting() && !ae.a.Learning() && time.Unix(0, (cur+1)*int64(ae.window)).Sub(storeNow) <= reclaimAhead(rtt, ae.window):
-			ae.rebalanced = now
+		case k.window != cur || !ae.a.Waiting() || ae.a.Learning():
+		case !ae.reclaimed && time.Unix(0, (cur+1)*int64(ae.window)).Sub(storeNow) <= reclaimAhead(rtt, ae.window):
+			ae.rebalanced, ae.reclaimed = now, true
 			ae.setLeft(storeNow)
 			reclaim = ae.a.Reclaim()
+		case now.Sub(ae.rebalanced) >= rtt:
+			ae.rebalanced = now
+			ae.setLeft(storeNow)
+			reclaim = ae.a.Rebalance()
 		}
 		if len(reclaim) > 0 {
 			for _, lw := range reclaim {

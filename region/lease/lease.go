@@ -328,8 +328,8 @@ func (a *Allocator) OnRequest(r Request) (grants []Grant, lowers []Lower) {
 // grantWaiting gives the free pool to the regions waiting for hits (one
 // Grant per region raised): first each up to its fair share (what a
 // region below its share waits for comes first), then what is still free
-// in equal rounds up to what each waits for, since capacity left in the
-// pool while a region waits is capacity no one admits with. A region
+// up to what each waits for, largest fair share first, since capacity
+// left in the pool while a region waits is capacity no one admits with. A region
 // whose Lower awaits its Ack gets nothing until it answered.
 func (a *Allocator) grantWaiting() []Grant {
 	if a.Learning() || a.free <= 0 {
@@ -348,21 +348,14 @@ func (a *Allocator) grantWaiting() []Grant {
 			give(r, n)
 		}
 	}
-	for a.free > 0 {
-		var open []string
-		for _, r := range a.regions {
-			if a.waiting[r] > 0 && a.lowerAt[r] == 0 {
-				open = append(open, r)
-			}
-		}
-		if len(open) == 0 {
-			break
-		}
-		share := max(a.free/int64(len(open)), 1)
-		for _, r := range open {
-			if n := min(share, a.waiting[r], a.free); n > 0 {
-				give(r, n)
-			}
+	// What is still free goes first to the region with the largest fair
+	// share (the largest expected demand: the one most likely to spend
+	// it before the window ends), then the next.
+	open := slices.Clone(a.regions)
+	slices.SortStableFunc(open, func(x, y string) int { return int(fair[y] - fair[x]) })
+	for _, r := range open {
+		if n := min(a.waiting[r], a.free); n > 0 && a.lowerAt[r] == 0 {
+			give(r, n)
 		}
 	}
 	var out []Grant
