@@ -197,9 +197,18 @@ func Move(p Params) *Scenario {
 }
 
 // Leases returns the scenarios of issue 20's done-when for p: those of
-// DoneWhen, OneRegion and Move.
+// DoneWhen, OneRegion, Move and Lossy.
 func Leases(p Params) []*Scenario {
-	return append(DoneWhen(p), OneRegion(p), Move(p))
+	return append(DoneWhen(p), OneRegion(p), Move(p), Lossy(p))
+}
+
+// Lossy is "1 % loss": the load of Steady with 1 % of the packets
+// between any two regions lost (retransmitted on gRPC: late, overtaken
+// calls; dropped on gossip).
+func Lossy(p Params) *Scenario {
+	s := Steady(p)
+	s.Name, s.Limit.Name, s.Loss = "lossy", "scenario.lossy", 0.01
+	return s
 }
 
 // DoneWhen returns the five scenarios of issue 19's done-when for p:

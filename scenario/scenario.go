@@ -30,6 +30,8 @@ const (
 	MaxRTT = time.Minute
 	// MaxClockOffset is the largest clock offset of a region, either way.
 	MaxClockOffset = time.Hour
+	// MaxLoss is the highest packet loss between two regions.
+	MaxLoss = 0.5
 	// MaxRate is the highest arrival rate of one arrival, checks/s.
 	MaxRate = 1_000_000
 	// MaxHits is the most hits one check may consume.
@@ -96,6 +98,12 @@ type Scenario struct {
 	Arrivals []Arrival `yaml:"arrivals" json:"arrivals"`
 	// Cuts cut regions off from the others for a while. (Optional)
 	Cuts []Cut `yaml:"cuts,omitempty" json:"cuts,omitempty"`
+	// Loss is the probability that a packet between two regions is lost,
+	// 0..0.5, on every pair: on gRPC (TCP) a lost packet is retransmitted
+	// (the call is late: later calls overtake it, and a sender that gives
+	// up sends again), on gossip (UDP) it is dropped. Applied by --simulate
+	// only; against real nodes make the loss yourself (tc netem). (Optional)
+	Loss float64 `yaml:"loss,omitempty" json:"loss,omitempty"`
 	// ClockOffsets is each region's clock minus the true time, within
 	// ±1h; a region left out is 0. (Optional)
 	ClockOffsets map[string]time.Duration `yaml:"clock_offsets,omitempty" json:"clock_offsets,omitempty"`
@@ -333,6 +341,9 @@ func (s *Scenario) Validate() error {
 				return bad(f, "overlaps cuts[%d] of region %q", j, c.Region)
 			}
 		}
+	}
+	if !(s.Loss >= 0 && s.Loss <= MaxLoss) {
+		return bad("loss", "must be in 0..%v, got %v", MaxLoss, s.Loss)
 	}
 	names := make([]string, 0, len(s.ClockOffsets))
 	for r := range s.ClockOffsets {

@@ -91,6 +91,8 @@ func TestValidateNamesTheField(t *testing.T) {
 		}},
 		{"clock_offsets.mars", func(s *Scenario) { s.ClockOffsets = map[string]time.Duration{"mars": 0} }},
 		{"clock_offsets.eu-west", func(s *Scenario) { s.ClockOffsets = map[string]time.Duration{"eu-west": 2 * time.Hour} }},
+		{"loss", func(s *Scenario) { s.Loss = 0.6 }},
+		{"loss", func(s *Scenario) { s.Loss = -0.1 }},
 	} {
 		s := Steady(DefaultParams())
 		tc.edit(s)

@@ -136,6 +136,9 @@ func runScenario(ctx context.Context, cmd *cli.Command) error {
 			}
 			fmt.Fprintf(cmd.Root().ErrWriter, "sluice: warning: cuts not enforced (%s): this command cannot cut regions off\n", strings.Join(cuts, "; "))
 		}
+		if p.Scenario.Loss > 0 {
+			fmt.Fprintf(cmd.Root().ErrWriter, "sluice: warning: loss %v not applied: this command cannot drop real nodes' packets (use tc netem, or --simulate)\n", p.Scenario.Loss)
+		}
 		opts, err := dialOptions(cmd)
 		if err != nil {
 			return err

@@ -113,6 +113,9 @@ func Start(ctx context.Context, cfg Config) (*Lab, error) {
 				rtt = 0
 			}
 			l.Net.SetRTT(a, b, rtt, cfg.Jitter)
+			if p.Scenario.Loss > 0 {
+				l.Net.SetLoss(a, b, p.Scenario.Loss)
+			}
 		}
 	}
 	var seed string
