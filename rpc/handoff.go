@@ -55,9 +55,9 @@ func (n handOffNode) MemberLeaving(member, inst string) { n.s.memberLeaving(memb
 // standIns gives the hand-off the Server's stand-in windows.
 type standIns struct{ s *Server }
 
-func (w standIns) Take(key string) (window.State, bool) { return w.s.takeStandIn(key) }
-func (w standIns) Flush(ctx context.Context)            { w.s.flushStandIns(ctx) }
-func (w standIns) Pending() int64                       { return w.s.fbKeys.Load() }
+func (w standIns) Take(key string) (window.State, bool)       { return w.s.takeStandIn(key) }
+func (w standIns) Flush(ctx context.Context) map[string]error { return w.s.flushStandIns(ctx) }
+func (w standIns) Pending() int64                             { return w.s.fbKeys.Load() }
 
 // handOffView is v as the hand-off sees it: the ring and the peers'
 // clients.

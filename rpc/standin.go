@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -223,8 +224,9 @@ func (s *Server) standInLoop(ctx context.Context) {
 // them; a send that fails is tried again next time. While a key's hits are
 // on their way it is marked outgoing, so that a Pull of it waits for the
 // send's end instead of taking the same hits again. One flush runs at a
-// time.
-func (s *Server) flushStandIns(ctx context.Context) {
+// time. It returns the error of each owner whose hits did not go (none:
+// nil).
+func (s *Server) flushStandIns(ctx context.Context) map[string]error {
 	s.flushMu.Lock()
 	defer s.flushMu.Unlock()
 	v := s.view.Load()
@@ -247,10 +249,23 @@ func (s *Server) flushStandIns(ctx context.Context) {
 		}
 		byOwner[o] = append(byOwner[o], k)
 	}
-	var wg sync.WaitGroup
+	var (
+		wg     sync.WaitGroup
+		errMu  sync.Mutex
+		failed map[string]error
+	)
+	fail := func(o string, err error) {
+		errMu.Lock()
+		defer errMu.Unlock()
+		if failed == nil {
+			failed = map[string]error{}
+		}
+		failed[o] = err
+	}
 	for o, ks := range byOwner {
 		p := v.peers[o]
 		if p == nil {
+			fail(o, errors.New("no connection"))
 			continue
 		}
 		// In parallel: a silent owner holds its send up to the forward
@@ -282,6 +297,7 @@ func (s *Server) flushStandIns(ctx context.Context) {
 			}
 			if err := s.sendStandIns(ctx, p, states); err != nil {
 				s.log.Debug("stand-in hits not handed on yet; trying again", "owner", o, "keys", len(hits), "error", err)
+				fail(o, err)
 				return
 			}
 			for k, h := range hits {
@@ -291,6 +307,7 @@ func (s *Server) flushStandIns(ctx context.Context) {
 		})
 	}
 	wg.Wait()
+	return failed
 }
 
 // sendStandIns hands states to p in HandOff requests marked stand_in,

@@ -79,8 +79,9 @@ type StandIns interface {
 	// Take removes key's stand-in window and returns the hits it admitted
 	// beyond its base, and whether any are left to count.
 	Take(key string) (window.State, bool)
-	// Flush hands every key's stand-in hits on to its owner (one try).
-	Flush(ctx context.Context)
+	// Flush hands every key's stand-in hits on to its owner (one try),
+	// and returns the error of each owner whose hits did not go.
+	Flush(ctx context.Context) map[string]error
 	// Pending returns how many keys have stand-in windows.
 	Pending() int64
 }
@@ -196,13 +197,23 @@ func (m *Mover) Run(ctx context.Context) {
 
 // Push hands every key this node holds but does not own under v to its
 // owner under v, then tells every member it is done. Copies of members
-// that left v go to their new owners too (or are taken over here). A batch
-// that fails goes back into this node's windows (its owner pulls its keys
-// on first touch); it returns the error of each member the hand-off to
-// failed, and an error naming the first failure.
+// that left v go to their new owners too (or are taken over here), and so
+// do the hits this node admitted in unreachable owners' stead (StandIns):
+// a member hears done only once its keys' stand-in hits went too, or it
+// would decide them from a count without those hits. A batch that fails
+// goes back into this node's windows (its owner pulls its keys on first
+// touch); it returns the error of each member the hand-off to failed, and
+// an error naming the first failure.
 func (m *Mover) Push(ctx context.Context, v View) (map[string]error, error) {
 	self := m.cfg.Self
 	fp := v.Ring.Fingerprint()
+	// Before the copies are marked outgoing below (a flush leaves a key
+	// marked outgoing alone). A leaving node's hand-off loop (LeaveAll)
+	// flushes and retries its stand-in hits on its own.
+	var standInFailed map[string]error
+	if !m.cfg.Node.Leaving() {
+		standInFailed = m.cfg.StandIns.Flush(ctx)
+	}
 	byOwner := map[string][]string{}
 	for k := range m.cfg.Store.All() {
 		if o := v.Ring.Owner([]byte(k)); o != self {
@@ -277,6 +288,15 @@ func (m *Mover) Push(ctx context.Context, v View) (map[string]error, error) {
 	if firstErr == nil {
 		for _, member := range v.Ring.Members() {
 			if member == self {
+				continue
+			}
+			if err := standInFailed[member]; err != nil {
+				// Its stand-in hits are still here: no done yet (the
+				// push is tried again).
+				failed[member] = err
+				if firstErr == nil {
+					firstErr = fmt.Errorf("%s: stand-in hits: %w", member, err)
+				}
 				continue
 			}
 			if err := m.pushTo(ctx, v.Peer(member), member, fp, nil, nil, true); err != nil {
@@ -567,7 +587,8 @@ func (m *Mover) LeaveAll(ctx context.Context) error {
 			v.Ring = r
 		}
 		// What this node admitted in unreachable owners' stead goes to
-		// the keys' owners too (tried again on the next attempt).
+		// the keys' owners too (tried again on the next attempt; Push
+		// flushes again before it says done).
 		m.cfg.StandIns.Flush(ctx)
 		var failed map[string]error
 		failed, lastErr = m.Push(ctx, v)
