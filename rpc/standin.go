@@ -28,29 +28,33 @@ import (
 // reached either (or replication is off), the entry node decides from its
 // own fallback window the same way.
 //
-// A fallback window starts from the copy this node holds of the key (its
-// base; none: from zero) and counts what it admits on top. Those hits (the
-// window minus its base, window.Subtract) go to the key's owner once it can
-// be reached, or to whoever owns the key after the ring changed (a
-// HandOff marked stand_in, merged there: counts add), every replication
-// interval and at once on a ring change; a member that pulls the key gets
-// them with the pull (PullResponse.stand_in); and when this node is the
-// owner by then, it adds them to its own window before it decides the key
-// again (foldStandIn).
+// A fallback window starts from the copy this node holds of the key (none:
+// from zero) and counts what it admits on top. Those hits (the window
+// minus its base, window.Subtract) go to the key's owner once it can be
+// reached, or to whoever owns the key after the ring changed (a HandOff
+// marked stand_in, merged there: counts add), every replication interval
+// and at once on a ring change; a member that pulls the key gets them with
+// the pull (PullResponse.stand_in); and when this node is the owner by
+// then, it adds them to its own window before it decides the key again
+// (foldStandIn). Hits handed on stay in the window (they join its base):
+// it goes on deciding with them until a newer copy of the key comes, which
+// has them (a window that forgot them would admit them again, every time
+// it handed them on).
 
 // standInEntry is the bookkeeping of one key's fallback window: the copy
-// it started from (its base; zero: none), a generation (a window taken and
-// started again is another one), and when its hits were last handed on.
+// it started from or last followed (zero: none), its base (that copy plus
+// the hits handed on since: what the window counts but has not to hand
+// on), and a generation (a window taken and started again is another one).
 type standInEntry struct {
-	base window.State
-	gen  uint64
-	sent time.Time
+	copy, base window.State
+	gen        uint64
 }
 
-// newEntryLocked starts key's bookkeeping with base. Requires fbMu held.
-func (s *Server) newEntryLocked(k string, base window.State) *standInEntry {
+// newEntryLocked starts key's bookkeeping from the copy cp. Requires fbMu
+// held.
+func (s *Server) newEntryLocked(k string, cp window.State) *standInEntry {
 	s.fbGen++
-	e := &standInEntry{base: base, gen: s.fbGen}
+	e := &standInEntry{copy: cp, base: cp, gen: s.fbGen}
 	s.fbBase[k] = e
 	s.fbKeys.Store(int64(len(s.fbBase)))
 	return e
@@ -65,10 +69,10 @@ func (s *Server) dropEntryLocked(k string) {
 
 // standInDecide decides r (key is its store key) from this node's fallback
 // window of the key in the stead of its owner, and counts what it admits
-// there until it is handed to the owner. The window follows this node's
-// copy of the key: when a newer copy came since the window started, the
-// window becomes that copy plus what it admitted beyond the old one. The
-// decision is marked degraded.
+// there. The window follows this node's copy of the key: when a newer copy
+// came since the window started, the window becomes that copy plus what it
+// admitted and has not handed on yet (the hits handed on reached the
+// key's owner, whose copy it is). The decision is marked degraded.
 func (s *Server) standInDecide(key []byte, r request) *sluicev1.Decision {
 	if r.noSlice || r.zeroBase {
 		d := s.sliceDenial(&r)
@@ -92,10 +96,10 @@ func (s *Server) standInDecide(key []byte, r request) *sluicev1.Decision {
 			s.fallback.MergeState(k, rep, now)
 		}
 		s.newEntryLocked(k, rep)
-	case hasRep && rep != e.base:
+	case hasRep && rep != e.copy:
 		cur, _ := s.fallback.Take(k)
 		s.fallback.MergeState(k, window.Merge(rep, window.Subtract(cur, e.base)), now)
-		e.base = rep
+		e.copy, e.base = rep, rep
 	}
 	d, err := s.fallback.ApplyBytes(key, r.check, now)
 	s.fbMu.Unlock()
@@ -116,9 +120,9 @@ func (s *Server) standInDecide(key []byte, r request) *sluicev1.Decision {
 // standInHits returns the hits key's fallback window admitted beyond its
 // base (window.Subtract) that are still to be handed on, with the window's
 // generation; false when there are none. A window with nothing left to
-// hand on is dropped once the copy it was handed on against has had time
-// to come back with those hits (a few replication intervals): a later
-// stand-in decision starts again from the copy.
+// hand on is dropped when it has ended, or when a newer copy of the key
+// came (it has the hits handed on: a later stand-in decision starts from
+// it); until then it goes on deciding with every hit it counted.
 func (s *Server) standInHits(k string, now time.Time) (window.State, uint64, bool) {
 	s.fbMu.Lock()
 	defer s.fbMu.Unlock()
@@ -127,9 +131,13 @@ func (s *Server) standInHits(k string, now time.Time) (window.State, uint64, boo
 		return window.State{}, 0, false
 	}
 	cur, held := s.fallback.Get(k)
+	if !held || !cur.Expires().After(now) {
+		s.dropEntryLocked(k)
+		return window.State{}, 0, false
+	}
 	d := window.Subtract(cur, e.base)
-	if !held || !d.Expires().After(now) {
-		if !held || e.sent.IsZero() || now.Sub(e.sent) > 3*s.replication.Interval || !cur.Expires().After(now) {
+	if !d.Expires().After(now) {
+		if rep, ok := s.replicas.Get(k); ok && rep != e.copy {
 			s.dropEntryLocked(k)
 		}
 		return window.State{}, 0, false
@@ -137,10 +145,11 @@ func (s *Server) standInHits(k string, now time.Time) (window.State, uint64, boo
 	return d, e.gen, true
 }
 
-// sentStandIn takes the hits d, handed on to the key's owner, out of key's
-// fallback window of generation gen (a window taken meanwhile, by a pull or
-// a fold, and started again is left alone): it keeps deciding from its base
-// plus what it admitted since.
+// sentStandIn records that the hits d of key's fallback window of
+// generation gen went to the key's owner (a window taken meanwhile, by a
+// pull or a fold, and started again is left alone): they join the window's
+// base, so they are not handed on again, and the window goes on counting
+// them.
 func (s *Server) sentStandIn(k string, d window.State, gen uint64) {
 	s.fbMu.Lock()
 	defer s.fbMu.Unlock()
@@ -148,10 +157,7 @@ func (s *Server) sentStandIn(k string, d window.State, gen uint64) {
 	if !ok || e.gen != gen {
 		return
 	}
-	if cur, ok := s.fallback.Take(k); ok {
-		s.fallback.MergeState(k, window.Subtract(cur, d), s.store.Now())
-	}
-	e.sent = time.Now()
+	e.base = window.Merge(e.base, d)
 }
 
 // takeStandIn removes key's fallback window and returns the hits it

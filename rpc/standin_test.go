@@ -141,6 +141,50 @@ func TestStandInHitsGoBackToALiveOwner(t *testing.T) {
 	}
 }
 
+// A node decides stand-in checks for a live owner that is not the owner
+// of its copies (an entry node's ring still names a dead owner whose
+// holder this node was, while this node's ring gives the key to another
+// member; no newer copy of the key comes here): the hits it handed on to
+// the owner still count in its window. A window that forgot them (they
+// went to the owner, and were taken out of it to wait for a copy that
+// never comes) admitted the key's whole budget again after every flush.
+func TestStandInWindowKeepsTheHitsItHandedOn(t *testing.T) {
+	clock := windowClock()
+	nodes := startReplicatedCluster(t, clock)
+	s := nodes[0].Server()
+	// The member after node1 on the ring: its copies go to the third
+	// member, never to node1.
+	owner := s.view.Load().ring.SuccessorsOf("node1", 1)[0]
+	k := keyOwnedBy(t, nodes[0], "handed-on", owner)
+	rc := &sluicev1.RateLimitCheck{Name: "handed-on", Key: k, Hits: proto.Int64(1), Limit: 10, WindowMs: 3_600_000}
+	reqs, fe := parseChecks([]*sluicev1.RateLimitCheck{rc}, nil, false)
+	if fe != nil {
+		t.Fatal(fe)
+	}
+	key := ring.Key(nil, "handed-on", k)
+	admitted := 0
+	for cycle := range 3 {
+		for range 10 {
+			if d := s.standInDecide(key, reqs[0]); d.Allowed {
+				admitted++
+			}
+		}
+		// What the stand-in loop does every replication interval (twice:
+		// a window with nothing left to hand on may be dropped).
+		for range 2 {
+			if failed := s.flushStandIns(context.Background()); len(failed) > 0 {
+				t.Fatalf("cycle %d: flush failed: %v", cycle, failed)
+			}
+		}
+	}
+	if admitted != 10 {
+		t.Fatalf("node1 admitted %d stand-in hits of a limit of 10 over 3 flushes", admitted)
+	}
+	eventually(t, "the owner to count the 10 hits", func() bool {
+		return peekRemaining(t, byName(t, nodes, owner), rc) == 0
+	})
+}
+
 // peekRemaining peeks rc's key at n.
 func peekRemaining(t *testing.T, n *testNode, rc *sluicev1.RateLimitCheck) int64 {
 	t.Helper()
