@@ -71,9 +71,10 @@ func (v *view) handOffView() handoff.View {
 }
 
 // settle makes sure key's state has arrived before this node, its new
-// owner under v, decides it (see handoff.Mover.Settle).
-func (s *Server) settle(ctx context.Context, v *view, mi *custody.MovingIn, key []byte) {
-	s.handoff.Settle(ctx, v.handOffView(), mi, key)
+// owner under v, decides it (see handoff.Mover.Settle); false when it has
+// not (a pull failed).
+func (s *Server) settle(ctx context.Context, v *view, mi *custody.MovingIn, key []byte) bool {
+	return s.handoff.Settle(ctx, v.handOffView(), mi, key)
 }
 
 // instanceID returns this node's gossiped instance id ("" if unknown).

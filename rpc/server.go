@@ -939,8 +939,10 @@ func (s *Server) decideOwned(ctx context.Context, v *view, storeKey []byte, r re
 		if h := s.hooks; h != nil && h.decideOwned != nil {
 			h.decideOwned(s, storeKey)
 		}
-		if mi := s.custody.Awaiting(v.ring, storeKey); mi != nil {
-			s.settle(ctx, v, mi, storeKey)
+		if mi := s.custody.Awaiting(v.ring, storeKey); mi != nil && !s.settle(ctx, v, mi, storeKey) {
+			if d := s.unsettledDecide(ctx, v, mi, storeKey, r); d != nil {
+				return d
+			}
 		}
 		s.foldStandIn(storeKey)
 		var (

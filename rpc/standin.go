@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/rpc/internal/custody"
 	"github.com/sluicehq/sluice/rpc/internal/forward"
 	"github.com/sluicehq/sluice/rpc/internal/handoff"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
@@ -369,6 +370,43 @@ func (s *Server) standInHolder(v *view, owner string) string {
 		return ""
 	}
 	return succ[0]
+}
+
+// unsettledDecide decides r (key is its store key), a check of a key this
+// node owns under v whose state has not come (the pull of it failed,
+// mi), when the key's previous owner has left v: its state is the copy
+// its stand-in holder (the member after it on the previous ring) holds,
+// with what it admitted in the owner's stead; a fresh window here would
+// admit the key's budget again. The check goes to that holder as a
+// stand-in check (marked reforwarded: it decides it whatever its tombs
+// say, so it never comes back here), and is decided here from this
+// node's fallback window when the holder does not answer; the answer is
+// degraded. It returns nil when the previous owner is still a member (or
+// there was none): the caller decides the key itself.
+func (s *Server) unsettledDecide(ctx context.Context, v *view, mi *custody.MovingIn, key []byte, r request) *sluicev1.Decision {
+	if mi.Prev == nil || r.pb.RefundAtNs != 0 || (s.regions != nil && s.crossRegion(&r)) {
+		return nil
+	}
+	prev := mi.Prev.Owner(key)
+	if prev == s.name || v.ring.Has(prev) {
+		return nil
+	}
+	s.stats.degraded.Add(1)
+	h := s.standInHolder(&view{ring: mi.Prev}, prev)
+	if h == "" || h == s.name || v.peers[h] == nil {
+		return s.standInDecide(key, r)
+	}
+	s.stats.standInForwarded.Add(1)
+	ds, err := v.peers[h].Forward(ctx, forward.Request{Checks: checksOf([]request{r}, []int{0}), By: firstDeadline([]request{r}, []int{0}),
+		Reforwarded: true, StandIn: true, UnreachableOwner: prev})
+	if err == nil && ds[0].Error == "" {
+		ds[0].Degraded = true
+		return ds[0]
+	}
+	if ctx.Err() != nil || (r.deadline != 0 && time.Now().UnixNano() > r.deadline) {
+		return &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name, Error: "state not here yet, its holder unavailable, and the caller gave up"}
+	}
+	return s.standInDecide(key, r)
 }
 
 // answerUnavailable answers the checks fs, whose owners could not be

@@ -14,8 +14,9 @@
 //
 // # Locks
 //
-// A Mover has no lock of its own. It takes custody's locks through custody
-// (see its lock order) and calls Node and StandIns with none held.
+// A Mover's one lock of its own (partialMu) is a leaf. It takes custody's
+// locks through custody (see its lock order) and calls Node and StandIns
+// with none held.
 package handoff
 
 import (
@@ -136,6 +137,11 @@ type Mover struct {
 	cfg    Config
 	log    *slog.Logger
 	signal chan struct{}
+	// partial holds the keys whose last pull failed after merging stand-in
+	// hits only (not the key's state: a copy may still stand in for it);
+	// guarded by partialMu, a leaf lock.
+	partialMu sync.Mutex
+	partial   map[string]bool
 	// Counters are the Mover's event counts.
 	Counters Counters
 }
@@ -148,7 +154,7 @@ func New(cfg Config) *Mover {
 	if cfg.Instance == nil {
 		cfg.Instance = func() string { return "" }
 	}
-	return &Mover{cfg: cfg, log: cfg.Logger, signal: make(chan struct{}, 1)}
+	return &Mover{cfg: cfg, log: cfg.Logger, signal: make(chan struct{}, 1), partial: map[string]bool{}}
 }
 
 // Signal asks the push loop to hand off the keys this node holds but does
@@ -436,15 +442,19 @@ func End(st sluicev1.PeerService_HandOffClient) error {
 
 // Settle makes sure key's state has arrived before this node, its new
 // owner under v, decides it: its first touch pulls it from the members
-// that have not finished their hand-off (see custody.Custody.Settle).
-func (m *Mover) Settle(ctx context.Context, v View, mi *custody.MovingIn, key []byte) {
-	m.cfg.Custody.Settle(ctx, mi, key, func(from []string) { m.pull(ctx, v, mi, string(key), from) })
+// that have not finished their hand-off (see custody.Custody.Settle). It
+// returns false when the key is not settled: a pull from a member failed
+// and no state came (the next check pulls again).
+func (m *Mover) Settle(ctx context.Context, v View, mi *custody.MovingIn, key []byte) bool {
+	return m.cfg.Custody.Settle(ctx, mi, key, func(from []string) bool { return m.pull(ctx, v, mi, string(key), from) })
 }
 
 // pull asks each member of from for key's state in parallel and merges
 // what they give up; a copy stands in for the state when none came (see
-// CopyStandsIn).
-func (m *Mover) pull(ctx context.Context, v View, mi *custody.MovingIn, key string, from []string) {
+// CopyStandsIn). It returns false when a member could not be asked (or did
+// not answer) and no state came: what that member holds of the key is
+// still there.
+func (m *Mover) pull(ctx context.Context, v View, mi *custody.MovingIn, key string, from []string) bool {
 	m.Counters.Pulls.Add(1)
 	self := m.cfg.Self
 	var (
@@ -470,6 +480,12 @@ func (m *Mover) pull(ctx context.Context, v View, mi *custody.MovingIn, key stri
 		replicas = append(replicas, e)
 	}
 	_, hadState := m.cfg.Store.Get(key) // e.g. handed off before this first touch
+	m.partialMu.Lock()
+	if m.partial[key] { // only stand-in hits an earlier pull that failed merged
+		hadState = false
+		delete(m.partial, key)
+	}
+	m.partialMu.Unlock()
 	for _, member := range from {
 		p := v.Peer(member)
 		if p == nil {
@@ -539,11 +555,29 @@ func (m *Mover) pull(ctx context.Context, v View, mi *custody.MovingIn, key stri
 	case found:
 	case failed:
 		m.Counters.MovedWithoutState.Add(1)
+		// The copies that came go back here (the latest), for the next
+		// pull; what it merged (stand-in hits) is not the key's state.
+		var latest *replica.Entry
+		for i, r := range replicas {
+			if latest == nil || r.State.Expires().After(latest.State.Expires()) {
+				latest = &replicas[i]
+			}
+		}
+		if latest != nil {
+			m.cfg.Replicas.PutBack(key, *latest)
+		}
+		if _, ok := m.cfg.Store.Get(key); ok && !hadState {
+			m.partialMu.Lock()
+			m.partial[key] = true
+			m.partialMu.Unlock()
+		}
+		return false
 	case !prevOwnerPresent && prevOwner != self:
 		if _, ok := m.cfg.Store.Get(key); !ok {
 			m.Counters.OwnerLost.Add(1)
 		}
 	}
+	return true
 }
 
 // CopyStandsIn reports whether the copy r may stand in for its key's lost
