@@ -538,6 +538,24 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 func (s *Server) SetMembers(members []cluster.Member) error {
 	s.setMu.Lock()
 	defer s.setMu.Unlock()
+	return s.setMembersLocked(members)
+}
+
+// gossipMembers is SetMembers for a member list gossip brings. While a
+// test sets the members by hand (testHooks.holdMembers) it does nothing:
+// checked under setMu, so a list read before the test's hold cannot land
+// after the test's own list and undo it.
+func (s *Server) gossipMembers(members []cluster.Member) error {
+	s.setMu.Lock()
+	defer s.setMu.Unlock()
+	if h := s.hooks; h != nil && h.holdMembers.Load() {
+		return nil
+	}
+	return s.setMembersLocked(members)
+}
+
+// setMembersLocked is SetMembers with setMu held.
+func (s *Server) setMembersLocked(members []cluster.Member) error {
 	old := s.view.Load()
 	s.lastInput = slices.Clone(members)
 	leaving := s.leaving.Load()
