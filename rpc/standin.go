@@ -382,9 +382,14 @@ func (s *Server) standInHolder(v *view, owner string) string {
 // say, so it never comes back here), and is decided here from this
 // node's fallback window when the holder does not answer; the answer is
 // degraded. It returns nil when the previous owner is still a member (or
-// there was none): the caller decides the key itself.
+// there was none), or when the key's state is here all the same (a push
+// brought the copy: the holder has handed the key over): the caller
+// decides the key itself.
 func (s *Server) unsettledDecide(ctx context.Context, v *view, mi *custody.MovingIn, key []byte, r request) *sluicev1.Decision {
 	if mi.Prev == nil || r.pb.RefundAtNs != 0 || (s.regions != nil && s.crossRegion(&r)) {
+		return nil
+	}
+	if _, ok := s.store.Get(string(key)); ok && !s.handoff.OnlyStandIns(string(key)) {
 		return nil
 	}
 	prev := mi.Prev.Owner(key)

@@ -381,6 +381,24 @@ func (c *Custody) GiveUp(ctx context.Context, key, to, toInstance string, owned 
 	return st, ok, nil
 }
 
+// HandedOver leaves a tomb for each of keys, whose copy (and stand-in
+// hits) this node handed to the member to, their new owner, by a push:
+// stand-in checks of them that still come here (from members whose rings
+// lag) go to to for the hand-off timeout, as after a pull (this node no
+// longer holds what they would be decided from).
+func (c *Custody) HandedOver(keys []string, to string) {
+	if to == c.self || len(keys) == 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	until := c.now().Add(c.timeout)
+	for _, k := range keys {
+		c.tombs[k] = tomb{to: to, until: until}
+	}
+	c.tombCount.Store(int64(len(c.tombs)))
+}
+
 // WaitOutgoing waits while key is on its way out of this node (see
 // TakeOut and MarkOutgoingIf); it returns ctx's error if ctx ends first.
 func (c *Custody) WaitOutgoing(ctx context.Context, key string) error {

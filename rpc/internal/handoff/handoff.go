@@ -213,13 +213,6 @@ func (m *Mover) Run(ctx context.Context) {
 func (m *Mover) Push(ctx context.Context, v View) (map[string]error, error) {
 	self := m.cfg.Self
 	fp := v.Ring.Fingerprint()
-	// Before the copies are marked outgoing below (a flush leaves a key
-	// marked outgoing alone). A leaving node's hand-off loop (LeaveAll)
-	// flushes and retries its stand-in hits on its own.
-	var standInFailed map[string]error
-	if !m.cfg.Node.Leaving() {
-		standInFailed = m.cfg.StandIns.Flush(ctx)
-	}
 	byOwner := map[string][]string{}
 	for k := range m.cfg.Store.All() {
 		if o := v.Ring.Owner([]byte(k)); o != self {
@@ -286,7 +279,25 @@ func (m *Mover) Push(ctx context.Context, v View) (map[string]error, error) {
 			if firstErr == nil {
 				firstErr = fmt.Errorf("%s: %w", member, err)
 			}
+			continue
 		}
+		if ks := orphanKeys[member]; len(ks) > 0 {
+			// The copies are member's now: stand-in checks of their keys
+			// go there (a window here would start without them), and
+			// their stand-in hits go with the flush below.
+			m.cfg.Custody.HandedOver(ks, member)
+			m.cfg.Custody.ClearOutgoing(ks, orphanDone[member])
+			close(orphanDone[member])
+			delete(orphanDone, member)
+			delete(orphanKeys, member)
+		}
+	}
+	// Stand-in hits go before done (after the copies, whose keys' checks
+	// no longer add to them here). A leaving node's hand-off loop
+	// (LeaveAll) flushes and retries its stand-in hits on its own.
+	var standInFailed map[string]error
+	if !m.cfg.Node.Leaving() {
+		standInFailed = m.cfg.StandIns.Flush(ctx)
 	}
 	// Done goes to every member only once everything went everywhere: a
 	// member that hears done (of a leaving node: that takes it out of its
@@ -447,6 +458,14 @@ func End(st sluicev1.PeerService_HandOffClient) error {
 // and no state came (the next check pulls again).
 func (m *Mover) Settle(ctx context.Context, v View, mi *custody.MovingIn, key []byte) bool {
 	return m.cfg.Custody.Settle(ctx, mi, key, func(from []string) bool { return m.pull(ctx, v, mi, string(key), from) })
+}
+
+// OnlyStandIns reports whether what this node holds of key is only
+// stand-in hits merged by a pull that failed (not the key's state).
+func (m *Mover) OnlyStandIns(key string) bool {
+	m.partialMu.Lock()
+	defer m.partialMu.Unlock()
+	return m.partial[key]
 }
 
 // pull asks each member of from for key's state in parallel and merges
