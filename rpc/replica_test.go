@@ -233,8 +233,14 @@ func TestKilledOwnerLosesAtMostOneReplicationInterval(t *testing.T) {
 		// keys); above it by at most what the dead owner admitted after
 		// its last replication send that reached the holder.
 		if over < -degradedFor[k] || over > unreplicated[k] {
-			t.Errorf("key %s: %d admitted beyond the limit with %d degraded answers; the dead owner's last %d hits were not in the holder's copy: outside the bound",
-				k, over, degradedFor[k], unreplicated[k])
+			by := map[string]int{} // degraded allowed answers by the node that decided them
+			for _, a := range answers {
+				if a.key == k && a.degraded && a.allowed {
+					by[a.owner]++
+				}
+			}
+			t.Errorf("key %s: %d admitted beyond the limit with %d degraded answers (allowed ones by deciding node: %v; holder %s); the dead owner's last %d hits were not in the holder's copy: outside the bound",
+				k, over, degradedFor[k], by, holder, unreplicated[k])
 		}
 		worst, lostTotal = max(worst, over), lostTotal+max(over, 0)
 	}
