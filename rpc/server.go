@@ -527,8 +527,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 //     out, the epoch, the history and departed members);
 //  2. the peer connections for the ring's members (dialed lazily);
 //  3. custody learns of a changed ring (what moves here, tombs of keys no
-//     longer owned) BEFORE the view is swapped, so that a check routed by
-//     the new ring finds what it awaits;
+//     longer owned), and the copies of departed members' keys that move
+//     here are taken over, BEFORE the view is swapped, so that a check
+//     routed by the new ring finds what it awaits and those copies;
 //  4. the view is swapped: checks route by the new ring from here on;
 //  5. connections no longer in the view retire after the forward timeout;
 //  6. mismatching rings are warned about;
@@ -576,6 +577,10 @@ func (s *Server) setMembersLocked(members []cluster.Member) error {
 	peers := s.dialPeers(old.peers, ms, otherMembers(others, members))
 	if up.Changed && !leaving {
 		s.custody.RingChanged(up.Prev, up.Ring, time.Now())
+		// The copies of departed members' keys that are this node's now
+		// stand in for their state before the new ring routes a check of
+		// them here (the push loop, which takes over the rest, runs after).
+		s.handoff.TakeOverOwn(up.Ring)
 	}
 	s.view.Store(&view{ring: up.Ring, members: ms, peers: peers, epoch: up.Epoch, bootstrap: s.rings.Bootstrap(),
 		home: home, all: s.membersOf(members), rings: others})

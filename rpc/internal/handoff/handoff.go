@@ -331,6 +331,19 @@ func (m *Mover) Push(ctx context.Context, v View) (map[string]error, error) {
 	return failed, firstErr
 }
 
+// TakeOverOwn takes over, under the ring r, the copies of departed
+// members' keys that r gives to this node (each stands in for its lost
+// state, as Push does), and leaves every other copy for the push. Called
+// before a new ring routes checks here: a check of such a key must not be
+// decided before its copy is in this node's window.
+func (m *Mover) TakeOverOwn(r *ring.Ring) {
+	now := m.cfg.Store.Now()
+	for k, e := range m.cfg.Replicas.OrphansOf(r, m.cfg.Rings.Departed, m.cfg.Self) {
+		m.cfg.Custody.TakeOver(k, takeoverOf(e), now)
+		m.Counters.Takeovers.Add(1)
+	}
+}
+
 // pushTo streams keys (taken from this node's windows batch by batch) and
 // replicas to member over p, then (if done) done for fp.
 func (m *Mover) pushTo(ctx context.Context, p sluicev1.PeerServiceClient, member, fp string, keys []string, replicas map[string]replica.Entry, done bool) error {
