@@ -55,9 +55,9 @@ func (n handOffNode) MemberLeaving(member, inst string) { n.s.memberLeaving(memb
 // standIns gives the hand-off the Server's stand-in windows.
 type standIns struct{ s *Server }
 
-func (w standIns) Take(key string) (window.State, bool) { return w.s.takeStandIn(key) }
-func (w standIns) Flush(ctx context.Context)            { w.s.flushStandIns(ctx) }
-func (w standIns) Pending() int64                       { return w.s.fbKeys.Load() }
+func (w standIns) Take(key string) (window.State, bool)       { return w.s.takeStandIn(key) }
+func (w standIns) Flush(ctx context.Context) map[string]error { return w.s.flushStandIns(ctx) }
+func (w standIns) Pending() int64                             { return w.s.fbKeys.Load() }
 
 // handOffView is v as the hand-off sees it: the ring and the peers'
 // clients.
@@ -71,9 +71,10 @@ func (v *view) handOffView() handoff.View {
 }
 
 // settle makes sure key's state has arrived before this node, its new
-// owner under v, decides it (see handoff.Mover.Settle).
-func (s *Server) settle(ctx context.Context, v *view, mi *custody.MovingIn, key []byte) {
-	s.handoff.Settle(ctx, v.handOffView(), mi, key)
+// owner under v, decides it (see handoff.Mover.Settle); false when it has
+// not (a pull failed).
+func (s *Server) settle(ctx context.Context, v *view, mi *custody.MovingIn, key []byte) bool {
+	return s.handoff.Settle(ctx, v.handOffView(), mi, key)
 }
 
 // instanceID returns this node's gossiped instance id ("" if unknown).

@@ -351,7 +351,7 @@ func (n *Node) setMembers() {
 	if n.certs != nil {
 		ms = n.admitted(ms)
 	}
-	_ = n.server.SetMembers(ms)
+	_ = n.server.gossipMembers(ms)
 	select {
 	case n.publish <- struct{}{}:
 	default:

@@ -29,21 +29,29 @@ type answer struct {
 // keys, replication every 50 ms, the default policy (local): every allowed
 // answer counts, degraded ones included. For each key of the dead owner
 // the hits admitted beyond 100 must not exceed the hits the dead owner
-// admitted for it in its last replication interval plus one send (the
-// documented bound; here 50 ms + 100 ms): while the survivors still route
-// to the dead owner, its stand-in holder decides its keys from its copy
-// plus what it admitted since, and that reaches the keys' new owners.
+// admitted for it after its last replication send that reached the holder
+// (the documented bound, measured exactly: the dead owner's count at the
+// kill minus the holder's copy of it; with replication every 50 ms that is
+// about the hits of the last interval and one send, more only when a
+// loaded machine delays a send): while the survivors still route to the
+// dead owner, its stand-in holder decides its keys from its copy plus what
+// it admitted since, and that reaches the keys' new owners.
 // Keys of the survivors admit exactly 100. Every answer comes within the
 // forward timeout (three times it: a retry on a ring change, a stand-in
 // call), and every one that is not degraded is an owner's decision.
 func TestKilledOwnerLosesAtMostOneReplicationInterval(t *testing.T) {
 	const (
 		interval       = 50 * time.Millisecond
-		sendSlack      = 100 * time.Millisecond
 		forwardTimeout = time.Second
 	)
 	clock := windowClock()
-	cfg := NodeConfig{ForwardTimeout: forwardTimeout, Replication: ReplicationConfig{Interval: interval}}
+	// A new owner waits for the holder's hand-off (deciding the dead
+	// owner's keys through the holder meanwhile) as long as this test
+	// waits for the rings to agree: past its hand-off timeout it would
+	// start them from what it has, by design (counted in
+	// HandOffTimeouts), and a loaded machine has taken 19 s to spread the
+	// death to the last survivor.
+	cfg := NodeConfig{ForwardTimeout: forwardTimeout, Replication: ReplicationConfig{Interval: interval}, HandOffTimeout: 40 * time.Second}
 	nodes := []*testNode{startNodeWith(t, "node1", clock, cfg)}
 	for _, name := range []string{"node2", "node3", "node4"} {
 		nodes = append(nodes, startNodeWith(t, name, clock, cfg, nodes[0].GossipAddr()))
@@ -55,6 +63,7 @@ func TestKilledOwnerLosesAtMostOneReplicationInterval(t *testing.T) {
 		keys[i] = fmt.Sprintf("user:%d", i)
 	}
 	victim := nodes[1]
+	holder := nodes[0].Server().view.Load().ring.SuccessorsOf(victim.Name(), 1)[0]
 	var survivors []*testNode
 	for _, n := range nodes {
 		if n != victim {
@@ -118,7 +127,29 @@ func TestKilledOwnerLosesAtMostOneReplicationInterval(t *testing.T) {
 	for r := range 60 {
 		round(r)
 	}
+	// The stand-ins start from real copies: the holder's copies of the
+	// victim's keys hold its first 60 hits (a wait for a state, not a
+	// bound: the bound below is measured at the kill).
+	var holderNode *testNode
+	for _, n := range nodes {
+		if n.Name() == holder {
+			holderNode = n
+		}
+	}
+	eventually(t, "the holder's copies to hold the victim's first 60 hits", func() bool {
+		for _, k := range keys {
+			sk := string(ring.Key(nil, "kill", k))
+			if ownerBefore[k] != victim.Name() {
+				continue
+			}
+			if st, ok := holderNode.Server().replicas.Get(sk); !ok || fixedHits(st, clock.Now()) < 60 {
+				return false
+			}
+		}
+		return true
+	})
 	var killedAt time.Time
+	unreplicated := map[string]int{} // by key of the victim's: its hits not in the holder's copy at the kill
 	settledAt := time.Time{}
 	deadline := time.Now().Add(40 * time.Second)
 	saturated := func() bool {
@@ -136,6 +167,18 @@ func TestKilledOwnerLosesAtMostOneReplicationInterval(t *testing.T) {
 		if r == 80 {
 			killedAt = time.Now()
 			victim.Kill()
+			// Its goroutines have ended: no copy leaves it any more. What
+			// it counted beyond the holder's copy is what the kill may
+			// cost (a send that lands after this read only lowers it).
+			for _, k := range keys {
+				if ownerBefore[k] != victim.Name() {
+					continue
+				}
+				sk := string(ring.Key(nil, "kill", k))
+				st, _ := victim.Store().Get(sk)
+				cp, _ := holderNode.Server().replicas.Get(sk)
+				unreplicated[k] = int(fixedHits(st, clock.Now()) - fixedHits(cp, clock.Now()))
+			}
 		}
 		start := time.Now()
 		round(r)
@@ -155,7 +198,7 @@ func TestKilledOwnerLosesAtMostOneReplicationInterval(t *testing.T) {
 	if len(bad) > 0 {
 		t.Fatalf("%d bad answers, e.g. %s", len(bad), bad[0])
 	}
-	allowed, nearKill, degradedFor, degraded, degradedAllowed := map[string]int{}, map[string]int{}, map[string]int{}, 0, 0
+	allowed, degradedFor, degraded, degradedAllowed := map[string]int{}, map[string]int{}, 0, 0
 	for _, a := range answers {
 		switch {
 		case a.degraded:
@@ -167,9 +210,6 @@ func TestKilledOwnerLosesAtMostOneReplicationInterval(t *testing.T) {
 			}
 		case a.allowed:
 			allowed[a.key]++
-			if a.owner == victim.Name() && !a.sent.Before(killedAt.Add(-interval-sendSlack)) {
-				nearKill[a.key]++
-			}
 		}
 		if !a.degraded && a.owner != "" && a.owner != ownerBefore[a.key] && a.owner == victim.Name() {
 			t.Fatalf("the victim decided a key it did not own: %+v", a)
@@ -191,22 +231,48 @@ func TestKilledOwnerLosesAtMostOneReplicationInterval(t *testing.T) {
 		// Below the limit only by degraded answers (forwards that timed
 		// out while the new owner counted them, as for the survivors'
 		// keys); above it by at most what the dead owner admitted after
-		// its last replication.
-		if over < -degradedFor[k] || over > nearKill[k] {
-			t.Errorf("key %s: %d admitted beyond the limit with %d degraded answers; the dead owner admitted %d in its last %s: outside the bound",
-				k, over, degradedFor[k], nearKill[k], interval+sendSlack)
+		// its last replication send that reached the holder.
+		if over < -degradedFor[k] || over > unreplicated[k] {
+			by := map[string]int{} // degraded allowed answers by the node that decided them
+			for _, a := range answers {
+				if a.key == k && a.degraded && a.allowed {
+					by[a.owner]++
+				}
+			}
+			t.Errorf("key %s: %d admitted beyond the limit with %d degraded answers (allowed ones by deciding node: %v; holder %s); the dead owner's last %d hits were not in the holder's copy: outside the bound",
+				k, over, degradedFor[k], by, holder, unreplicated[k])
 		}
 		worst, lostTotal = max(worst, over), lostTotal+max(over, 0)
 	}
-	var takeovers int64
+	var takeovers, handOffTimeouts int64
 	for _, n := range survivors {
 		takeovers += n.Server().Stats().ReplicaTakeovers
+		handOffTimeouts += n.Server().Stats().HandOffTimeouts
 	}
-	t.Logf("victim %s owned %d keys; over-admission per key: worst %d, total %d; %d degraded answers (%d allowed, counted); %d replica takeovers; ring settled %s after the kill",
-		victim.Name(), victimKeys, worst, lostTotal, degraded, degradedAllowed, takeovers, settledAt.Sub(killedAt).Round(time.Millisecond))
+	if handOffTimeouts != 0 {
+		t.Errorf("%d hand-offs timed out", handOffTimeouts)
+	}
+	notCopied := 0
+	for _, n := range unreplicated {
+		notCopied += n
+	}
+	t.Logf("victim %s owned %d keys (%d of their hits not in the holder's copies at the kill); over-admission per key: worst %d, total %d; %d degraded answers (%d allowed, counted); %d replica takeovers; ring settled %s after the kill",
+		victim.Name(), victimKeys, notCopied, worst, lostTotal, degraded, degradedAllowed, takeovers, settledAt.Sub(killedAt).Round(time.Millisecond))
 	if takeovers < int64(victimKeys) {
 		t.Errorf("%d replica takeovers for the dead owner's %d keys", takeovers, victimKeys)
 	}
+}
+
+// fixedHits returns the hits a fixed window state st counts at now (0 for
+// a zero state).
+func fixedHits(st window.State, now time.Time) int64 {
+	s := window.NewStore(window.StoreConfig{Clock: window.NewManualClock(now)})
+	s.MergeState("k", st, now)
+	d, err := s.Apply("k", window.Check{Algorithm: window.FixedWindow, Limit: window.MaxLimit, Window: time.Hour}, now)
+	if err != nil {
+		panic(err)
+	}
+	return window.MaxLimit - d.Remaining
 }
 
 // ringsAgree reports whether every node sees exactly the nodes and all

@@ -2,11 +2,13 @@ package rpc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/rpc/internal/custody"
 	"github.com/sluicehq/sluice/rpc/internal/forward"
 	"github.com/sluicehq/sluice/rpc/internal/handoff"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
@@ -27,29 +29,33 @@ import (
 // reached either (or replication is off), the entry node decides from its
 // own fallback window the same way.
 //
-// A fallback window starts from the copy this node holds of the key (its
-// base; none: from zero) and counts what it admits on top. Those hits (the
-// window minus its base, window.Subtract) go to the key's owner once it can
-// be reached, or to whoever owns the key after the ring changed (a
-// HandOff marked stand_in, merged there: counts add), every replication
-// interval and at once on a ring change; a member that pulls the key gets
-// them with the pull (PullResponse.stand_in); and when this node is the
-// owner by then, it adds them to its own window before it decides the key
-// again (foldStandIn).
+// A fallback window starts from the copy this node holds of the key (none:
+// from zero) and counts what it admits on top. Those hits (the window
+// minus its base, window.Subtract) go to the key's owner once it can be
+// reached, or to whoever owns the key after the ring changed (a HandOff
+// marked stand_in, merged there: counts add), every replication interval
+// and at once on a ring change; a member that pulls the key gets them with
+// the pull (PullResponse.stand_in); and when this node is the owner by
+// then, it adds them to its own window before it decides the key again
+// (foldStandIn). Hits handed on stay in the window (they join its base):
+// it goes on deciding with them until a newer copy of the key comes, which
+// has them (a window that forgot them would admit them again, every time
+// it handed them on).
 
 // standInEntry is the bookkeeping of one key's fallback window: the copy
-// it started from (its base; zero: none), a generation (a window taken and
-// started again is another one), and when its hits were last handed on.
+// it started from or last followed (zero: none), its base (that copy plus
+// the hits handed on since: what the window counts but has not to hand
+// on), and a generation (a window taken and started again is another one).
 type standInEntry struct {
-	base window.State
-	gen  uint64
-	sent time.Time
+	copy, base window.State
+	gen        uint64
 }
 
-// newEntryLocked starts key's bookkeeping with base. Requires fbMu held.
-func (s *Server) newEntryLocked(k string, base window.State) *standInEntry {
+// newEntryLocked starts key's bookkeeping from the copy cp. Requires fbMu
+// held.
+func (s *Server) newEntryLocked(k string, cp window.State) *standInEntry {
 	s.fbGen++
-	e := &standInEntry{base: base, gen: s.fbGen}
+	e := &standInEntry{copy: cp, base: cp, gen: s.fbGen}
 	s.fbBase[k] = e
 	s.fbKeys.Store(int64(len(s.fbBase)))
 	return e
@@ -64,10 +70,10 @@ func (s *Server) dropEntryLocked(k string) {
 
 // standInDecide decides r (key is its store key) from this node's fallback
 // window of the key in the stead of its owner, and counts what it admits
-// there until it is handed to the owner. The window follows this node's
-// copy of the key: when a newer copy came since the window started, the
-// window becomes that copy plus what it admitted beyond the old one. The
-// decision is marked degraded.
+// there. The window follows this node's copy of the key: when a newer copy
+// came since the window started, the window becomes that copy plus what it
+// admitted and has not handed on yet (the hits handed on reached the
+// key's owner, whose copy it is). The decision is marked degraded.
 func (s *Server) standInDecide(key []byte, r request) *sluicev1.Decision {
 	if r.noSlice || r.zeroBase {
 		d := s.sliceDenial(&r)
@@ -91,10 +97,10 @@ func (s *Server) standInDecide(key []byte, r request) *sluicev1.Decision {
 			s.fallback.MergeState(k, rep, now)
 		}
 		s.newEntryLocked(k, rep)
-	case hasRep && rep != e.base:
+	case hasRep && rep != e.copy:
 		cur, _ := s.fallback.Take(k)
 		s.fallback.MergeState(k, window.Merge(rep, window.Subtract(cur, e.base)), now)
-		e.base = rep
+		e.copy, e.base = rep, rep
 	}
 	d, err := s.fallback.ApplyBytes(key, r.check, now)
 	s.fbMu.Unlock()
@@ -115,9 +121,9 @@ func (s *Server) standInDecide(key []byte, r request) *sluicev1.Decision {
 // standInHits returns the hits key's fallback window admitted beyond its
 // base (window.Subtract) that are still to be handed on, with the window's
 // generation; false when there are none. A window with nothing left to
-// hand on is dropped once the copy it was handed on against has had time
-// to come back with those hits (a few replication intervals): a later
-// stand-in decision starts again from the copy.
+// hand on is dropped when it has ended, or when a newer copy of the key
+// came (it has the hits handed on: a later stand-in decision starts from
+// it); until then it goes on deciding with every hit it counted.
 func (s *Server) standInHits(k string, now time.Time) (window.State, uint64, bool) {
 	s.fbMu.Lock()
 	defer s.fbMu.Unlock()
@@ -126,9 +132,13 @@ func (s *Server) standInHits(k string, now time.Time) (window.State, uint64, boo
 		return window.State{}, 0, false
 	}
 	cur, held := s.fallback.Get(k)
+	if !held || !cur.Expires().After(now) {
+		s.dropEntryLocked(k)
+		return window.State{}, 0, false
+	}
 	d := window.Subtract(cur, e.base)
-	if !held || !d.Expires().After(now) {
-		if !held || e.sent.IsZero() || now.Sub(e.sent) > 3*s.replication.Interval || !cur.Expires().After(now) {
+	if !d.Expires().After(now) {
+		if rep, ok := s.replicas.Get(k); ok && rep != e.copy {
 			s.dropEntryLocked(k)
 		}
 		return window.State{}, 0, false
@@ -136,10 +146,11 @@ func (s *Server) standInHits(k string, now time.Time) (window.State, uint64, boo
 	return d, e.gen, true
 }
 
-// sentStandIn takes the hits d, handed on to the key's owner, out of key's
-// fallback window of generation gen (a window taken meanwhile, by a pull or
-// a fold, and started again is left alone): it keeps deciding from its base
-// plus what it admitted since.
+// sentStandIn records that the hits d of key's fallback window of
+// generation gen went to the key's owner (a window taken meanwhile, by a
+// pull or a fold, and started again is left alone): they join the window's
+// base, so they are not handed on again, and the window goes on counting
+// them.
 func (s *Server) sentStandIn(k string, d window.State, gen uint64) {
 	s.fbMu.Lock()
 	defer s.fbMu.Unlock()
@@ -147,10 +158,7 @@ func (s *Server) sentStandIn(k string, d window.State, gen uint64) {
 	if !ok || e.gen != gen {
 		return
 	}
-	if cur, ok := s.fallback.Take(k); ok {
-		s.fallback.MergeState(k, window.Subtract(cur, d), s.store.Now())
-	}
-	e.sent = time.Now()
+	e.base = window.Merge(e.base, d)
 }
 
 // takeStandIn removes key's fallback window and returns the hits it
@@ -223,8 +231,9 @@ func (s *Server) standInLoop(ctx context.Context) {
 // them; a send that fails is tried again next time. While a key's hits are
 // on their way it is marked outgoing, so that a Pull of it waits for the
 // send's end instead of taking the same hits again. One flush runs at a
-// time.
-func (s *Server) flushStandIns(ctx context.Context) {
+// time. It returns the error of each owner whose hits did not go (none:
+// nil).
+func (s *Server) flushStandIns(ctx context.Context) map[string]error {
 	s.flushMu.Lock()
 	defer s.flushMu.Unlock()
 	v := s.view.Load()
@@ -247,10 +256,23 @@ func (s *Server) flushStandIns(ctx context.Context) {
 		}
 		byOwner[o] = append(byOwner[o], k)
 	}
-	var wg sync.WaitGroup
+	var (
+		wg     sync.WaitGroup
+		errMu  sync.Mutex
+		failed map[string]error
+	)
+	fail := func(o string, err error) {
+		errMu.Lock()
+		defer errMu.Unlock()
+		if failed == nil {
+			failed = map[string]error{}
+		}
+		failed[o] = err
+	}
 	for o, ks := range byOwner {
 		p := v.peers[o]
 		if p == nil {
+			fail(o, errors.New("no connection"))
 			continue
 		}
 		// In parallel: a silent owner holds its send up to the forward
@@ -282,6 +304,7 @@ func (s *Server) flushStandIns(ctx context.Context) {
 			}
 			if err := s.sendStandIns(ctx, p, states); err != nil {
 				s.log.Debug("stand-in hits not handed on yet; trying again", "owner", o, "keys", len(hits), "error", err)
+				fail(o, err)
 				return
 			}
 			for k, h := range hits {
@@ -291,6 +314,7 @@ func (s *Server) flushStandIns(ctx context.Context) {
 		})
 	}
 	wg.Wait()
+	return failed
 }
 
 // sendStandIns hands states to p in HandOff requests marked stand_in,
@@ -346,6 +370,48 @@ func (s *Server) standInHolder(v *view, owner string) string {
 		return ""
 	}
 	return succ[0]
+}
+
+// unsettledDecide decides r (key is its store key), a check of a key this
+// node owns under v whose state has not come (the pull of it failed,
+// mi), when the key's previous owner has left v: its state is the copy
+// its stand-in holder (the member after it on the previous ring) holds,
+// with what it admitted in the owner's stead; a fresh window here would
+// admit the key's budget again. The check goes to that holder as a
+// stand-in check (marked reforwarded: it decides it whatever its tombs
+// say, so it never comes back here), and is decided here from this
+// node's fallback window when the holder does not answer; the answer is
+// degraded. It returns nil when the previous owner is still a member (or
+// there was none), or when the key's state is here all the same (a push
+// brought the copy: the holder has handed the key over): the caller
+// decides the key itself.
+func (s *Server) unsettledDecide(ctx context.Context, v *view, mi *custody.MovingIn, key []byte, r request) *sluicev1.Decision {
+	if mi.Prev == nil || r.pb.RefundAtNs != 0 || (s.regions != nil && s.crossRegion(&r)) {
+		return nil
+	}
+	if _, ok := s.store.Get(string(key)); ok && !s.handoff.OnlyStandIns(string(key)) {
+		return nil
+	}
+	prev := mi.Prev.Owner(key)
+	if prev == s.name || v.ring.Has(prev) {
+		return nil
+	}
+	s.stats.degraded.Add(1)
+	h := s.standInHolder(&view{ring: mi.Prev}, prev)
+	if h == "" || h == s.name || v.peers[h] == nil {
+		return s.standInDecide(key, r)
+	}
+	s.stats.standInForwarded.Add(1)
+	ds, err := v.peers[h].Forward(ctx, forward.Request{Checks: checksOf([]request{r}, []int{0}), By: firstDeadline([]request{r}, []int{0}),
+		Reforwarded: true, StandIn: true, UnreachableOwner: prev})
+	if err == nil && ds[0].Error == "" {
+		ds[0].Degraded = true
+		return ds[0]
+	}
+	if ctx.Err() != nil || (r.deadline != 0 && time.Now().UnixNano() > r.deadline) {
+		return &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name, Error: "state not here yet, its holder unavailable, and the caller gave up"}
+	}
+	return s.standInDecide(key, r)
 }
 
 // answerUnavailable answers the checks fs, whose owners could not be

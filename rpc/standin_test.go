@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -139,6 +140,50 @@ func TestStandInHitsGoBackToALiveOwner(t *testing.T) {
 	if allowed != 2 {
 		t.Fatalf("%d allowed after the stand-in hits went back, want 2", allowed)
 	}
+}
+
+// A node decides stand-in checks for a live owner that is not the owner
+// of its copies (an entry node's ring still names a dead owner whose
+// holder this node was, while this node's ring gives the key to another
+// member; no newer copy of the key comes here): the hits it handed on to
+// the owner still count in its window. A window that forgot them (they
+// went to the owner, and were taken out of it to wait for a copy that
+// never comes) admitted the key's whole budget again after every flush.
+func TestStandInWindowKeepsTheHitsItHandedOn(t *testing.T) {
+	clock := windowClock()
+	nodes := startReplicatedCluster(t, clock)
+	s := nodes[0].Server()
+	// The member after node1 on the ring: its copies go to the third
+	// member, never to node1.
+	owner := s.view.Load().ring.SuccessorsOf("node1", 1)[0]
+	k := keyOwnedBy(t, nodes[0], "handed-on", owner)
+	rc := &sluicev1.RateLimitCheck{Name: "handed-on", Key: k, Hits: proto.Int64(1), Limit: 10, WindowMs: 3_600_000}
+	reqs, fe := parseChecks([]*sluicev1.RateLimitCheck{rc}, nil, false)
+	if fe != nil {
+		t.Fatal(fe)
+	}
+	key := ring.Key(nil, "handed-on", k)
+	admitted := 0
+	for cycle := range 3 {
+		for range 10 {
+			if d := s.standInDecide(key, reqs[0]); d.Allowed {
+				admitted++
+			}
+		}
+		// What the stand-in loop does every replication interval (twice:
+		// a window with nothing left to hand on may be dropped).
+		for range 2 {
+			if failed := s.flushStandIns(context.Background()); len(failed) > 0 {
+				t.Fatalf("cycle %d: flush failed: %v", cycle, failed)
+			}
+		}
+	}
+	if admitted != 10 {
+		t.Fatalf("node1 admitted %d stand-in hits of a limit of 10 over 3 flushes", admitted)
+	}
+	eventually(t, "the owner to count the 10 hits", func() bool {
+		return peekRemaining(t, byName(t, nodes, owner), rc) == 0
+	})
 }
 
 // peekRemaining peeks rc's key at n.
@@ -381,5 +426,89 @@ func TestLeavingNodeDecidesNothingItCannotPassOn(t *testing.T) {
 	out := make([]*sluicev1.Decision, 1)
 	if late := s.answered("node1", []int{0}, resp.Decisions, out); len(late) != 1 || out[0] != nil {
 		t.Fatalf("the sender takes the answer as %+v, late %v; want it as not reached", out[0], late)
+	}
+}
+
+// A stand-in holder that pushed a dead owner's copy to the key's new owner
+// (its ring dropped the dead owner) no longer decides the key from what it
+// holds: stand-in checks that still come to it (from an entry node whose
+// ring lags, still naming the dead owner) go to the new owner, which
+// counts them with the copy. Decided at the holder, they started from a
+// window without the copy (or one behind the owner's count).
+func TestStandInChecksAfterTheHoldersPushGoToTheNewOwner(t *testing.T) {
+	clock := windowClock()
+	cfg := NodeConfig{ForwardTimeout: time.Second, Replication: ReplicationConfig{Interval: 20 * time.Millisecond}}
+	nodes := []*testNode{startNodeWith(t, "node1", clock, cfg)}
+	for _, name := range []string{"node2", "node3", "node4"} {
+		nodes = append(nodes, startNodeWith(t, name, clock, cfg, nodes[0].GossipAddr()))
+	}
+	waitRingsAgreeOnKeys(t, nodes)
+	r0 := nodes[0].Server().view.Load().ring
+	// A victim, a key of it whose new owner is not its holder, and an
+	// entry node that is neither.
+	var victim, holder, newOwner, entry *testNode
+	var k string
+	for _, o := range nodes {
+		var rest []string
+		for _, n := range nodes {
+			if n != o {
+				rest = append(rest, n.Name())
+			}
+		}
+		after, err := ring.New(rest, r0.Config())
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := r0.SuccessorsOf(o.Name(), 1)[0]
+		for i := range 1000 {
+			key := fmt.Sprintf("user:%d", i)
+			sk := ring.Key(nil, "pushed", key)
+			if c := after.Owner(sk); r0.Owner(sk) == o.Name() && c != h {
+				victim, holder, newOwner, k = o, byName(t, nodes, h), byName(t, nodes, c), key
+				break
+			}
+		}
+		if victim != nil {
+			break
+		}
+	}
+	if victim == nil {
+		t.Fatal("no key whose new owner is not its holder")
+	}
+	for _, n := range nodes {
+		if n != victim && n != holder && n != newOwner {
+			entry = n
+		}
+	}
+	rc := &sluicev1.RateLimitCheck{Name: "pushed", Key: k, Hits: proto.Int64(1), Limit: 10, WindowMs: 3_600_000}
+	for range 5 {
+		if d := check(t, entry.client, rc); !d.Allowed || d.Owner != victim.Name() {
+			t.Fatalf("before the kill: %+v", d)
+		}
+	}
+	key := string(ring.Key(nil, "pushed", k))
+	waitCopied(t, victim, key, holder)
+	// The entry node's ring keeps the victim (gossip slow to reach it).
+	entry.Server().hooks.holdMembers.Store(true)
+	victim.Kill()
+	defer func() {
+		if t.Failed() {
+			st, _ := newOwner.Store().Get(key)
+			t.Logf("victim %s, holder %s (ring %v, tomb %q), new owner %s (%d hits), entry %s", victim.Name(), holder.Name(),
+				holder.Server().view.Load().ring.Members(), holder.Server().custody.TombFor([]byte(key)), newOwner.Name(), fixedHits(st, clock.Now()), entry.Name())
+		}
+	}()
+	eventually(t, "the holder to hand the copy to the new owner", func() bool {
+		st, ok := newOwner.Store().Get(key)
+		return ok && fixedHits(st, clock.Now()) == 5 && holder.Server().custody.TombFor([]byte(key)) == newOwner.Name()
+	})
+	allowed := 0
+	for range 10 {
+		if d := check(t, entry.client, rc); d.Allowed {
+			allowed++
+		}
+	}
+	if allowed != 5 {
+		t.Fatalf("%d of 10 checks allowed through the lagging entry node after the copy's 5 hits, want 5", allowed)
 	}
 }

@@ -252,35 +252,43 @@ func (c *Custody) Awaiting(r *ring.Ring, key []byte) *MovingIn {
 // Settle makes sure key's state has arrived before this node, its new
 // owner, decides it: the first check of key calls pull with the members
 // that have not finished their hand-off (pull merges what they give up,
-// see MergeIn and TakeOver); concurrent checks of key wait for that pull.
-// It returns when the key is settled or ctx ends.
-func (c *Custody) Settle(ctx context.Context, mi *MovingIn, key []byte, pull func(from []string)) {
+// see MergeIn and TakeOver, and reports whether it got what there was);
+// concurrent checks of key wait for that pull. It returns whether the key
+// is settled: false when the pull did not get it (the next check of key
+// pulls again) or ctx ended first.
+func (c *Custody) Settle(ctx context.Context, mi *MovingIn, key []byte, pull func(from []string) bool) bool {
 	k := string(key)
 	c.mu.Lock()
 	if mi.settled[k] || len(mi.waiting) == 0 {
 		c.mu.Unlock()
-		return
+		return true
 	}
 	if ch, ok := mi.pulling[k]; ok {
 		c.mu.Unlock()
 		select {
 		case <-ch:
 		case <-ctx.Done():
+			return false
 		}
-		return
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return mi.settled[k] || len(mi.waiting) == 0
 	}
 	ch := make(chan struct{})
 	mi.pulling[k] = ch
 	from := keysOf(mi.waiting)
 	c.mu.Unlock()
 
-	pull(from)
+	ok := pull(from)
 
 	c.mu.Lock()
 	delete(mi.pulling, k)
-	mi.settled[k] = true
+	if ok {
+		mi.settled[k] = true
+	}
 	c.mu.Unlock()
 	close(ch)
+	return ok
 }
 
 // NoteDone records that member said it handed off everything for the ring
@@ -371,6 +379,24 @@ func (c *Custody) GiveUp(ctx context.Context, key, to, toInstance string, owned 
 		c.tombCount.Store(int64(len(c.tombs)))
 	}
 	return st, ok, nil
+}
+
+// HandedOver leaves a tomb for each of keys, whose copy (and stand-in
+// hits) this node handed to the member to, their new owner, by a push:
+// stand-in checks of them that still come here (from members whose rings
+// lag) go to to for the hand-off timeout, as after a pull (this node no
+// longer holds what they would be decided from).
+func (c *Custody) HandedOver(keys []string, to string) {
+	if to == c.self || len(keys) == 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	until := c.now().Add(c.timeout)
+	for _, k := range keys {
+		c.tombs[k] = tomb{to: to, until: until}
+	}
+	c.tombCount.Store(int64(len(c.tombs)))
 }
 
 // WaitOutgoing waits while key is on its way out of this node (see

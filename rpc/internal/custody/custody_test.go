@@ -388,10 +388,14 @@ func TestSettlePullsOnceAndOthersWait(t *testing.T) {
 		release := make(chan struct{})
 		var pulls atomic.Int32
 		var from []string
-		pull := func(fr []string) { pulls.Add(1); from = fr; <-release }
+		pull := func(fr []string) bool { pulls.Add(1); from = fr; <-release; return true }
 		var settled atomic.Int32
 		for range 3 {
-			go func() { f.c.Settle(context.Background(), mi, k, pull); settled.Add(1) }()
+			go func() {
+				if f.c.Settle(context.Background(), mi, k, pull) {
+					settled.Add(1)
+				}
+			}()
 		}
 		synctest.Wait()
 		if pulls.Load() != 1 || settled.Load() != 0 {
@@ -405,6 +409,40 @@ func TestSettlePullsOnceAndOthersWait(t *testing.T) {
 		if settled.Load() != 3 {
 			t.Fatalf("%d of 3 settled after the pull", settled.Load())
 		}
-		f.c.Settle(context.Background(), mi, k, func([]string) { t.Fatal("pulled a settled key again") })
+		f.c.Settle(context.Background(), mi, k, func([]string) bool { t.Fatal("pulled a settled key again"); return true })
+	})
+}
+
+// A pull that did not get the key's state leaves it unsettled: the checks
+// that waited for it are told so, and the next check pulls again.
+func TestSettleAfterAFailedPullPullsAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(t)
+		abc := mustRing(t, "a", "b", "c")
+		f.c.RingChanged(nil, abc, f.wall)
+		k := keyOwnedBy(t, abc, "b")
+		mi := f.c.Awaiting(abc, k)
+		release := make(chan struct{})
+		var pulls atomic.Int32
+		fail := func([]string) bool { pulls.Add(1); <-release; return false }
+		var settled, answered atomic.Int32
+		for range 3 {
+			go func() {
+				if f.c.Settle(context.Background(), mi, k, fail) {
+					settled.Add(1)
+				}
+				answered.Add(1)
+			}()
+		}
+		synctest.Wait()
+		close(release)
+		synctest.Wait()
+		if pulls.Load() != 1 || answered.Load() != 3 || settled.Load() != 0 {
+			t.Fatalf("%d pulls, %d answered, %d settled; want 1, 3, 0", pulls.Load(), answered.Load(), settled.Load())
+		}
+		if !f.c.Settle(context.Background(), mi, k, func([]string) bool { pulls.Add(1); return true }) || pulls.Load() != 2 {
+			t.Fatalf("the next check after a failed pull: %d pulls in all, want 2 and settled", pulls.Load())
+		}
+		f.c.Settle(context.Background(), mi, k, func([]string) bool { t.Fatal("pulled a settled key again"); return true })
 	})
 }

@@ -14,8 +14,9 @@
 //
 // # Locks
 //
-// A Mover has no lock of its own. It takes custody's locks through custody
-// (see its lock order) and calls Node and StandIns with none held.
+// A Mover's one lock of its own (partialMu) is a leaf. It takes custody's
+// locks through custody (see its lock order) and calls Node and StandIns
+// with none held.
 package handoff
 
 import (
@@ -79,8 +80,9 @@ type StandIns interface {
 	// Take removes key's stand-in window and returns the hits it admitted
 	// beyond its base, and whether any are left to count.
 	Take(key string) (window.State, bool)
-	// Flush hands every key's stand-in hits on to its owner (one try).
-	Flush(ctx context.Context)
+	// Flush hands every key's stand-in hits on to its owner (one try),
+	// and returns the error of each owner whose hits did not go.
+	Flush(ctx context.Context) map[string]error
 	// Pending returns how many keys have stand-in windows.
 	Pending() int64
 }
@@ -135,6 +137,11 @@ type Mover struct {
 	cfg    Config
 	log    *slog.Logger
 	signal chan struct{}
+	// partial holds the keys whose last pull failed after merging stand-in
+	// hits only (not the key's state: a copy may still stand in for it);
+	// guarded by partialMu, a leaf lock.
+	partialMu sync.Mutex
+	partial   map[string]bool
 	// Counters are the Mover's event counts.
 	Counters Counters
 }
@@ -147,7 +154,7 @@ func New(cfg Config) *Mover {
 	if cfg.Instance == nil {
 		cfg.Instance = func() string { return "" }
 	}
-	return &Mover{cfg: cfg, log: cfg.Logger, signal: make(chan struct{}, 1)}
+	return &Mover{cfg: cfg, log: cfg.Logger, signal: make(chan struct{}, 1), partial: map[string]bool{}}
 }
 
 // Signal asks the push loop to hand off the keys this node holds but does
@@ -196,10 +203,13 @@ func (m *Mover) Run(ctx context.Context) {
 
 // Push hands every key this node holds but does not own under v to its
 // owner under v, then tells every member it is done. Copies of members
-// that left v go to their new owners too (or are taken over here). A batch
-// that fails goes back into this node's windows (its owner pulls its keys
-// on first touch); it returns the error of each member the hand-off to
-// failed, and an error naming the first failure.
+// that left v go to their new owners too (or are taken over here), and so
+// do the hits this node admitted in unreachable owners' stead (StandIns):
+// a member hears done only once its keys' stand-in hits went too, or it
+// would decide them from a count without those hits. A batch that fails
+// goes back into this node's windows (its owner pulls its keys on first
+// touch); it returns the error of each member the hand-off to failed, and
+// an error naming the first failure.
 func (m *Mover) Push(ctx context.Context, v View) (map[string]error, error) {
 	self := m.cfg.Self
 	fp := v.Ring.Fingerprint()
@@ -269,7 +279,25 @@ func (m *Mover) Push(ctx context.Context, v View) (map[string]error, error) {
 			if firstErr == nil {
 				firstErr = fmt.Errorf("%s: %w", member, err)
 			}
+			continue
 		}
+		if ks := orphanKeys[member]; len(ks) > 0 {
+			// The copies are member's now: stand-in checks of their keys
+			// go there (a window here would start without them), and
+			// their stand-in hits go with the flush below.
+			m.cfg.Custody.HandedOver(ks, member)
+			m.cfg.Custody.ClearOutgoing(ks, orphanDone[member])
+			close(orphanDone[member])
+			delete(orphanDone, member)
+			delete(orphanKeys, member)
+		}
+	}
+	// Stand-in hits go before done (after the copies, whose keys' checks
+	// no longer add to them here). A leaving node's hand-off loop
+	// (LeaveAll) flushes and retries its stand-in hits on its own.
+	var standInFailed map[string]error
+	if !m.cfg.Node.Leaving() {
+		standInFailed = m.cfg.StandIns.Flush(ctx)
 	}
 	// Done goes to every member only once everything went everywhere: a
 	// member that hears done (of a leaving node: that takes it out of its
@@ -277,6 +305,15 @@ func (m *Mover) Push(ctx context.Context, v View) (map[string]error, error) {
 	if firstErr == nil {
 		for _, member := range v.Ring.Members() {
 			if member == self {
+				continue
+			}
+			if err := standInFailed[member]; err != nil {
+				// Its stand-in hits are still here: no done yet (the
+				// push is tried again).
+				failed[member] = err
+				if firstErr == nil {
+					firstErr = fmt.Errorf("%s: stand-in hits: %w", member, err)
+				}
 				continue
 			}
 			if err := m.pushTo(ctx, v.Peer(member), member, fp, nil, nil, true); err != nil {
@@ -292,6 +329,19 @@ func (m *Mover) Push(ctx context.Context, v View) (map[string]error, error) {
 		m.cfg.Custody.PushDone(fp)
 	}
 	return failed, firstErr
+}
+
+// TakeOverOwn takes over, under the ring r, the copies of departed
+// members' keys that r gives to this node (each stands in for its lost
+// state, as Push does), and leaves every other copy for the push. Called
+// before a new ring routes checks here: a check of such a key must not be
+// decided before its copy is in this node's window.
+func (m *Mover) TakeOverOwn(r *ring.Ring) {
+	now := m.cfg.Store.Now()
+	for k, e := range m.cfg.Replicas.OrphansOf(r, m.cfg.Rings.Departed, m.cfg.Self) {
+		m.cfg.Custody.TakeOver(k, takeoverOf(e), now)
+		m.Counters.Takeovers.Add(1)
+	}
 }
 
 // pushTo streams keys (taken from this node's windows batch by batch) and
@@ -416,15 +466,27 @@ func End(st sluicev1.PeerService_HandOffClient) error {
 
 // Settle makes sure key's state has arrived before this node, its new
 // owner under v, decides it: its first touch pulls it from the members
-// that have not finished their hand-off (see custody.Custody.Settle).
-func (m *Mover) Settle(ctx context.Context, v View, mi *custody.MovingIn, key []byte) {
-	m.cfg.Custody.Settle(ctx, mi, key, func(from []string) { m.pull(ctx, v, mi, string(key), from) })
+// that have not finished their hand-off (see custody.Custody.Settle). It
+// returns false when the key is not settled: a pull from a member failed
+// and no state came (the next check pulls again).
+func (m *Mover) Settle(ctx context.Context, v View, mi *custody.MovingIn, key []byte) bool {
+	return m.cfg.Custody.Settle(ctx, mi, key, func(from []string) bool { return m.pull(ctx, v, mi, string(key), from) })
+}
+
+// OnlyStandIns reports whether what this node holds of key is only
+// stand-in hits merged by a pull that failed (not the key's state).
+func (m *Mover) OnlyStandIns(key string) bool {
+	m.partialMu.Lock()
+	defer m.partialMu.Unlock()
+	return m.partial[key]
 }
 
 // pull asks each member of from for key's state in parallel and merges
 // what they give up; a copy stands in for the state when none came (see
-// CopyStandsIn).
-func (m *Mover) pull(ctx context.Context, v View, mi *custody.MovingIn, key string, from []string) {
+// CopyStandsIn). It returns false when a member could not be asked (or did
+// not answer) and no state came: what that member holds of the key is
+// still there.
+func (m *Mover) pull(ctx context.Context, v View, mi *custody.MovingIn, key string, from []string) bool {
 	m.Counters.Pulls.Add(1)
 	self := m.cfg.Self
 	var (
@@ -450,6 +512,12 @@ func (m *Mover) pull(ctx context.Context, v View, mi *custody.MovingIn, key stri
 		replicas = append(replicas, e)
 	}
 	_, hadState := m.cfg.Store.Get(key) // e.g. handed off before this first touch
+	m.partialMu.Lock()
+	if m.partial[key] { // only stand-in hits an earlier pull that failed merged
+		hadState = false
+		delete(m.partial, key)
+	}
+	m.partialMu.Unlock()
 	for _, member := range from {
 		p := v.Peer(member)
 		if p == nil {
@@ -519,11 +587,29 @@ func (m *Mover) pull(ctx context.Context, v View, mi *custody.MovingIn, key stri
 	case found:
 	case failed:
 		m.Counters.MovedWithoutState.Add(1)
+		// The copies that came go back here (the latest), for the next
+		// pull; what it merged (stand-in hits) is not the key's state.
+		var latest *replica.Entry
+		for i, r := range replicas {
+			if latest == nil || r.State.Expires().After(latest.State.Expires()) {
+				latest = &replicas[i]
+			}
+		}
+		if latest != nil {
+			m.cfg.Replicas.PutBack(key, *latest)
+		}
+		if _, ok := m.cfg.Store.Get(key); ok && !hadState {
+			m.partialMu.Lock()
+			m.partial[key] = true
+			m.partialMu.Unlock()
+		}
+		return false
 	case !prevOwnerPresent && prevOwner != self:
 		if _, ok := m.cfg.Store.Get(key); !ok {
 			m.Counters.OwnerLost.Add(1)
 		}
 	}
+	return true
 }
 
 // CopyStandsIn reports whether the copy r may stand in for its key's lost
@@ -567,7 +653,8 @@ func (m *Mover) LeaveAll(ctx context.Context) error {
 			v.Ring = r
 		}
 		// What this node admitted in unreachable owners' stead goes to
-		// the keys' owners too (tried again on the next attempt).
+		// the keys' owners too (tried again on the next attempt; Push
+		// flushes again before it says done).
 		m.cfg.StandIns.Flush(ctx)
 		var failed map[string]error
 		failed, lastErr = m.Push(ctx, v)

@@ -2,11 +2,14 @@ package handoff
 
 import (
 	"context"
+	"errors"
+	"io"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -26,11 +29,12 @@ var t0 = time.Unix(3600*500_000, 0)
 type fakeNode struct {
 	ring     *ring.Ring
 	leaving  bool
-	departed []string // MemberLeaving calls, "member/instance"
+	departed []string                              // MemberLeaving calls, "member/instance"
+	peers    map[string]sluicev1.PeerServiceClient // nil: no connection to any
 }
 
 func (n *fakeNode) View() View {
-	return View{Ring: n.ring, Peer: func(string) sluicev1.PeerServiceClient { return nil }}
+	return View{Ring: n.ring, Peer: func(m string) sluicev1.PeerServiceClient { return n.peers[m] }}
 }
 func (n *fakeNode) Leaving() bool { return n.leaving }
 func (n *fakeNode) MemberLeaving(member, instance string) {
@@ -39,9 +43,9 @@ func (n *fakeNode) MemberLeaving(member, instance string) {
 
 type noStandIns struct{}
 
-func (noStandIns) Take(string) (window.State, bool) { return window.State{}, false }
-func (noStandIns) Flush(context.Context)            {}
-func (noStandIns) Pending() int64                   { return 0 }
+func (noStandIns) Take(string) (window.State, bool)       { return window.State{}, false }
+func (noStandIns) Flush(context.Context) map[string]error { return nil }
+func (noStandIns) Pending() int64                         { return 0 }
 
 type fixture struct {
 	m        *Mover
@@ -289,4 +293,81 @@ func mustState(t *testing.T, b []byte) window.State {
 		t.Fatal(err)
 	}
 	return st
+}
+
+// recordingPeer is a peer whose HandOff streams answer every request and
+// record it (in *log, "member:done" for a done, "member:states" else).
+type recordingPeer struct {
+	sluicev1.PeerServiceClient // nil: other calls panic
+	member                     string
+	log                        *[]string
+}
+
+func (p recordingPeer) HandOff(context.Context, ...grpc.CallOption) (grpc.BidiStreamingClient[sluicev1.HandOffRequest, sluicev1.HandOffResponse], error) {
+	return &recordingStream{p: p}, nil
+}
+
+type recordingStream struct {
+	grpc.ClientStream // nil: unused
+	p                 recordingPeer
+	pending           int
+	closed            bool
+}
+
+func (s *recordingStream) Send(req *sluicev1.HandOffRequest) error {
+	what := "states"
+	if req.Done {
+		what = "done"
+	}
+	*s.p.log = append(*s.p.log, s.p.member+":"+what)
+	s.pending++
+	return nil
+}
+
+func (s *recordingStream) Recv() (*sluicev1.HandOffResponse, error) {
+	if s.pending == 0 {
+		return nil, io.EOF
+	}
+	s.pending--
+	return &sluicev1.HandOffResponse{}, nil
+}
+
+func (s *recordingStream) CloseSend() error { s.closed = true; return nil }
+
+// failingStandIns are stand-in windows whose flush leaves the hits of the
+// owners in failed behind, noting each flush in *log.
+type failingStandIns struct {
+	noStandIns
+	failed map[string]error
+	log    *[]string
+}
+
+func (f failingStandIns) Flush(context.Context) map[string]error {
+	*f.log = append(*f.log, "flush")
+	return f.failed
+}
+
+// A member hears a push's done only once the stand-in hits of its keys
+// went: it decides the keys moved to it from what it has once every other
+// member said done, so hits still held elsewhere would be admitted again.
+// Here the stand-in hits for c did not go: a and c both get no done before
+// the flush, c none at all, and the push fails (it is tried again).
+func TestPushSaysDoneOnlyAfterTheStandInHits(t *testing.T) {
+	f := newFixture(t, t0)
+	var log []string
+	f.node.peers = map[string]sluicev1.PeerServiceClient{
+		"a": recordingPeer{member: "a", log: &log},
+		"c": recordingPeer{member: "c", log: &log},
+	}
+	f.m.cfg.StandIns = failingStandIns{failed: map[string]error{"c": errors.New("c unreachable")}, log: &log}
+	failed, err := f.m.Push(context.Background(), f.node.View())
+	if err == nil || failed["c"] == nil || failed["a"] != nil {
+		t.Fatalf("push: failed %v, error %v; want c failed for its stand-in hits", failed, err)
+	}
+	if len(log) != 2 || log[0] != "flush" || log[1] != "a:done" {
+		t.Fatalf("events %v, want [flush a:done]", log)
+	}
+	if f.custody.LastPush() == f.node.ring.Fingerprint() {
+		t.Fatal("a push that left stand-in hits behind was recorded as complete")
+	}
 }

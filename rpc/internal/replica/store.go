@@ -101,6 +101,18 @@ type ownerFacts struct {
 // then removes the copies. A copy that arrives meanwhile from an owner it
 // did not read stays (as one that arrives after Orphans returns).
 func (r *Store) Orphans(rg *ring.Ring, departed func(string) bool, instance func(string) string) map[string]map[string]Entry {
+	return r.orphans(rg, departed, instance, "")
+}
+
+// OrphansOf removes and returns the copies whose owner has departed (see
+// Orphans) and whose key rg gives to the member to; it leaves every other
+// copy as it is.
+func (r *Store) OrphansOf(rg *ring.Ring, departed func(string) bool, to string) map[string]Entry {
+	return r.orphans(rg, departed, func(string) string { return "" }, to)[to]
+}
+
+// orphans is Orphans, or OrphansOf when only is not "".
+func (r *Store) orphans(rg *ring.Ring, departed func(string) bool, instance func(string) string, only string) map[string]map[string]Entry {
 	facts := map[string]ownerFacts{}
 	for i := range r.shards {
 		sh := &r.shards[i]
@@ -134,6 +146,11 @@ func (r *Store) Orphans(rg *ring.Ring, departed func(string) bool, instance func
 			f, ok := facts[e.Owner]
 			switch {
 			case !ok: // an owner whose first copy came meanwhile: it stays
+			case only != "":
+				if !f.inRing && (e.Owner == "" || f.departed) && rg.Owner([]byte(k)) == only {
+					delete(sh.m, k)
+					give(only, k, e)
+				}
 			case f.inRing && rg.Owner([]byte(k)) != e.Owner:
 				delete(sh.m, k) // the key moved with its state: this copy is stale
 			case f.inRing:

@@ -184,6 +184,49 @@ func TestStoreOrphans(t *testing.T) {
 	}
 }
 
+// TestStoreOrphansOf: OrphansOf takes only the departed owners' copies
+// (and those of no owner) whose key goes to the member asked about, and
+// leaves every other copy, stale or not, to Orphans.
+func TestStoreOrphansOf(t *testing.T) {
+	rg := testRing(t, "node1", "node3")
+	full := testRing(t, "node1", "node2", "node3")
+	st := stateUntil(t, time.Hour, 1)
+	departed := func(m string) bool { return m == "node2" }
+	k2 := keyOf(t, full, "node2", 0)
+	to2 := rg.Owner([]byte(k2))
+	other := "node1"
+	if to2 == "node1" {
+		other = "node3"
+	}
+	k3 := keyOf(t, rg, "node3", 0)
+	for _, tc := range []struct {
+		name  string
+		key   string
+		e     Entry
+		to    string
+		taken bool
+	}{
+		{"a departed owner's copy of a key of to", k2, Entry{st, "node2", "i2"}, to2, true},
+		{"no owner, a key of to", k2, Entry{st, "", ""}, to2, true},
+		{"a departed owner's copy of another member's key", k2, Entry{st, "node2", "i2"}, other, false},
+		{"a live owner's stale copy", k3, Entry{st, "node1", "i1"}, "node3", false},
+		{"an earlier process of a restarted owner", k3, Entry{st, "node3", "i3a"}, "node3", false},
+		{"an owner never met", k2, Entry{st, "node4", "i4"}, to2, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := NewStore()
+			s.Set([]byte(tc.key), tc.e.Owner, tc.e.Instance, tc.e.State)
+			got := s.OrphansOf(rg, departed, tc.to)
+			if _, held := s.Get(tc.key); held == tc.taken {
+				t.Errorf("held after OrphansOf: %v, want %v", held, !tc.taken)
+			}
+			if e, ok := got[tc.key]; ok != tc.taken || len(got) > 1 || (ok && e != tc.e) {
+				t.Errorf("OrphansOf = %v, want the copy: %v", got, tc.taken)
+			}
+		})
+	}
+}
+
 // TestOrphansCallsBackWithNoLockHeld: the callbacks may use the store
 // (they take no shard lock of it here, but a callback that waited for one
 // held across it would hang), and each is asked once per owner.
