@@ -789,12 +789,10 @@ func (l *leases) resend(now, storeNow time.Time) {
 			ae.setLeft(storeNow)
 			reclaim = ae.a.Rebalance()
 		}
-		if len(reclaim) > 0 {
-			for _, lw := range reclaim {
-				ae.sent = now
-				l.st.lowers.Add(1)
-				msgs = append(msgs, out{lw.Region, []byte(k.key), ae.lowerMessage(lw)})
-			}
+		for _, lw := range reclaim {
+			ae.sent = now
+			l.st.lowers.Add(1)
+			msgs = append(msgs, out{lw.Region, []byte(k.key), ae.lowerMessage(lw)})
 		}
 		if now.Sub(ae.sent) < lead {
 			continue

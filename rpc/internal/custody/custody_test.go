@@ -378,13 +378,20 @@ func TestMovingInEndsAtTheHandOffTimeout(t *testing.T) {
 	}
 }
 
+// awaitingKeyOfB returns a fixture whose ring went to a, b, c (from
+// none), a key b owns under it, and the move the key awaits.
+func awaitingKeyOfB(t *testing.T) (*fixture, *MovingIn, []byte) {
+	t.Helper()
+	f := newFixture(t)
+	abc := mustRing(t, "a", "b", "c")
+	f.c.RingChanged(nil, abc, f.wall)
+	k := keyOwnedBy(t, abc, "b")
+	return f, f.c.Awaiting(abc, k), k
+}
+
 func TestSettlePullsOnceAndOthersWait(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		f := newFixture(t)
-		abc := mustRing(t, "a", "b", "c")
-		f.c.RingChanged(nil, abc, f.wall)
-		k := keyOwnedBy(t, abc, "b")
-		mi := f.c.Awaiting(abc, k)
+		f, mi, k := awaitingKeyOfB(t)
 		release := make(chan struct{})
 		var pulls atomic.Int32
 		var from []string
@@ -417,11 +424,7 @@ func TestSettlePullsOnceAndOthersWait(t *testing.T) {
 // that waited for it are told so, and the next check pulls again.
 func TestSettleAfterAFailedPullPullsAgain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		f := newFixture(t)
-		abc := mustRing(t, "a", "b", "c")
-		f.c.RingChanged(nil, abc, f.wall)
-		k := keyOwnedBy(t, abc, "b")
-		mi := f.c.Awaiting(abc, k)
+		f, mi, k := awaitingKeyOfB(t)
 		release := make(chan struct{})
 		var pulls atomic.Int32
 		fail := func([]string) bool { pulls.Add(1); <-release; return false }
