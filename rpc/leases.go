@@ -3,6 +3,7 @@ package rpc
 import (
 	"context"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -70,6 +71,7 @@ type leases struct {
 
 	amu    sync.Mutex
 	allocs map[allocKey]*allocEntry
+	stands map[string]*standEntry // store key -> the key's standing slices, where this node is its allocator
 
 	omu    sync.Mutex
 	outbox map[string][]*sluicev1.LeaseMessage // destination node -> messages
@@ -134,13 +136,14 @@ type leaseHistory struct {
 	started    int64      // the node's start
 	ring, prev *ring.Ring // this node's ring, and the one before its last change (nil: none yet)
 	ownChanged int64
+	anyChanged int64 // when a region last gained its first live member or lost its last
 	live       map[string]bool
 	goneAt     map[string]int64
 }
 
 // leaseCounters count lease events; see Stats.
 type leaseCounters struct {
-	requests, grants, grantedHits, lowers, acks, givenBack, exhausted, sent, replied, calls, callErrors atomic.Int64
+	requests, grants, grantedHits, lowers, acks, givenBack, exhausted, sent, replied, calls, callErrors, stands atomic.Int64
 }
 
 type holderShard struct {
@@ -157,6 +160,7 @@ type holderEntry struct {
 	limit          int64
 	seed           uint64
 	wins           map[int64]*holderWin // window id -> its holder
+	stand          *lease.Standing      // what each window's holder starts at (fixed windows)
 	nextWindowSent int64                // the window id of the last next-window request
 	first          int64                // the window id of the first holder made (its demand before is not known)
 	// Buckets (one lease, window id bucketLease): the bucket's capacity
@@ -189,11 +193,28 @@ type allocEntry struct {
 	window     time.Duration
 	limit      int64
 	a          *lease.Allocator
-	sent       time.Time // when its pending lowers were last sent, wall clock
-	rebalanced time.Time // when it last rebalanced for a waiting region, wall clock
-	reclaimed  bool      // its late-window reclaim went
-	touched    time.Time // when a message last came for it, wall clock (buckets: idle ones are forgotten)
-	view       *view     // the view it was last found to be the key's allocator under
+	sent       time.Time        // when its pending lowers were last sent, wall clock
+	rebalanced time.Time        // when it last rebalanced for a waiting region, wall clock
+	reclaimed  bool             // its late-window reclaim went
+	touched    time.Time        // when a message last came for it, wall clock (buckets: idle ones are forgotten)
+	view       *view            // the view it was last found to be the key's allocator under
+	starts     map[string]int64 // fixed windows: each region's record at the start (its standing slice)
+}
+
+// standEntry is a key's standing slices where this node is the key's
+// allocator (fixed windows): package region/lease's Stands, and each
+// region's demand as the windows that ended showed it.
+type standEntry struct {
+	name, key string
+	window    time.Duration
+	limit     int64
+	seed      uint64
+	st        *lease.Stands
+	demand    map[string]float64 // region -> hits per window, a moving average (nil: no window seen yet)
+	fed       int64              // the newest window fed into demand
+	sent      time.Time          // when its pending stands were last sent, wall clock
+	touched   time.Time          // when a per-window allocator was last made for it, wall clock
+	view      *view              // the view it was last found to be the key's allocator under
 }
 
 func newLeases(s *Server, base float64) *leases {
@@ -201,13 +222,13 @@ func newLeases(s *Server, base float64) *leases {
 		base = DefaultLeaseBase
 	}
 	l := &leases{s: s, base: base, inc: rand.Uint64() &^ 0xffffffff, allocs: map[allocKey]*allocEntry{},
-		outbox: map[string][]*sluicev1.LeaseMessage{}}
+		stands: map[string]*standEntry{}, outbox: map[string][]*sluicev1.LeaseMessage{}}
 	for i := range l.shards {
 		l.shards[i].m = map[string]*holderEntry{}
 	}
 	l.rtt.Store(int64(200 * time.Millisecond))
 	now := s.store.Now().UnixNano()
-	h := &leaseHistory{ownChanged: now, started: now, live: map[string]bool{}, goneAt: map[string]int64{}}
+	h := &leaseHistory{ownChanged: now, anyChanged: now, started: now, live: map[string]bool{}, goneAt: map[string]int64{}}
 	for _, r := range s.regions.Regions() {
 		h.goneAt[r.Name] = now
 	}
@@ -276,7 +297,9 @@ func (l *leases) entry(storeKey []byte, name, key string, w time.Duration, limit
 	if e == nil || e.window != w || e.limit != limit {
 		// New, or the limit's numbers changed: start afresh (the old
 		// holders' grants lapse; the allocator's records stay above them).
-		e = &holderEntry{name: name, key: key, window: w, limit: limit, seed: region.SeedOf(name, key), wins: map[int64]*holderWin{}}
+		seed := region.SeedOf(name, key)
+		e = &holderEntry{name: name, key: key, window: w, limit: limit, seed: seed, wins: map[int64]*holderWin{},
+			stand: lease.NewStanding(l.s.region, l.baseOf(limit, l.s.region, seed))}
 		sh.m[string(storeKey)] = e
 	}
 	return e
@@ -290,7 +313,11 @@ func (l *leases) win(e *holderEntry, id int64) *holderWin {
 		if len(e.wins) == 0 || id < e.first {
 			e.first = id
 		}
-		w = &holderWin{h: lease.NewHolder(l.s.region, id, l.baseOf(e.limit, l.s.region, e.seed))}
+		start := l.baseOf(e.limit, l.s.region, e.seed)
+		if id != bucketLease {
+			start = e.stand.Start(id) // its standing slice
+		}
+		w = &holderWin{h: lease.NewHolder(l.s.region, id, start)}
 		if l.unsure(e, id) {
 			w.h.StartAt(0)
 		}
@@ -300,16 +327,17 @@ func (l *leases) win(e *holderEntry, id int64) *holderWin {
 }
 
 // unsure reports whether a holder made now for window id of e may belong
-// to a region that holds less than its base: since the window's lowers
-// could have gone out (a lead time before it starts; for a bucket, within
-// bucketIdle), the node started (an earlier process of it may have held
-// the key's slice) or its ring changed and the key had another owner here
-// under the ring before, whose slice the allocator may have lowered. Such
-// a holder starts at 0 and asks (the allocator's grants are absolute: the
+// to a region that holds less than its start: since the window's lowers
+// or stands could have gone out (a lead time before it starts, and a
+// stand's reach before that; for a bucket, within bucketIdle), the node
+// started (an earlier process of it may have held the key's slice) or its
+// ring changed and the key had another owner here under the ring before,
+// whose slice or standing slice the allocator may have lowered. Such a
+// holder starts at 0 and asks (the allocator's grants are absolute: the
 // first one gives it the region's record).
 func (l *leases) unsure(e *holderEntry, id int64) bool {
 	h := l.hist.Load()
-	since := id*int64(e.window) - int64(l.lead())
+	since := id*int64(e.window) - int64(l.lead()) - (standReach(e.window)+2)*int64(e.window)
 	if id == bucketLease {
 		since = l.s.store.Now().UnixNano() - int64(bucketIdle)
 	}
@@ -452,6 +480,9 @@ func (l *leases) decideBucket(storeKey []byte, r *request, now time.Time) *sluic
 func (l *leases) wantMore(e *holderEntry, w *holderWin, start, now time.Time) int64 {
 	lead := l.lead()
 	slice := w.h.Slice()
+	if slice >= e.limit {
+		return 0 // the whole limit: there is no more to have
+	}
 	// At most one request per round trip (the answer to the last one
 	// comes in about that); while no grant came since the last, one per
 	// four (the allocator remembers what a region waits for and grants
@@ -802,10 +833,116 @@ func (l *leases) resend(now, storeNow time.Time) {
 			msgs = append(msgs, out{lw.Region, []byte(k.key), ae.lowerMessage(lw)})
 		}
 	}
+	l.planStands(now, storeNow, lead, func(reg string, sk []byte, m *sluicev1.LeaseMessage) {
+		msgs = append(msgs, out{reg, sk, m})
+	})
 	l.amu.Unlock()
 	for _, o := range msgs {
 		l.toHolder(o.reg, o.sk, o.m)
 	}
+}
+
+// planStands sets the standing slices of the keys this node allocates:
+// each region's fair share (lease.FairStands) of its demand per window as
+// the windows that ended showed it (a moving average; see feedStands),
+// when it moved by standStep or more from what the region stands at, for
+// the windows from two after the current one to a stand's reach; it
+// renews a standing slice other than the base when less than half its
+// reach is left, and sends again the stands not acknowledged within a
+// lead time. A stand that raises a region waits (lease.Stands.Set
+// refuses it) until the lowers it needs were acknowledged. emit queues a
+// message for a region's owner of a key. Requires l.amu.
+func (l *leases) planStands(now, storeNow time.Time, lead time.Duration, emit func(reg string, sk []byte, m *sluicev1.LeaseMessage)) {
+	for sk, se := range l.stands {
+		if !l.stillStands(sk, se) {
+			continue
+		}
+		cur := windowID(storeNow, se.window)
+		reach := standReach(se.window)
+		from := max(cur+2, se.st.Floor(), se.st.LastMade()+1)
+		through := cur + reach
+		if from <= through {
+			var target map[string]int64
+			if se.demand != nil {
+				target = lease.FairStands(se.limit, se.demand)
+			}
+			bases := l.bases(se.limit, se.seed)
+			for _, r := range l.s.regions.Regions() {
+				if se.st.Busy(r.Name) {
+					continue
+				}
+				now1 := se.st.At(r.Name, from)
+				next := now1
+				if t, ok := target[r.Name]; ok && abs64(t-now1) >= standStep(se.limit) {
+					next = t
+				}
+				last, _ := se.st.Through(r.Name)
+				renew := next != bases[r.Name] && last-cur < reach/2
+				if next == now1 && !renew {
+					continue
+				}
+				if st, ok := se.st.Set(r.Name, from, through, next); ok {
+					l.st.stands.Add(1)
+					se.sent = now
+					emit(r.Name, []byte(sk), se.standMessage(st))
+				}
+			}
+		}
+		if now.Sub(se.sent) >= lead {
+			for _, st := range se.st.Pending() {
+				se.sent = now
+				emit(st.Region, []byte(sk), se.standMessage(st))
+			}
+		}
+	}
+}
+
+// standStep is how far a region's fair share must move from its standing
+// slice before a stand changes it (hits): a tenth of the limit, at least
+// one hit; what the stands miss, the window's own grants and reclaims
+// move.
+func standStep(limit int64) int64 { return max(1, limit/10) }
+
+func abs64(x int64) int64 {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+func (se *standEntry) standMessage(st lease.Stand) *sluicev1.LeaseMessage {
+	return &sluicev1.LeaseMessage{Kind: sluicev1.LeaseKind_LEASE_KIND_STAND, Name: se.name, Key: se.key, WindowId: st.From,
+		Through: st.Through, WindowMs: se.window.Milliseconds(), Limit: se.limit, Region: st.Region, Allocator: st.Alloc,
+		Seq: st.Seq, Slice: st.Slice}
+}
+
+// feedStands adds what the ended window id of ae showed of each region's
+// demand to its key's moving average (half the last window's, half the
+// earlier ones'): what it used, for a region heard in the window; what it
+// held, for one not heard (it may have spent it without a word). Requires
+// l.amu.
+func (l *leases) feedStands(sk string, id int64, ae *allocEntry) {
+	se := l.stands[sk]
+	if se == nil || se.limit != ae.limit || se.window != ae.window || id <= se.fed || ae.a.Learning() {
+		return
+	}
+	d := ae.a.Demands()
+	first := se.demand == nil
+	if first {
+		se.demand = map[string]float64{}
+	}
+	for r := range ae.starts {
+		x := float64(ae.a.Record(r))
+		if ae.a.Heard(r) {
+			x = float64(d[r])
+		}
+		if first {
+			se.demand[r] = x
+		} else {
+			se.demand[r] = (se.demand[r] + x) / 2
+		}
+	}
+	se.fed = id
 }
 
 // reclaimAhead is how long before a window ends its allocator reclaims
@@ -839,7 +976,9 @@ func (l *leases) sweep(now time.Time) {
 					delete(e.wins, wid)
 				}
 			}
-			if len(e.wins) == 0 {
+			if e.stand.Forget(id-1) && len(e.wins) == 0 {
+				// A standing slice other than the base keeps the entry:
+				// made again, it would start at the base.
 				delete(sh.m, k)
 				l.hmu.Lock()
 				delete(l.hot, e)
@@ -853,13 +992,26 @@ func (l *leases) sweep(now time.Time) {
 	for k, ae := range l.allocs {
 		if k.window != bucketLease && k.window < windowID(now, ae.window)-1 && !ae.a.Learning() {
 			l.pool(ae.name).free.Add(ae.a.Free())
+			l.feedStands(k.key, k.window, ae)
 		}
 		if (k.window != bucketLease && k.window < windowID(now, ae.window)-1) || (k.window == bucketLease && time.Since(ae.touched) > bucketIdle) {
 			delete(l.allocs, k)
 		}
 	}
+	for sk, se := range l.stands {
+		// Forgotten when every region is back at its base for good and
+		// no window was allocated for a while: made again, it knows all
+		// it needs (nothing it set runs any more).
+		if se.st.Forget(windowID(now, se.window)-1) && time.Since(se.touched) > standIdle(se.window) {
+			delete(l.stands, sk)
+		}
+	}
 	l.amu.Unlock()
 }
+
+// standIdle is how long a key's standing slices, all back at the bases,
+// are kept (with the demand they learnt) after its last allocated window.
+func standIdle(w time.Duration) time.Duration { return max(time.Minute, 4*w) }
 
 // setLeft tells the allocator how much of its window is still to come at
 // now (store clock).
@@ -893,7 +1045,7 @@ func (ae *allocEntry) grantMessage(g lease.Grant) *sluicev1.LeaseMessage {
 func (l *leases) viewChanged(v *view) {
 	old := l.hist.Load()
 	now := l.s.store.Now().UnixNano()
-	h := &leaseHistory{ownChanged: old.ownChanged, started: old.started, ring: old.ring, prev: old.prev,
+	h := &leaseHistory{ownChanged: old.ownChanged, anyChanged: old.anyChanged, started: old.started, ring: old.ring, prev: old.prev,
 		live: map[string]bool{}, goneAt: maps.Clone(old.goneAt)}
 	if old.ring == nil || v.ring.Fingerprint() != old.ring.Fingerprint() {
 		h.ownChanged, h.ring, h.prev = now, v.ring, old.ring
@@ -903,16 +1055,34 @@ func (l *leases) viewChanged(v *view) {
 		if old.live[r.Name] && !h.live[r.Name] {
 			h.goneAt[r.Name] = now
 		}
+		if old.live[r.Name] != h.live[r.Name] {
+			h.anyChanged = now
+		}
 	}
 	l.hist.Store(h)
 }
 
 // learningHorizon is how long after a change of allocator another
-// allocator's grants may still be live for a window: the window itself,
-// the next one (requests go ahead of it), and the time a cut-off former
-// allocator takes to see that it lost the majority (memberlist's failure
-// detection, seconds).
-func learningHorizon(w time.Duration) time.Duration { return 2*w + 10*time.Second }
+// allocator's grants or stands may still be live for a window: the
+// window itself, the next one (requests go ahead of it), a stand's reach
+// and the two windows it starts after the current one, one more for the
+// clocks, and the time a cut-off former allocator takes to see that it
+// lost the majority (memberlist's failure detection, seconds).
+func learningHorizon(w time.Duration) time.Duration {
+	return 2*w + 10*time.Second + time.Duration(standReach(w)+3)*w
+}
+
+// standReach is how many windows past its current one an allocator's
+// stand may reach (Through): 8 s of windows, at least 2. A stand is
+// renewed when it has less than half of that left to run, so that a
+// region's standing slice costs two messages (the Stand and its Ack)
+// every 4 s or so while it differs from the base (every window, for
+// windows of 4 s or more). The learning horizon (how long a new
+// allocator learns each window before it plans stands again) and the
+// windows a restarted node's holders start at 0 in (unsure) grow with it.
+func standReach(w time.Duration) int64 {
+	return max(2, int64((8*time.Second+w-1)/w))
+}
 
 // LeaseLearningHorizon returns how long after a node starts (or its ring
 // changes) its allocators of a limit whose window is w (ns) still start
@@ -924,15 +1094,17 @@ func LeaseLearningHorizon(w time.Duration) time.Duration { return learningHorizo
 
 // learning reports whether this node's allocator of window id (length w)
 // of the key of seed, created now, must learn first: another allocator
-// may have granted in that window, because this node's own ring changed
-// (the key may have had another owner here), or a region that comes
-// before this one in the key's order (and so was the key's allocator
-// region while it was live) was live, within the learning horizon before
-// the window's start.
+// may have granted or set stands in that window, because this node's own
+// ring changed (the key may have had another owner here), a region
+// gained its first live member or lost its last (the key's allocator
+// region may have been another while this node saw no majority, or saw
+// a region before its own live), or a region that comes before this one
+// in the key's order (and so was the key's allocator region while it was
+// live) was live, within the learning horizon before the window's start.
 func (l *leases) learning(id int64, w time.Duration, seed uint64) bool {
 	h := l.hist.Load()
 	since := id*int64(w) - int64(learningHorizon(w))
-	if h.ownChanged > since {
+	if h.ownChanged > since || h.anyChanged > since {
 		return true
 	}
 	for _, r := range l.order(seed) {
@@ -986,6 +1158,8 @@ func (l *leases) validLease(m *sluicev1.LeaseMessage) string {
 		return "region not in the region list"
 	case len(m.GetName()) == 0 || len(m.GetName()) > 256 || len(m.GetKey()) > 4096:
 		return "name or key length out of range"
+	case m.GetKind() == sluicev1.LeaseKind_LEASE_KIND_STAND && (m.GetThrough()-m.GetWindowId() > 1_000_000 || m.GetWindowId() < 0):
+		return "stand's windows out of range"
 	}
 	return ""
 }
@@ -1011,6 +1185,12 @@ func (l *leases) handle(msgs []*sluicev1.LeaseMessage) []*sluicev1.LeaseMessage 
 			}
 		case sluicev1.LeaseKind_LEASE_KIND_ACK:
 			l.onAck(sk, m)
+		case sluicev1.LeaseKind_LEASE_KIND_STAND:
+			if k := l.onStand(sk, m); k != nil {
+				replies = append(replies, k)
+			}
+		case sluicev1.LeaseKind_LEASE_KIND_STAND_ACK:
+			l.onStandAck(sk, m)
 		}
 	}
 	return replies
@@ -1032,6 +1212,23 @@ func (l *leases) stillAllocator(k allocKey, ae *allocEntry) bool {
 		return true
 	}
 	delete(l.allocs, k)
+	return false
+}
+
+// stillStands is stillAllocator for a key's standing slices: it forgets
+// se when this node is no longer the key's allocator (what it set runs
+// out by window id; the next allocator plans only after that). Requires
+// l.amu.
+func (l *leases) stillStands(sk string, se *standEntry) bool {
+	v := l.s.view.Load()
+	if se.view == v {
+		return true
+	}
+	if l.allocatorRegion(v, se.seed) == l.s.region && l.ownerIn(v, l.s.region, []byte(sk)) == l.s.name {
+		se.view = v
+		return true
+	}
+	delete(l.stands, sk)
 	return false
 }
 
@@ -1059,21 +1256,72 @@ func (l *leases) alloc(sk []byte, m *sluicev1.LeaseMessage, create bool) *allocE
 	if reg != l.s.region || l.ownerIn(v, reg, sk) != l.s.name {
 		return nil
 	}
-	var demand map[string]int64
-	if prev := l.allocs[allocKey{string(sk), m.WindowId - 1}]; prev != nil && prev.limit == m.Limit && m.WindowId != bucketLease {
-		demand = prev.a.Demands()
-	}
 	// A window whose limit changed learns too: the regions may hold
 	// grants of the old limit's allocator. So does every bucket's: its
 	// leases outlive any allocator state (they have no window to end).
 	learning := ae != nil || m.WindowId == bucketLease || l.learning(m.WindowId, w, seed)
-	a, err := lease.NewAllocator(l.inc|(l.ids.Add(1)&0xffffffff), m.WindowId, m.Limit, l.bases(m.Limit, seed), demand, learning)
+	starts := l.bases(m.Limit, seed)
+	var demand map[string]int64
+	if m.WindowId != bucketLease {
+		// A fixed window starts at the regions' standing slices, and
+		// from their demand in the last window: what it used for a
+		// region that spoke in it, what it held for one that did not
+		// (it may have spent it without a word); with no last window
+		// here, the demand the stands learnt (none: a key's first
+		// window takes the bases of the regions that do not ask).
+		demand = map[string]int64{}
+		if se := l.standsOf(sk, m, seed, v); se != nil {
+			starts = se.st.Starts(m.WindowId)
+			se.st.Made(m.WindowId)
+			se.touched = time.Now()
+			for r, d := range se.demand {
+				demand[r] = int64(math.Round(d))
+			}
+		}
+		if prev := l.allocs[allocKey{string(sk), m.WindowId - 1}]; prev != nil && prev.limit == m.Limit {
+			d := prev.a.Demands()
+			for r := range demand {
+				if prev.a.Heard(r) {
+					demand[r] = d[r]
+				} else {
+					demand[r] = prev.a.Record(r)
+				}
+			}
+		}
+	}
+	a, err := lease.NewAllocator(l.inc|(l.ids.Add(1)&0xffffffff), m.WindowId, m.Limit, starts, demand, learning)
 	if err != nil {
 		return nil
 	}
-	ae = &allocEntry{name: m.Name, key: m.Key, window: w, limit: m.Limit, a: a, touched: time.Now(), view: v}
+	ae = &allocEntry{name: m.Name, key: m.Key, window: w, limit: m.Limit, a: a, touched: time.Now(), view: v, starts: starts}
 	l.allocs[k] = ae
 	return ae
+}
+
+// standsOf returns the standing slices of m's key (a fixed window), made
+// when there are none (or its limit or window changed) with a floor: the
+// first window, two after the current one or later, that this node's
+// allocator would not have to learn (learning: another allocator may
+// have set stands running until then). Requires l.amu, and that this
+// node is the key's allocator under v.
+func (l *leases) standsOf(sk []byte, m *sluicev1.LeaseMessage, seed uint64, v *view) *standEntry {
+	w := time.Duration(m.WindowMs) * time.Millisecond
+	se := l.stands[string(sk)]
+	if se != nil && se.limit == m.Limit && se.window == w {
+		return se
+	}
+	cur := windowID(l.s.store.Now(), w)
+	floor := cur + 2
+	for l.learning(floor, w, seed) && floor < cur+1_000_000 {
+		floor++
+	}
+	st, err := lease.NewStands(l.inc|(l.ids.Add(1)&0xffffffff), m.Limit, l.bases(m.Limit, seed), floor)
+	if err != nil {
+		return nil // the bases never add up to more than the limit (baseOf)
+	}
+	se = &standEntry{name: m.Name, key: m.Key, window: w, limit: m.Limit, seed: seed, st: st, touched: time.Now(), view: v}
+	l.stands[string(sk)] = se
+	return se
 }
 
 func (l *leases) onRequest(sk []byte, m *sluicev1.LeaseMessage) []*sluicev1.LeaseMessage {
@@ -1250,6 +1498,37 @@ func (l *leases) onLower(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMes
 	a := &sluicev1.LeaseMessage{Kind: sluicev1.LeaseKind_LEASE_KIND_ACK, Name: m.Name, Key: m.Key, WindowId: m.WindowId,
 		WindowMs: m.WindowMs, Limit: m.Limit, Region: m.Region, Allocator: k.Alloc, Seq: k.Seq, Slice: k.Slice, Consumed: k.Consumed}
 	return a
+}
+
+// onStand applies a standing slice to this region's holders of the key's
+// windows to come (when this node owns the key in its region) and returns
+// the Ack.
+func (l *leases) onStand(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMessage {
+	if m.Region != l.s.region || !l.mine(sk) {
+		return nil
+	}
+	e := l.entry(sk, m.Name, m.Key, time.Duration(m.WindowMs)*time.Millisecond, m.Limit)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.touched = time.Now()
+	k, ok := e.stand.OnStand(lease.Stand{Region: m.Region, Alloc: m.Allocator, Seq: m.Seq, From: m.WindowId, Through: m.Through,
+		Slice: min(max(m.Slice, 0), e.limit)})
+	if !ok {
+		return nil
+	}
+	return &sluicev1.LeaseMessage{Kind: sluicev1.LeaseKind_LEASE_KIND_STAND_ACK, Name: m.Name, Key: m.Key, WindowId: k.Made,
+		WindowMs: m.WindowMs, Limit: m.Limit, Region: m.Region, Allocator: k.Alloc, Seq: k.Seq}
+}
+
+// onStandAck applies a region's acknowledgement of a standing slice.
+func (l *leases) onStandAck(sk []byte, m *sluicev1.LeaseMessage) {
+	l.amu.Lock()
+	defer l.amu.Unlock()
+	se := l.stands[string(sk)]
+	if se == nil || se.limit != m.Limit || se.window != time.Duration(m.WindowMs)*time.Millisecond || !l.stillStands(string(sk), se) {
+		return
+	}
+	se.st.OnAck(lease.StandAck{Region: m.Region, Alloc: m.Allocator, Seq: m.Seq, Made: m.WindowId})
 }
 
 // Lease implements PeerService.Lease: it applies a peer's lease messages

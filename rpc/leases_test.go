@@ -19,14 +19,14 @@ import (
 )
 
 // startLeaseRegions starts one node in each of the regions a, b and c on
-// clock and moves the clock to the next minute's window: in the window a
-// node starts in, its holders start at 0 (an earlier process of it may
-// have held less than its base), and these tests are about the windows
-// after.
+// clock and moves the clock to a minute window after those whose holders
+// start at 0 (unsure: in the windows a stand set before the node started
+// may still cover, an earlier process of it may have held less than its
+// base), and these tests are about the windows after.
 func startLeaseRegions(t *testing.T, clock *window.ManualClock) map[string][]*inprocNode {
 	t.Helper()
 	byRegion := startRegions(t, "a,b,c", 1, NodeConfig{Clock: clock})
-	clock.Advance(time.Minute)
+	clock.Advance(time.Duration(standReach(time.Minute)+3) * time.Minute)
 	return byRegion
 }
 
@@ -127,6 +127,74 @@ func TestLeasesFollowDemand(t *testing.T) {
 	if pool.UsedHits != int64(got+more) || pool.SliceHits < pool.UsedHits || pool.SliceHits+pool.FreeHits > limit {
 		t.Errorf("pool figures %+v; want %d used, slices at least that, slices and free at most %d", pool, got+more, limit)
 	}
+}
+
+// Standing slices: a key used in one region, once a window of it ended,
+// gets a standing slice of nearly all of the limit there (the allocator's
+// Stands, acknowledged), so that in the windows the stand covers the
+// region admits the whole limit with no lease message at all; the other
+// regions stand at 0 and deny (slice_exhausted) until a grant comes, and
+// the regions together never admit more than the limit.
+func TestStandingSlicesFollowASteadyKey(t *testing.T) {
+	clock := windowClock()
+	byRegion := startLeaseRegions(t, clock)
+	const limit = 30
+	rc := &sluicev1.RateLimitCheck{Name: "api", Key: "steady", Limit: limit, WindowMs: 60_000}
+	if got := leaseCheckUntil(t, byRegion["a"], rc, limit, 10*time.Second); got != limit {
+		t.Fatalf("first window: a admitted %d, want the limit %d", got, limit)
+	}
+	// The window ends; the sweep feeds its demand to the allocator's
+	// stands, which it plans at its next round (every 200 ms).
+	clock.Advance(2 * time.Minute)
+	var alloc *inprocNode
+	for _, r := range []string{"a", "b", "c"} {
+		byRegion[r][0].srv.leases.sweep(clock.Now())
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for alloc == nil && time.Now().Before(deadline) {
+		for _, r := range []string{"a", "b", "c"} {
+			n := byRegion[r][0]
+			l := n.srv.leases
+			l.amu.Lock()
+			done := false
+			for _, se := range l.stands {
+				th, slice := se.st.Through("a")
+				done = len(se.st.Pending()) == 0 && slice > limit/2 && th > windowID(clock.Now(), time.Minute)
+			}
+			l.amu.Unlock()
+			if done {
+				alloc = n
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if alloc == nil {
+		t.Fatal("no allocator set a standing slice for region a")
+	}
+	st := alloc.srv.Stats()
+	if st.LeaseStands < 1 {
+		t.Errorf("the allocator counted %d stands", st.LeaseStands)
+	}
+	// The stands start two windows after the one they were set in.
+	clock.Advance(2 * time.Minute)
+	before := byRegion["a"][0].srv.Stats().LeaseRequests
+	a, ds := countAllowed(t, byRegion["a"], rc, limit+5)
+	if a != limit || ds[0].Slice != limit {
+		t.Errorf("a admitted %d on its standing slice (first answer %v), want the limit %d", a, ds[0], limit)
+	}
+	if got := byRegion["a"][0].srv.Stats().LeaseRequests - before; got != 0 {
+		t.Errorf("region a's node sent %d lease requests in a window its standing slice covered, want none", got)
+	}
+	time.Sleep(300 * time.Millisecond) // a request of a's, if any, is answered
+	more := 0
+	for _, r := range []string{"a", "b", "c"} {
+		n, _ := countAllowed(t, byRegion[r], rc, 10)
+		more += n
+	}
+	if a+more > limit {
+		t.Errorf("the regions admitted %d in all (%d in a, then %d), over the limit %d", a+more, a, more, limit)
+	}
+	t.Logf("a admitted %d on its stand, then %d more anywhere; %d stands set", a, more, st.LeaseStands)
 }
 
 // Demand in every region over the limit: each region gets about its fair

@@ -160,6 +160,7 @@ var (
 		{prometheus.NewDesc("sluice_lease_granted_hits_total", "Hits grants raised this node's region's slices by.", nil, nil), func(st Stats) int64 { return st.LeaseGrantedHits }},
 		{prometheus.NewDesc("sluice_lease_lowers_total", "Lowers (take back unused slice, or report) this node's allocators sent.", nil, nil), func(st Stats) int64 { return st.LeaseLowers }},
 		{prometheus.NewDesc("sluice_lease_given_back_hits_total", "Hits regions gave back to this node's allocators' pools (acknowledged lowers).", nil, nil), func(st Stats) int64 { return st.LeaseGivenBack }},
+		{prometheus.NewDesc("sluice_lease_stands_total", "Standing slices (what a region's windows start at, for several windows) this node's allocators set.", nil, nil), func(st Stats) int64 { return st.LeaseStands }},
 		{prometheus.NewDesc("sluice_slice_exhausted_total", "Checks of global limits denied here because the region's slice was spent (the limit itself may not be).", nil, nil), func(st Stats) int64 { return st.SliceExhausted }},
 		{prometheus.NewDesc("sluice_lease_messages_total", "Lease messages this node sent to other nodes.", nil, nil), func(st Stats) int64 { return st.LeaseMessages }},
 		{prometheus.NewDesc("sluice_lease_calls_total", "Lease calls (batches of lease messages) this node made.", nil, nil), func(st Stats) int64 { return st.LeaseCalls }},

@@ -116,6 +116,7 @@ type Allocator struct {
 	extra   map[string]int64   // region -> hits it expected to admit beyond what it had used, when it last asked
 	askedAt map[string]float64 // region -> the part of the window left when it last asked
 	waiting map[string]int64   // region -> hits it asked for and was not granted yet
+	heard   map[string]bool    // region -> it asked while the window ran, or acknowledged a Lower
 	left    float64            // the part of the window still to come (0..1), as the caller last said
 }
 
@@ -133,7 +134,7 @@ func NewAllocator(id uint64, window, limit int64, bases map[string]int64, demand
 	a := &Allocator{id: id, window: window, limit: limit, record: map[string]int64{},
 		seq: map[string]uint64{}, lowerAt: map[string]uint64{}, target: map[string]int64{},
 		used: map[string]int64{}, demand: map[string]int64{}, prior: map[string]int64{}, waiting: map[string]int64{}, left: 1,
-		extra: map[string]int64{}, askedAt: map[string]float64{}}
+		extra: map[string]int64{}, askedAt: map[string]float64{}, heard: map[string]bool{}}
 	for r, b := range bases {
 		if b < 0 {
 			return nil, fmt.Errorf("lease: base of %s: must be >= 0, got %d", r, b)
@@ -188,6 +189,11 @@ func (a *Allocator) Demands() map[string]int64 {
 	}
 	return out
 }
+
+// Heard reports whether region asked while the window ran or
+// acknowledged a Lower: whether Demands knows its demand (a region never
+// heard may have spent what it held without a word).
+func (a *Allocator) Heard(region string) bool { return a.heard[region] }
 
 // Free returns the pool's hits granted to nobody.
 func (a *Allocator) Free() int64 { return a.free }
@@ -313,6 +319,9 @@ func (a *Allocator) OnRequest(r Request) (grants []Grant, lowers []Lower) {
 	a.demand[r.Region] = max(a.demand[r.Region], r.Slice+max(r.Want, 0), a.used[r.Region])
 	a.extra[r.Region] = max(r.Slice+max(r.Want, 0)-r.Consumed, 0)
 	a.askedAt[r.Region] = max(a.left, 1e-3)
+	if a.left < 1 {
+		a.heard[r.Region] = true
+	}
 	if r.Want <= 0 || a.Learning() {
 		a.waiting[r.Region] = max(r.Want, 0)
 		return nil, nil
@@ -407,6 +416,7 @@ func (a *Allocator) OnAck(k Ack) ([]Grant, []Lower) {
 		return nil, nil
 	}
 	a.lowerAt[k.Region] = 0
+	a.heard[k.Region] = true
 	a.used[k.Region] = max(a.used[k.Region], k.Consumed)
 	if k.Slice < a.record[k.Region] {
 		if !a.Learning() {

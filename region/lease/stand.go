@@ -249,6 +249,10 @@ func (s *Stands) Starts(w int64) map[string]int64 {
 	return out
 }
 
+// LastMade returns the newest window a per-window Allocator was made for
+// (math.MinInt64: none): a Stand's From must be after it.
+func (s *Stands) LastMade() int64 { return s.made }
+
 // Made notes that a per-window Allocator of window w was made (its
 // records are At(r, w) now): from now on no Stand raises w or an earlier
 // window.

@@ -229,6 +229,14 @@ const (
 	LeaseKind_LEASE_KIND_LOWER LeaseKind = 3
 	// The region's answer to a lower: its slice is now slice hits.
 	LeaseKind_LEASE_KIND_ACK LeaseKind = 4
+	// From the allocator: the windows window_id to through (window ids)
+	// that the region's owner makes from now on start at slice hits, the
+	// windows after through at the region's base (a standing slice).
+	LeaseKind_LEASE_KIND_STAND LeaseKind = 5
+	// The region's answer to a stand: applied from window
+	// max(the stand's window_id, window_id + 1) on, window_id being the
+	// newest window its owner had made then.
+	LeaseKind_LEASE_KIND_STAND_ACK LeaseKind = 6
 )
 
 // Enum value maps for LeaseKind.
@@ -239,6 +247,8 @@ var (
 		2: "LEASE_KIND_GRANT",
 		3: "LEASE_KIND_LOWER",
 		4: "LEASE_KIND_ACK",
+		5: "LEASE_KIND_STAND",
+		6: "LEASE_KIND_STAND_ACK",
 	}
 	LeaseKind_value = map[string]int32{
 		"LEASE_KIND_UNSPECIFIED": 0,
@@ -246,6 +256,8 @@ var (
 		"LEASE_KIND_GRANT":       2,
 		"LEASE_KIND_LOWER":       3,
 		"LEASE_KIND_ACK":         4,
+		"LEASE_KIND_STAND":       5,
+		"LEASE_KIND_STAND_ACK":   6,
 	}
 )
 
@@ -1675,7 +1687,9 @@ type LeaseMessage struct {
 	// Request: the hits wanted beyond the slice.
 	Want int64 `protobuf:"varint,12,opt,name=want,proto3" json:"want,omitempty"`
 	// Request, Ack: the hits the region admitted in the window.
-	Consumed      int64 `protobuf:"varint,13,opt,name=consumed,proto3" json:"consumed,omitempty"`
+	Consumed int64 `protobuf:"varint,13,opt,name=consumed,proto3" json:"consumed,omitempty"`
+	// Stand: the last window id it covers.
+	Through       int64 `protobuf:"varint,14,opt,name=through,proto3" json:"through,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1797,6 +1811,13 @@ func (x *LeaseMessage) GetWant() int64 {
 func (x *LeaseMessage) GetConsumed() int64 {
 	if x != nil {
 		return x.Consumed
+	}
+	return 0
+}
+
+func (x *LeaseMessage) GetThrough() int64 {
+	if x != nil {
+		return x.Through
 	}
 	return 0
 }
@@ -2009,7 +2030,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12+\n" +
 	"\x06states\x18\x02 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\x12'\n" +
 	"\x0fsender_instance\x18\x03 \x01(\tR\x0esenderInstance\"\x13\n" +
-	"\x11ReplicateResponse\"\xd4\x02\n" +
+	"\x11ReplicateResponse\"\xee\x02\n" +
 	"\fLeaseMessage\x12(\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x14.sluice.v1.LeaseKindR\x04kind\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
@@ -2024,7 +2045,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	" \x01(\x03R\x05slice\x12\x16\n" +
 	"\x06target\x18\v \x01(\x03R\x06target\x12\x12\n" +
 	"\x04want\x18\f \x01(\x03R\x04want\x12\x1a\n" +
-	"\bconsumed\x18\r \x01(\x03R\bconsumed\"[\n" +
+	"\bconsumed\x18\r \x01(\x03R\bconsumed\x12\x18\n" +
+	"\athrough\x18\x0e \x01(\x03R\athrough\"[\n" +
 	"\fLeaseRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x123\n" +
 	"\bmessages\x18\x02 \x03(\v2\x17.sluice.v1.LeaseMessageR\bmessages\"D\n" +
@@ -2045,13 +2067,15 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x1dOWNER_UNAVAILABLE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17OWNER_UNAVAILABLE_LOCAL\x10\x01\x12\x1b\n" +
 	"\x17OWNER_UNAVAILABLE_ALLOW\x10\x02\x12\x1a\n" +
-	"\x16OWNER_UNAVAILABLE_DENY\x10\x03*\x7f\n" +
+	"\x16OWNER_UNAVAILABLE_DENY\x10\x03*\xaf\x01\n" +
 	"\tLeaseKind\x12\x1a\n" +
 	"\x16LEASE_KIND_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12LEASE_KIND_REQUEST\x10\x01\x12\x14\n" +
 	"\x10LEASE_KIND_GRANT\x10\x02\x12\x14\n" +
 	"\x10LEASE_KIND_LOWER\x10\x03\x12\x12\n" +
-	"\x0eLEASE_KIND_ACK\x10\x042\x90\x01\n" +
+	"\x0eLEASE_KIND_ACK\x10\x04\x12\x14\n" +
+	"\x10LEASE_KIND_STAND\x10\x05\x12\x18\n" +
+	"\x14LEASE_KIND_STAND_ACK\x10\x062\x90\x01\n" +
 	"\x10RateLimitService\x12:\n" +
 	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse\x12@\n" +
 	"\aMembers\x12\x19.sluice.v1.MembersRequest\x1a\x1a.sluice.v1.MembersResponse2\x9e\x03\n" +

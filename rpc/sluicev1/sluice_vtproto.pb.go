@@ -1191,6 +1191,11 @@ func (m *LeaseMessage) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if m.Through != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.Through))
+		i--
+		dAtA[i] = 0x70
+	}
 	if m.Consumed != 0 {
 		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.Consumed))
 		i--
@@ -1865,6 +1870,9 @@ func (m *LeaseMessage) SizeVT() (n int) {
 	}
 	if m.Consumed != 0 {
 		n += 1 + protohelpers.SizeOfVarint(uint64(m.Consumed))
+	}
+	if m.Through != 0 {
+		n += 1 + protohelpers.SizeOfVarint(uint64(m.Through))
 	}
 	n += len(m.unknownFields)
 	return n
@@ -5066,6 +5074,25 @@ func (m *LeaseMessage) UnmarshalVT(dAtA []byte) error {
 				b := dAtA[iNdEx]
 				iNdEx++
 				m.Consumed |= int64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+		case 14:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field Through", wireType)
+			}
+			m.Through = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.Through |= int64(b&0x7F) << shift
 				if b < 0x80 {
 					break
 				}
