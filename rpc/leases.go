@@ -181,6 +181,7 @@ type holderWin struct {
 	consumed int64     // hits admitted, as last seen
 	asked    time.Time // when the last request went, wall clock (zero: none)
 	askedAt  int64     // the slice when it went
+	askedFor int64     // the slice it asked to reach (its slice then and what it wanted): the allocator owes the rest
 }
 
 type allocKey struct {
@@ -391,7 +392,7 @@ func (l *leases) decide(storeKey []byte, r *request, now time.Time) *sluicev1.De
 	pd.Slice = slice
 	var req *sluicev1.LeaseMessage
 	if want := l.wantMore(e, w, start, now); want > 0 {
-		w.asked, w.askedAt = time.Now(), w.h.Slice()
+		w.asked, w.askedAt, w.askedFor = time.Now(), w.h.Slice(), w.h.Slice()+want
 		rq := w.h.Request(want, w.consumed)
 		req = l.message(e, sluicev1.LeaseKind_LEASE_KIND_REQUEST, id)
 		req.Want, req.Consumed, req.Slice = rq.Want, rq.Consumed, rq.Slice
@@ -484,20 +485,30 @@ func (l *leases) wantMore(e *holderEntry, w *holderWin, start, now time.Time) in
 		return 0 // the whole limit: there is no more to have
 	}
 	// At most one request per round trip (the answer to the last one
-	// comes in about that); while no grant came since the last, one per
-	// four (the allocator remembers what a region waits for and grants
-	// it as capacity frees). Asking again after a grant is worth its
-	// message: it refreshes what the region used and waits for, which
-	// the allocator's fair shares and reclaims go by (asking only for
-	// more than the last request cut the messages by a tenth and the
-	// utilisation under 90/10 skew by 3-6 points).
+	// comes in about that), and while no grant came since the last one,
+	// none for the rest of the window unless the demand grew well
+	// beyond what it asked for (by half, and two hits): the allocator
+	// remembers what a region waits for and grants it as capacity frees
+	// (in a key wanted everywhere beyond the limit, asking again each
+	// few round trips was most of the lease messages, and got nothing;
+	// a region whose first ask was a guess from a hit or two must say
+	// what its demand turned out to be, or wait the window through). A
+	// region lowered since waits no more (see onLower) and may ask
+	// again. Asking again after a grant is worth its message: it
+	// refreshes what the region used and waits for, which the
+	// allocator's fair shares and reclaims go by.
+	quiet := false
 	if !w.asked.IsZero() {
 		since, rtt := time.Since(w.asked), time.Duration(l.rtt.Load())+2*leaseFlush
-		if since < rtt || (slice == w.askedAt && since < 4*rtt) {
+		if since < rtt {
 			return 0
 		}
+		quiet = slice == w.askedAt && since < max(4*rtt, e.window+lead)
 	}
 	rate, predicted := l.estimate(e, w, now.Sub(start))
+	if quiet && min(predicted, e.limit) <= w.askedFor+max(w.askedFor/2, 2) {
+		return 0
+	}
 	// A holder that started below its base (see unsure) asks for at least
 	// its base back: the base is the region's own unless it was given away.
 	predicted = max(predicted, w.h.Base())
@@ -769,7 +780,7 @@ func (l *leases) ahead(now time.Time) {
 		predicted = min(predicted, e.limit)
 		var m *sluicev1.LeaseMessage
 		if want := predicted - nw.h.Slice(); want > 0 {
-			nw.asked, nw.askedAt = time.Now(), nw.h.Slice()
+			nw.asked, nw.askedAt, nw.askedFor = time.Now(), nw.h.Slice(), nw.h.Slice()+want
 			m = l.message(e, sluicev1.LeaseKind_LEASE_KIND_REQUEST, id+1)
 			m.Want, m.Slice = want, nw.h.Slice()
 		}
@@ -899,9 +910,10 @@ func (l *leases) planStands(now, storeNow time.Time, lead time.Duration, emit fu
 
 // standStep is how far a region's fair share must move from its standing
 // slice before a stand changes it (hits): a tenth of the limit, at least
-// one hit; what the stands miss, the window's own grants and reclaims
-// move.
-func standStep(limit int64) int64 { return max(1, limit/10) }
+// two hits (a region whose demand is a hit or two a window would see its
+// standing slice change every window, two messages each time); what the
+// stands miss, the window's own grants and reclaims move.
+func standStep(limit int64) int64 { return max(2, limit/10) }
 
 func abs64(x int64) int64 {
 	if x < 0 {
@@ -917,10 +929,8 @@ func (se *standEntry) standMessage(st lease.Stand) *sluicev1.LeaseMessage {
 }
 
 // feedStands adds what the ended window id of ae showed of each region's
-// demand to its key's moving average (half the last window's, half the
-// earlier ones'): what it used, for a region heard in the window; what it
-// held, for one not heard (it may have spent it without a word). Requires
-// l.amu.
+// demand (lease.Allocator.Demands) to its key's moving average (see
+// standAlpha). Requires l.amu.
 func (l *leases) feedStands(sk string, id int64, ae *allocEntry) {
 	se := l.stands[sk]
 	if se == nil || se.limit != ae.limit || se.window != ae.window || id <= se.fed || ae.a.Learning() {
@@ -932,18 +942,20 @@ func (l *leases) feedStands(sk string, id int64, ae *allocEntry) {
 		se.demand = map[string]float64{}
 	}
 	for r := range ae.starts {
-		x := float64(ae.a.Record(r))
-		if ae.a.Heard(r) {
-			x = float64(d[r])
-		}
+		x := float64(d[r])
 		if first {
 			se.demand[r] = x
 		} else {
-			se.demand[r] = (se.demand[r] + x) / 2
+			se.demand[r] += standAlpha * (x - se.demand[r])
 		}
 	}
 	se.fed = id
 }
+
+// standAlpha is the weight of the window that ended in a key's moving
+// average of demand (the rest is the earlier windows'): Poisson demand of
+// a hit or two a window moved a half-weighted average by a hit a window.
+const standAlpha = 0.3
 
 // reclaimAhead is how long before a window ends its allocator reclaims
 // what regions will not use for the regions that wait (Allocator.Reclaim):
@@ -1278,15 +1290,8 @@ func (l *leases) alloc(sk []byte, m *sluicev1.LeaseMessage, create bool) *allocE
 				demand[r] = int64(math.Round(d))
 			}
 		}
-		if prev := l.allocs[allocKey{string(sk), m.WindowId - 1}]; prev != nil && prev.limit == m.Limit {
-			d := prev.a.Demands()
-			for r := range demand {
-				if prev.a.Heard(r) {
-					demand[r] = d[r]
-				} else {
-					demand[r] = prev.a.Record(r)
-				}
-			}
+		if prev := l.allocs[allocKey{string(sk), m.WindowId - 1}]; prev != nil && prev.limit == m.Limit && !prev.a.Learning() {
+			demand = prev.a.Demands()
 		}
 	}
 	a, err := lease.NewAllocator(l.inc|(l.ids.Add(1)&0xffffffff), m.WindowId, m.Limit, starts, demand, learning)
@@ -1494,6 +1499,9 @@ func (l *leases) onLower(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMes
 	k, ok := w.h.OnLower(lease.Lower{Region: m.Region, Window: m.WindowId, Alloc: m.Allocator, Seq: m.Seq, Target: m.Target}, consumed)
 	if !ok {
 		return nil
+	}
+	if m.Target != lease.ReportOnly {
+		w.askedFor = 0 // the allocator forgot what the region waited for
 	}
 	a := &sluicev1.LeaseMessage{Kind: sluicev1.LeaseKind_LEASE_KIND_ACK, Name: m.Name, Key: m.Key, WindowId: m.WindowId,
 		WindowMs: m.WindowMs, Limit: m.Limit, Region: m.Region, Allocator: k.Alloc, Seq: k.Seq, Slice: k.Slice, Consumed: k.Consumed}

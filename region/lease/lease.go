@@ -100,24 +100,24 @@ type Request struct {
 // demand and reclaimed lower-first. It is not safe for concurrent use (one
 // per key and window, under its owner's lock).
 type Allocator struct {
-	id      uint64
-	window  int64
-	limit   int64
-	regions []string         // sorted
-	record  map[string]int64 // region -> recorded slice (>= what it holds)
-	known   map[string]bool  // learning mode: the regions that reported
-	free    int64            // pool hits granted to nobody (0 while learning)
-	seq     map[string]uint64
-	lowerAt map[string]uint64  // region -> seq of the Lower awaiting its Ack (0: none)
-	target  map[string]int64   // region -> that Lower's target
-	used    map[string]int64   // region -> consumed hits it last reported
-	demand  map[string]int64   // region -> hits it expects to need in the window (its slice + want when it asked)
-	prior   map[string]int64   // region -> its demand in the last window (the constructor's demand)
-	extra   map[string]int64   // region -> hits it expected to admit beyond what it had used, when it last asked
-	askedAt map[string]float64 // region -> the part of the window left when it last asked
-	waiting map[string]int64   // region -> hits it asked for and was not granted yet
-	heard   map[string]bool    // region -> it asked while the window ran, or acknowledged a Lower
-	left    float64            // the part of the window still to come (0..1), as the caller last said
+	id         uint64
+	window     int64
+	limit      int64
+	regions    []string         // sorted
+	record     map[string]int64 // region -> recorded slice (>= what it holds)
+	known      map[string]bool  // learning mode: the regions that reported
+	free       int64            // pool hits granted to nobody (0 while learning)
+	seq        map[string]uint64
+	lowerAt    map[string]uint64  // region -> seq of the Lower awaiting its Ack (0: none)
+	target     map[string]int64   // region -> that Lower's target
+	used       map[string]int64   // region -> consumed hits it last reported
+	demand     map[string]int64   // region -> hits it expects to need in the window (its slice + want when it asked)
+	prior      map[string]int64   // region -> its demand in the last window (the constructor's demand)
+	extra      map[string]int64   // region -> hits it expected to admit beyond what it had used, when it last asked
+	askedAt    map[string]float64 // region -> the part of the window left when it last asked
+	waiting    map[string]int64   // region -> hits it asked for and was not granted yet
+	reportLeft map[string]float64 // region -> the part of the window left when it last reported its use in the window (0: never)
+	left       float64            // the part of the window still to come (0..1), as the caller last said
 }
 
 // NewAllocator returns the allocator id of a window whose limit is limit
@@ -134,7 +134,7 @@ func NewAllocator(id uint64, window, limit int64, bases map[string]int64, demand
 	a := &Allocator{id: id, window: window, limit: limit, record: map[string]int64{},
 		seq: map[string]uint64{}, lowerAt: map[string]uint64{}, target: map[string]int64{},
 		used: map[string]int64{}, demand: map[string]int64{}, prior: map[string]int64{}, waiting: map[string]int64{}, left: 1,
-		extra: map[string]int64{}, askedAt: map[string]float64{}, heard: map[string]bool{}}
+		extra: map[string]int64{}, askedAt: map[string]float64{}, reportLeft: map[string]float64{}}
 	for r, b := range bases {
 		if b < 0 {
 			return nil, fmt.Errorf("lease: base of %s: must be >= 0, got %d", r, b)
@@ -175,25 +175,29 @@ func (a *Allocator) Window() int64 { return a.window }
 func (a *Allocator) Learning() bool { return a.known != nil }
 
 // Demands returns each region's demand in the window as the allocator
-// knows it: what it used, or what it asked for while the window ran
-// (not a request made ahead of the window, which only guessed, nor the
-// last window's demand: a region that went quiet has none); the next
-// window's allocator starts from it.
+// knows it (hits): for a region still waiting for hits, what it used or
+// asked to reach, whichever is more (it was not granted what it needed);
+// for one that last
+// reported what it used (a request or an Ack) a quarter of the window or
+// more after its start, that carried over the whole window (a measure,
+// where what a region asks for is a guess, and a region whose demand is
+// a hit or two a window guesses high); otherwise what it holds (it may
+// have spent it without a word). The next window's allocator starts from
+// it.
 func (a *Allocator) Demands() map[string]int64 {
 	out := make(map[string]int64, len(a.regions))
 	for _, r := range a.regions {
-		out[r] = a.used[r]
-		if at := a.askedAt[r]; at > 0 && at < 1 {
-			out[r] = max(out[r], a.demand[r])
+		switch k := a.reportLeft[r]; {
+		case a.waiting[r] > 0:
+			out[r] = max(a.used[r], a.demand[r])
+		case k > 0 && 1-k >= 0.25:
+			out[r] = max(a.used[r], min(int64(math.Round(float64(a.used[r])/(1-k))), a.limit))
+		default:
+			out[r] = max(a.used[r], a.record[r])
 		}
 	}
 	return out
 }
-
-// Heard reports whether region asked while the window ran or
-// acknowledged a Lower: whether Demands knows its demand (a region never
-// heard may have spent what it held without a word).
-func (a *Allocator) Heard(region string) bool { return a.heard[region] }
 
 // Free returns the pool's hits granted to nobody.
 func (a *Allocator) Free() int64 { return a.free }
@@ -251,13 +255,26 @@ func (a *Allocator) rebalance(round func(float64) float64, all bool) []Lower {
 		if a.lowerAt[r] != 0 || (a.waiting[r] > 0 && !all) {
 			continue
 		}
-		keep := max(fair[r], a.used[r])
+		keep := max(fair[r], a.used[r]+a.since(r))
 		if a.record[r] > keep {
 			a.waiting[r] = 0
 			out = append(out, a.lower(r, keep))
 		}
 	}
 	return out
+}
+
+// since returns the hits region r probably admitted since it last asked
+// (in the window, or ahead of it): what it then expected to admit beyond
+// what it had used, in proportion to the part of what was left of the
+// window that has gone by since. A Lower that would take only those frees
+// nothing (the holder keeps what it consumed) and costs two messages.
+func (a *Allocator) since(r string) int64 {
+	at := a.askedAt[r]
+	if at <= 0 || a.left >= at {
+		return 0
+	}
+	return int64(float64(a.extra[r]) * (at - a.left) / at)
 }
 
 // fairShares divides the limit among the regions by Doorman's fair share
@@ -320,7 +337,7 @@ func (a *Allocator) OnRequest(r Request) (grants []Grant, lowers []Lower) {
 	a.extra[r.Region] = max(r.Slice+max(r.Want, 0)-r.Consumed, 0)
 	a.askedAt[r.Region] = max(a.left, 1e-3)
 	if a.left < 1 {
-		a.heard[r.Region] = true
+		a.reportLeft[r.Region] = max(a.left, 1e-3)
 	}
 	if r.Want <= 0 || a.Learning() {
 		a.waiting[r.Region] = max(r.Want, 0)
@@ -416,7 +433,7 @@ func (a *Allocator) OnAck(k Ack) ([]Grant, []Lower) {
 		return nil, nil
 	}
 	a.lowerAt[k.Region] = 0
-	a.heard[k.Region] = true
+	a.reportLeft[k.Region] = max(a.left, 1e-3)
 	a.used[k.Region] = max(a.used[k.Region], k.Consumed)
 	if k.Slice < a.record[k.Region] {
 		if !a.Learning() {

@@ -354,14 +354,22 @@ func (s *Stands) Forget(w int64) bool {
 	return idle
 }
 
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // FairStands divides limit hits among regions by Doorman's fair share
 // (water-filling) of their demand (hits per window, as the caller
 // estimates it): each region gets up to its demand in equal rounds; what
 // the regions that need less leave goes to the others; when the demands
 // add up to less than the limit, the rest is shared in proportion to
 // them (room to grow with no message), or equally when there is no
-// demand. Shares are whole hits adding up to exactly the limit (largest
-// remainders).
+// demand. Shares are whole hits adding up to exactly the limit: rounded
+// down, and the hits left over go first to the regions that want more
+// than their share, then by largest remainder.
 func FairStands(limit int64, demand map[string]float64) map[string]int64 {
 	regs := make([]string, 0, len(demand))
 	for r := range demand {
@@ -406,9 +414,22 @@ func FairStands(limit int64, demand map[string]float64) map[string]int64 {
 		out[r] = int64(math.Floor(share[r] + 1e-9))
 		given += out[r]
 	}
-	// Largest remainders get the hits rounding left over.
+	// The hits rounding left over go first to the regions that want more
+	// than their share (most unmet demand first: they spend them for
+	// sure), then by largest remainder: a region whose demand is a hit
+	// and a half a window, given two, leaves the second unused half the
+	// time while another region is denied.
+	unmet := func(r string) float64 {
+		return max(demand[r]-float64(out[r]), 0) * float64(boolInt(demand[r] > share[r]+1e-9))
+	}
 	byRem := slices.Clone(regs)
 	slices.SortStableFunc(byRem, func(x, y string) int {
+		if ux, uy := unmet(x), unmet(y); ux != uy {
+			if ux > uy {
+				return -1
+			}
+			return 1
+		}
 		rx, ry := share[x]-float64(out[x]), share[y]-float64(out[y])
 		switch {
 		case rx > ry:

@@ -377,7 +377,7 @@ func TestFairStands(t *testing.T) {
 		demand map[string]float64
 		want   map[string]int64
 	}{
-		{10, map[string]float64{"a": 27, "b": 1.5, "c": 1.5}, map[string]int64{"a": 7, "b": 2, "c": 1}},
+		{10, map[string]float64{"a": 27, "b": 1.5, "c": 1.5}, map[string]int64{"a": 8, "b": 1, "c": 1}},
 		{10, map[string]float64{"a": 10, "b": 10, "c": 10}, map[string]int64{"a": 4, "b": 3, "c": 3}},
 		{100, map[string]float64{"a": 30, "b": 0, "c": 0}, map[string]int64{"a": 100, "b": 0, "c": 0}},
 		{100, map[string]float64{"a": 0, "b": 0}, map[string]int64{"a": 50, "b": 50}},
