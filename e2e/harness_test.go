@@ -235,7 +235,7 @@ func newCluster(t *testing.T, scenario string) *cluster {
 	secrets := newSecrets(t)
 	makePKI(t, secrets)
 	pki = secrets
-	c := &cluster{t: t, project: "sluicee2e" + scenario, nodes: map[string]*node{}, ids: map[string]string{}}
+	c := &cluster{t: t, project: envOr("SLUICE_E2E_PROJECT_PREFIX", "sluicee2e") + scenario, nodes: map[string]*node{}, ids: map[string]string{}}
 	c.prepare(secrets, allNodes, func(i int, _ string) string { return fmt.Sprintf("%s.%d", netPrefix, 11+i) }, clientDialOption(t))
 	c.start("sluice1", "sluice2", "sluice3")
 	return c

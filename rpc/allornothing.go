@@ -14,8 +14,10 @@ import (
 const errExpired = "the check came after its sender's deadline; not applied"
 
 // errNotDecided answers a forwarded check that a leaving node could not
-// pass on to the key's next owner: nothing of it was applied, and the
-// sender answers it as a check whose owner it could not reach.
+// pass on to the key's next owner, or a reforwarded one that reached it
+// (it decides none: its windows went to the keys' next owners): nothing of
+// it was applied, and the sender answers it as a check whose owner it
+// could not reach.
 const errNotDecided = "the receiver is leaving and could not pass the check on; not applied"
 
 // allOrNothing makes a request's checks consume all or none: when one of

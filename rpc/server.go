@@ -1132,6 +1132,7 @@ func (s *Server) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sl
 		}
 		return &sluicev1.ForwardResponse{Decisions: out}, nil
 	}
+	var undecided []int // reforwarded checks that reached this node while it leaves
 	for i, r := range reqs {
 		buf = ring.Key(buf[:0], r.name, r.key)
 		owner := v.ring.Owner(buf)
@@ -1143,6 +1144,13 @@ func (s *Server) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sl
 		switch {
 		case owner == s.name:
 			out[i] = s.decideOwned(ctx, v, buf, r, !req.Reforwarded)
+		case req.Reforwarded && s.leaving.Load():
+			// The sender's ring still names this node, which has handed
+			// the key off (or is handing it off): its window here is
+			// gone, and a decision from it would admit the key's budget
+			// again (its count reaching the owner only with FinishLeave).
+			// Nor may it make a third hop. Answered below, undecided.
+			undecided = append(undecided, i)
 		case req.Reforwarded:
 			// The sender was the owner under the first node's ring and
 			// names this node under its own (or gave the key to this
@@ -1162,6 +1170,17 @@ func (s *Server) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sl
 	}
 	for owner, is := range moved {
 		s.reforward(ctx, v, owner, reqs, is, out)
+	}
+	if len(undecided) > 0 {
+		// Once this node's hand-off pass is over, every member has
+		// heard it is done and taken it out of its ring: the sender then
+		// answers these as checks whose owner it could not reach, and,
+		// this node being gone from its ring, sends them to the key's
+		// owner under it, which holds the key's state.
+		s.awaitLeaveHandOff(ctx)
+		for _, i := range undecided {
+			out[i] = &sluicev1.Decision{Limit: reqs[i].check.Limit, Owner: s.name, Error: errNotDecided}
+		}
 	}
 	return &sluicev1.ForwardResponse{Decisions: out}, nil
 }

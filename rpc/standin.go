@@ -30,7 +30,9 @@ import (
 // own fallback window the same way.
 //
 // A fallback window starts from the copy this node holds of the key (none:
-// from zero) and counts what it admits on top. Those hits (the window
+// from this node's own state of the key, which it holds when it owned the
+// key until its ring changed and has not handed it off yet; neither: from
+// zero) and counts what it admits on top. Those hits (the window
 // minus its base, window.Subtract) go to the key's owner once it can be
 // reached, or to whoever owns the key after the ring changed (a HandOff
 // marked stand_in, merged there: counts add), every replication interval
@@ -91,11 +93,24 @@ func (s *Server) standInDecide(key []byte, r request) *sluicev1.Decision {
 		}
 	}
 	switch {
+	case !ok && !hasRep:
+		// No copy here, but this node may hold the key's state itself:
+		// it owned the key until its ring changed, and the key's new
+		// owner, which cannot be reached, has not taken it yet (a
+		// restarted member that does not answer yet, or refuses the
+		// push). The window starts from that state (a fresh one would
+		// admit the key's budget again); the state goes to the owner
+		// with the push, and only the hits admitted here beyond it with
+		// the stand-in hits.
+		s.fallback.Take(k)
+		e = s.newEntryLocked(k, window.State{})
+		if st, held := s.store.Get(k); held && !st.IsZero() {
+			s.fallback.MergeState(k, st, now)
+			e.base = st
+		}
 	case !ok:
 		s.fallback.Take(k)
-		if hasRep {
-			s.fallback.MergeState(k, rep, now)
-		}
+		s.fallback.MergeState(k, rep, now)
 		s.newEntryLocked(k, rep)
 	case hasRep && rep != e.copy:
 		cur, _ := s.fallback.Take(k)
