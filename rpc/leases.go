@@ -161,6 +161,7 @@ type holderEntry struct {
 	seed           uint64
 	wins           map[int64]*holderWin // window id -> its holder
 	stand          *lease.Standing      // what each window's holder starts at (fixed windows)
+	sureFrom       int64                // the first window a Stand applied here set (0: none): its start is known from then on
 	nextWindowSent int64                // the window id of the last next-window request
 	first          int64                // the window id of the first holder made (its demand before is not known)
 	// Buckets (one lease, window id bucketLease): the bucket's capacity
@@ -182,6 +183,7 @@ type holderWin struct {
 	asked    time.Time // when the last request went, wall clock (zero: none)
 	askedAt  int64     // the slice when it went
 	askedFor int64     // the slice it asked to reach (its slice then and what it wanted): the allocator owes the rest
+	unsure   bool      // it started at 0, not knowing its standing slice (see unsure)
 }
 
 type allocKey struct {
@@ -321,6 +323,7 @@ func (l *leases) win(e *holderEntry, id int64) *holderWin {
 		w = &holderWin{h: lease.NewHolder(l.s.region, id, start)}
 		if l.unsure(e, id) {
 			w.h.StartAt(0)
+			w.unsure = true
 		}
 		e.wins[id] = w
 	}
@@ -337,6 +340,9 @@ func (l *leases) win(e *holderEntry, id int64) *holderWin {
 // holder starts at 0 and asks (the allocator's grants are absolute: the
 // first one gives it the region's record).
 func (l *leases) unsure(e *holderEntry, id int64) bool {
+	if id != bucketLease && e.sureFrom != 0 && id >= e.sureFrom {
+		return false // a Stand of the key's allocator set it
+	}
 	h := l.hist.Load()
 	since := id*int64(e.window) - int64(l.lead()) - (standReach(e.window)+2)*int64(e.window)
 	if id == bucketLease {
@@ -395,7 +401,7 @@ func (l *leases) decide(storeKey []byte, r *request, now time.Time) *sluicev1.De
 		w.asked, w.askedAt, w.askedFor = time.Now(), w.h.Slice(), w.h.Slice()+want
 		rq := w.h.Request(want, w.consumed)
 		req = l.message(e, sluicev1.LeaseKind_LEASE_KIND_REQUEST, id)
-		req.Want, req.Consumed, req.Slice = rq.Want, rq.Consumed, rq.Slice
+		req.Want, req.Consumed, req.Slice, req.Unsure = rq.Want, rq.Consumed, rq.Slice, w.unsure
 	}
 	e.mu.Unlock()
 	l.decided(storeKey, e, req, !pd.Allowed && pd.Error == "" && c.Hits > 0 && slice < r.full)
@@ -1085,15 +1091,17 @@ func learningHorizon(w time.Duration) time.Duration {
 }
 
 // standReach is how many windows past its current one an allocator's
-// stand may reach (Through): 8 s of windows, at least 2. A stand is
-// renewed when it has less than half of that left to run, so that a
-// region's standing slice costs two messages (the Stand and its Ack)
-// every 4 s or so while it differs from the base (every window, for
-// windows of 4 s or more). The learning horizon (how long a new
-// allocator learns each window before it plans stands again) and the
-// windows a restarted node's holders start at 0 in (unsure) grow with it.
+// stand may reach (Through): 8 s of windows, at least 4. A stand is
+// renewed when it has less than half of that left to run (at least the
+// window after the current one still covered: a renewal starts two
+// windows on), so that a region's standing slice costs two messages (the
+// Stand and its Ack) every 4 s or so while it differs from the base
+// (every other window, for windows of 2 s or more). The learning horizon
+// (how long a new allocator learns each window before it plans stands
+// again) and the windows a restarted node's holders start at 0 in
+// (unsure) grow with it.
 func standReach(w time.Duration) int64 {
-	return max(2, int64((8*time.Second+w-1)/w))
+	return max(4, int64((8*time.Second+w-1)/w))
 }
 
 // LeaseLearningHorizon returns how long after a node starts (or its ring
@@ -1227,6 +1235,28 @@ func (l *leases) stillAllocator(k allocKey, ae *allocEntry) bool {
 	return false
 }
 
+// restate returns a Stand that states again, to a region whose holder
+// does not know its standing slice (its node restarted, or the key moved
+// to it: see unsure), the standing slice the allocator has for it, from
+// the first window it may set (nil when a Stand to it is in flight, it
+// may set none yet, or there are no stands). Requires l.amu.
+func (l *leases) restate(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMessage {
+	se := l.stands[string(sk)]
+	if se == nil || se.limit != m.Limit || se.window != time.Duration(m.WindowMs)*time.Millisecond || se.st.Busy(m.Region) {
+		return nil
+	}
+	cur := windowID(l.s.store.Now(), se.window)
+	from := max(cur+2, se.st.Floor(), se.st.LastMade()+1)
+	last, _ := se.st.Through(m.Region)
+	st, ok := se.st.Set(m.Region, from, max(last, from), se.st.At(m.Region, from))
+	if !ok {
+		return nil
+	}
+	l.st.stands.Add(1)
+	se.sent = time.Now()
+	return se.standMessage(st)
+}
+
 // stillStands is stillAllocator for a key's standing slices: it forgets
 // se when this node is no longer the key's allocator (what it set runs
 // out by window id; the next allocator plans only after that). Requires
@@ -1344,6 +1374,10 @@ func (l *leases) onRequest(sk []byte, m *sluicev1.LeaseMessage) []*sluicev1.Leas
 	}
 	gs, ls := ae.a.OnRequest(lease.Request{Region: m.Region, Window: m.WindowId, Want: m.Want, Consumed: m.Consumed, Slice: m.Slice})
 	lowers = append(lowers, ls...)
+	var restate *sluicev1.LeaseMessage
+	if m.Unsure && m.WindowId != bucketLease {
+		restate = l.restate(sk, m)
+	}
 	if fresh && !ae.a.Learning() {
 		lowers = append(lowers, ae.a.Rebalance()...)
 	}
@@ -1362,6 +1396,9 @@ func (l *leases) onRequest(sk []byte, m *sluicev1.LeaseMessage) []*sluicev1.Leas
 	}
 	if len(lowers) > 0 {
 		ae.sent = time.Now()
+	}
+	if restate != nil {
+		others = append(others, restate)
 	}
 	l.amu.Unlock()
 	for _, o := range others {
@@ -1523,6 +1560,11 @@ func (l *leases) onStand(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMes
 		Slice: min(max(m.Slice, 0), e.limit)})
 	if !ok {
 		return nil
+	}
+	if from := max(m.WindowId, k.Made+1); e.sureFrom == 0 || from < e.sureFrom {
+		// From there on the schedule is the allocator's: a window made
+		// then starts at its standing slice, not at 0.
+		e.sureFrom = from
 	}
 	return &sluicev1.LeaseMessage{Kind: sluicev1.LeaseKind_LEASE_KIND_STAND_ACK, Name: m.Name, Key: m.Key, WindowId: k.Made,
 		WindowMs: m.WindowMs, Limit: m.Limit, Region: m.Region, Allocator: k.Alloc, Seq: k.Seq}

@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/region/lease"
+	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
@@ -140,37 +142,7 @@ func TestStandingSlicesFollowASteadyKey(t *testing.T) {
 	byRegion := startLeaseRegions(t, clock)
 	const limit = 30
 	rc := &sluicev1.RateLimitCheck{Name: "api", Key: "steady", Limit: limit, WindowMs: 60_000}
-	if got := leaseCheckUntil(t, byRegion["a"], rc, limit, 10*time.Second); got != limit {
-		t.Fatalf("first window: a admitted %d, want the limit %d", got, limit)
-	}
-	// The window ends; the sweep feeds its demand to the allocator's
-	// stands, which it plans at its next round (every 200 ms).
-	clock.Advance(2 * time.Minute)
-	var alloc *inprocNode
-	for _, r := range []string{"a", "b", "c"} {
-		byRegion[r][0].srv.leases.sweep(clock.Now())
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for alloc == nil && time.Now().Before(deadline) {
-		for _, r := range []string{"a", "b", "c"} {
-			n := byRegion[r][0]
-			l := n.srv.leases
-			l.amu.Lock()
-			done := false
-			for _, se := range l.stands {
-				th, slice := se.st.Through("a")
-				done = len(se.st.Pending()) == 0 && slice > limit/2 && th > windowID(clock.Now(), time.Minute)
-			}
-			l.amu.Unlock()
-			if done {
-				alloc = n
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if alloc == nil {
-		t.Fatal("no allocator set a standing slice for region a")
-	}
+	alloc := standInRegionA(t, byRegion, clock, rc)
 	st := alloc.srv.Stats()
 	if st.LeaseStands < 1 {
 		t.Errorf("the allocator counted %d stands", st.LeaseStands)
@@ -195,6 +167,97 @@ func TestStandingSlicesFollowASteadyKey(t *testing.T) {
 		t.Errorf("the regions admitted %d in all (%d in a, then %d), over the limit %d", a+more, a, more, limit)
 	}
 	t.Logf("a admitted %d on its stand, then %d more anywhere; %d stands set", a, more, st.LeaseStands)
+}
+
+// A holder that does not know its standing slice (its node restarted
+// within a stand's reach: its holders start at 0) says so in its first
+// request, and the allocator states the region's standing slice again:
+// from two windows on, the region's windows start at it, not at 0.
+func TestStandingSliceStatedAgainAfterARestart(t *testing.T) {
+	clock := windowClock()
+	byRegion := startLeaseRegions(t, clock)
+	const limit = 30
+	// A key whose allocator region is not a (the restart would lose the
+	// stands too).
+	a := byRegion["a"][0]
+	rc := &sluicev1.RateLimitCheck{Name: "api", Limit: limit, WindowMs: 60_000}
+	for i := 0; rc.Key == ""; i++ {
+		if k := fmt.Sprintf("restart-%d", i); a.srv.leases.order(region.SeedOf("api", k))[0] != "a" {
+			rc.Key = k
+		}
+	}
+	if alloc := standInRegionA(t, byRegion, clock, rc); alloc == a {
+		t.Fatalf("key %s: region a's node is its allocator", rc.Key)
+	}
+	// As after a restart of a's node: its lease state gone, its start now.
+	l := a.srv.leases
+	for i := range l.shards {
+		l.shards[i].mu.Lock()
+		l.shards[i].m = map[string]*holderEntry{}
+		l.shards[i].mu.Unlock()
+	}
+	h := *l.hist.Load()
+	h.started = clock.Now().UnixNano()
+	l.hist.Store(&h)
+	if d := check(t, a.client, rc); d.Allowed || !d.SliceExhausted || d.Slice != 0 {
+		t.Fatalf("first check after the restart: %v, want denied on a slice of 0", d)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		e := l.entry(ring.Key(nil, rc.Name, rc.Key), rc.Name, rc.Key, time.Minute, limit)
+		e.mu.Lock()
+		sure := e.sureFrom
+		e.mu.Unlock()
+		if sure != 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	clock.Advance(2 * time.Minute)
+	if d := check(t, a.client, rc); !d.Allowed || d.Slice != limit {
+		t.Errorf("first check two windows after the restart: %v, want allowed on the standing slice %d", d, limit)
+	}
+}
+
+// standInRegionA spends rc's limit in region a in the current window, ends
+// it, and waits until the key's allocator set region a a standing slice
+// of more than half the limit, acknowledged; it returns the allocator's
+// node. The stands start two windows after the clock's.
+func standInRegionA(t *testing.T, byRegion map[string][]*inprocNode, clock *window.ManualClock, rc *sluicev1.RateLimitCheck) *inprocNode {
+	t.Helper()
+	limit := int(rc.Limit)
+	if got := leaseCheckUntil(t, byRegion["a"], rc, limit, 10*time.Second); got != limit {
+		t.Fatalf("first window: a admitted %d, want the limit %d", got, limit)
+	}
+	// The window ends; the sweep feeds its demand to the allocator's
+	// stands, which it plans at its next round (every 200 ms).
+	clock.Advance(2 * time.Minute)
+	var alloc *inprocNode
+	for _, r := range []string{"a", "b", "c"} {
+		byRegion[r][0].srv.leases.sweep(clock.Now())
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for alloc == nil && time.Now().Before(deadline) {
+		for _, r := range []string{"a", "b", "c"} {
+			n := byRegion[r][0]
+			l := n.srv.leases
+			l.amu.Lock()
+			done := false
+			for _, se := range l.stands {
+				th, slice := se.st.Through("a")
+				done = len(se.st.Pending()) == 0 && slice > int64(limit/2) && th > windowID(clock.Now(), time.Minute)
+			}
+			l.amu.Unlock()
+			if done {
+				alloc = n
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if alloc == nil {
+		t.Fatal("no allocator set a standing slice for region a")
+	}
+	return alloc
 }
 
 // Demand in every region over the limit: each region gets about its fair

@@ -1689,7 +1689,12 @@ type LeaseMessage struct {
 	// Request, Ack: the hits the region admitted in the window.
 	Consumed int64 `protobuf:"varint,13,opt,name=consumed,proto3" json:"consumed,omitempty"`
 	// Stand: the last window id it covers.
-	Through       int64 `protobuf:"varint,14,opt,name=through,proto3" json:"through,omitempty"`
+	Through int64 `protobuf:"varint,14,opt,name=through,proto3" json:"through,omitempty"`
+	// Request: the region's holder started the window at 0, not knowing
+	// its standing slice (its node started, or the key moved to it, within
+	// a stand's reach): the allocator states the region's standing slice
+	// again.
+	Unsure        bool `protobuf:"varint,15,opt,name=unsure,proto3" json:"unsure,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1820,6 +1825,13 @@ func (x *LeaseMessage) GetThrough() int64 {
 		return x.Through
 	}
 	return 0
+}
+
+func (x *LeaseMessage) GetUnsure() bool {
+	if x != nil {
+		return x.Unsure
+	}
+	return false
 }
 
 type LeaseRequest struct {
@@ -2030,7 +2042,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12+\n" +
 	"\x06states\x18\x02 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\x12'\n" +
 	"\x0fsender_instance\x18\x03 \x01(\tR\x0esenderInstance\"\x13\n" +
-	"\x11ReplicateResponse\"\xee\x02\n" +
+	"\x11ReplicateResponse\"\x86\x03\n" +
 	"\fLeaseMessage\x12(\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x14.sluice.v1.LeaseKindR\x04kind\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
@@ -2046,7 +2058,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x06target\x18\v \x01(\x03R\x06target\x12\x12\n" +
 	"\x04want\x18\f \x01(\x03R\x04want\x12\x1a\n" +
 	"\bconsumed\x18\r \x01(\x03R\bconsumed\x12\x18\n" +
-	"\athrough\x18\x0e \x01(\x03R\athrough\"[\n" +
+	"\athrough\x18\x0e \x01(\x03R\athrough\x12\x16\n" +
+	"\x06unsure\x18\x0f \x01(\bR\x06unsure\"[\n" +
 	"\fLeaseRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x123\n" +
 	"\bmessages\x18\x02 \x03(\v2\x17.sluice.v1.LeaseMessageR\bmessages\"D\n" +

@@ -1191,6 +1191,16 @@ func (m *LeaseMessage) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if m.Unsure {
+		i--
+		if m.Unsure {
+			dAtA[i] = 1
+		} else {
+			dAtA[i] = 0
+		}
+		i--
+		dAtA[i] = 0x78
+	}
 	if m.Through != 0 {
 		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.Through))
 		i--
@@ -1873,6 +1883,9 @@ func (m *LeaseMessage) SizeVT() (n int) {
 	}
 	if m.Through != 0 {
 		n += 1 + protohelpers.SizeOfVarint(uint64(m.Through))
+	}
+	if m.Unsure {
+		n += 2
 	}
 	n += len(m.unknownFields)
 	return n
@@ -5097,6 +5110,26 @@ func (m *LeaseMessage) UnmarshalVT(dAtA []byte) error {
 					break
 				}
 			}
+		case 15:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field Unsure", wireType)
+			}
+			var v int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				v |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			m.Unsure = bool(v != 0)
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
