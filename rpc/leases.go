@@ -863,7 +863,7 @@ func (l *leases) resend(now, storeNow time.Time) {
 // each region's fair share (lease.FairStands) of its demand per window as
 // the windows that ended showed it (a moving average; see feedStands),
 // when it moved by standStep or more from what the region stands at, for
-// the windows from two after the current one to a stand's reach; it
+// the windows from the one after the current one to a stand's reach; it
 // renews a standing slice other than the base when less than half its
 // reach is left, and sends again the stands not acknowledged within a
 // lead time. A stand that raises a region waits (lease.Stands.Set
@@ -875,8 +875,11 @@ func (l *leases) planStands(now, storeNow time.Time, lead time.Duration, emit fu
 			continue
 		}
 		cur := windowID(storeNow, se.window)
+		if ae := l.allocs[allocKey{sk, cur - 1}]; ae != nil {
+			l.feedStands(sk, cur-1, ae) // the window that just ended
+		}
 		reach := standReach(se.window)
-		from := max(cur+2, se.st.Floor(), se.st.LastMade()+1)
+		from := max(cur+1, se.st.Floor(), se.st.LastMade()+1)
 		through := cur + reach
 		if from <= through {
 			var target map[string]int64
@@ -1092,9 +1095,9 @@ func learningHorizon(w time.Duration) time.Duration {
 
 // standReach is how many windows past its current one an allocator's
 // stand may reach (Through): 8 s of windows, at least 4. A stand is
-// renewed when it has less than half of that left to run (at least the
-// window after the current one still covered: a renewal starts two
-// windows on), so that a region's standing slice costs two messages (the
+// renewed when it has less than half of that left to run (the window
+// after the current one, where a renewal starts, is then still covered),
+// so that a region's standing slice costs two messages (the
 // Stand and its Ack) every 4 s or so while it differs from the base
 // (every other window, for windows of 2 s or more). The learning horizon
 // (how long a new allocator learns each window before it plans stands
@@ -1246,7 +1249,7 @@ func (l *leases) restate(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMes
 		return nil
 	}
 	cur := windowID(l.s.store.Now(), se.window)
-	from := max(cur+2, se.st.Floor(), se.st.LastMade()+1)
+	from := max(cur+1, se.st.Floor(), se.st.LastMade()+1)
 	last, _ := se.st.Through(m.Region)
 	st, ok := se.st.Set(m.Region, from, max(last, from), se.st.At(m.Region, from))
 	if !ok {
@@ -1306,11 +1309,10 @@ func (l *leases) alloc(sk []byte, m *sluicev1.LeaseMessage, create bool) *allocE
 	var demand map[string]int64
 	if m.WindowId != bucketLease {
 		// A fixed window starts at the regions' standing slices, and
-		// from their demand in the last window: what it used for a
-		// region that spoke in it, what it held for one that did not
-		// (it may have spent it without a word); with no last window
-		// here, the demand the stands learnt (none: a key's first
-		// window takes the bases of the regions that do not ask).
+		// from their demand in the last window (Allocator.Demands); with
+		// no last window here, from the demand the stands learnt (none:
+		// a key's first window takes the bases of the regions that do
+		// not ask).
 		demand = map[string]int64{}
 		if se := l.standsOf(sk, m, seed, v); se != nil {
 			starts = se.st.Starts(m.WindowId)
@@ -1335,7 +1337,8 @@ func (l *leases) alloc(sk []byte, m *sluicev1.LeaseMessage, create bool) *allocE
 
 // standsOf returns the standing slices of m's key (a fixed window), made
 // when there are none (or its limit or window changed) with a floor: the
-// first window, two after the current one or later, that this node's
+// first window, the one after the current one or later (after the old
+// stands' reach, when the limit or window changed), that this node's
 // allocator would not have to learn (learning: another allocator may
 // have set stands running until then). Requires l.amu, and that this
 // node is the key's allocator under v.
@@ -1346,7 +1349,12 @@ func (l *leases) standsOf(sk []byte, m *sluicev1.LeaseMessage, seed uint64, v *v
 		return se
 	}
 	cur := windowID(l.s.store.Now(), w)
-	floor := cur + 2
+	floor := cur + 1
+	if se != nil {
+		// The key's limit or window changed: the regions' holders of the
+		// old one may hold its stands until they run out.
+		floor = cur + standReach(se.window)*int64(se.window)/int64(w) + 3
+	}
 	for l.learning(floor, w, seed) && floor < cur+1_000_000 {
 		floor++
 	}

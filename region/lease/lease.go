@@ -8,9 +8,10 @@
 //
 // For one key and one window (identified by its window id, which every
 // message carries, so that regions whose clocks differ never mix two
-// windows' capacity), each region starts with a base slice it owns
-// without any message, and the key's [Allocator] keeps the pool: the
-// limit minus the regions' bases. A region's [Holder] may admit up to its
+// windows' capacity), each region starts with its standing slice (its
+// base, owned without any message, unless the allocator's [Stands] set
+// another for that window: stand.go), and the key's [Allocator] keeps the
+// pool: the limit minus what the regions start with. A region's [Holder] may admit up to its
 // slice. The invariant, for every window id at every moment:
 //
 //	Σ_regions consumed ≤ Σ_regions slice ≤ Σ_regions record ≤ limit
