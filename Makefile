@@ -89,7 +89,7 @@ fuzz: ## run every fuzz target for FUZZTIME each (a duration, 10s by default, or
 
 .PHONY: bench-leases
 SEEDS ?= 2
-bench-leases: ## issue 20's figures: every lease scenario on in-process clusters of 3 and 5 regions, 50 and 200 ms apart, SEEDS random seeds each, started past the allocators' learning horizon (about 35 min)
+bench-leases: ## issue 20's figures: every lease scenario on in-process clusters of 3 and 5 regions, 50 and 200 ms apart, SEEDS random seeds each, started past the allocators' learning horizon (about 22 min a seed)
 	SLUICE_LEASE_MATRIX=1 SLUICE_LEASE_SEEDS=$(SEEDS) $(GO) test ./scenario/lab -run TestLeaseMatrix -count=1 -v -timeout 60m | grep -E '^\s+(3|5)  |over-admission [1-9]|FAIL|ok'
 
 .PHONY: bench-regions

@@ -887,13 +887,21 @@ func (l *leases) planStands(now, storeNow time.Time, lead time.Duration, emit fu
 				target = lease.FairStands(se.limit, se.demand)
 			}
 			bases := l.bases(se.limit, se.seed)
+			// A region's stand moves when its fair share moved by
+			// standStep; one lower than that is made too when some
+			// region's share rose by standStep (with five regions of a
+			// hit each, a region wanting the limit gets their hits).
+			raise := false
+			for r, t := range target {
+				raise = raise || t-se.st.At(r, from) >= standStep(se.limit)
+			}
 			for _, r := range l.s.regions.Regions() {
 				if se.st.Busy(r.Name) {
 					continue
 				}
 				now1 := se.st.At(r.Name, from)
 				next := now1
-				if t, ok := target[r.Name]; ok && abs64(t-now1) >= standStep(se.limit) {
+				if t, ok := target[r.Name]; ok && (abs64(t-now1) >= standStep(se.limit) || (raise && t < now1)) {
 					next = t
 				}
 				last, _ := se.st.Through(r.Name)

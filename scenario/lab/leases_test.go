@@ -259,7 +259,7 @@ func TestLeasesAllocatorCrash(t *testing.T) {
 // bench-leases): 3 and 5 regions, round trips of 50 and 200 ms, every
 // scenario on SLUICE_LEASE_SEEDS random seeds (default 2); then token and
 // leaky buckets under steady, skewed, one-region and cut load, 3 regions
-// 100 ms apart. Set SLUICE_LEASE_MATRIX=1 to run it (about 12 minutes).
+// 100 ms apart. Set SLUICE_LEASE_MATRIX=1 to run it (about 22 minutes a seed).
 func TestLeaseMatrix(t *testing.T) {
 	if os.Getenv("SLUICE_LEASE_MATRIX") == "" {
 		t.Skip("set SLUICE_LEASE_MATRIX=1 (make bench-leases)")
