@@ -98,19 +98,25 @@ func (s *sim) take(r string, hits int64) bool {
 	return true
 }
 
-// step runs one tick with arrivals[r] single-hit checks entering region r.
-func (s *sim) step(arrivals map[string]int) {
-	s.now++
-	var due, later []msg
-	for _, m := range s.bus {
-		if m.at <= s.now {
+// takeDue splits bus into the messages due at tick now (in random order:
+// the bus reorders them) and the rest.
+func takeDue(rng *rand.Rand, bus []msg, now int) (due, later []msg) {
+	for _, m := range bus {
+		if m.at <= now {
 			due = append(due, m)
 		} else {
 			later = append(later, m)
 		}
 	}
-	s.bus = later
-	s.rng.Shuffle(len(due), func(i, j int) { due[i], due[j] = due[j], due[i] })
+	rng.Shuffle(len(due), func(i, j int) { due[i], due[j] = due[j], due[i] })
+	return due, later
+}
+
+// step runs one tick with arrivals[r] single-hit checks entering region r.
+func (s *sim) step(arrivals map[string]int) {
+	s.now++
+	var due []msg
+	due, s.bus = takeDue(s.rng, s.bus, s.now)
 	for _, m := range due {
 		switch v := m.val.(type) {
 		case Request:

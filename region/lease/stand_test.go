@@ -187,16 +187,8 @@ func (s *standSim) check() {
 // then each region's arrivals (rates: checks per tick).
 func (s *standSim) step(rates map[string]int) {
 	s.now++
-	var due, later []msg
-	for _, m := range s.bus {
-		if int64(m.at) <= s.now {
-			due = append(due, m)
-		} else {
-			later = append(later, m)
-		}
-	}
-	s.bus = later
-	s.rng.Shuffle(len(due), func(i, j int) { due[i], due[j] = due[j], due[i] })
+	var due []msg
+	due, s.bus = takeDue(s.rng, s.bus, int(s.now))
 	for _, m := range due {
 		s.deliver(m.val)
 		s.check()
