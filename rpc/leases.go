@@ -25,10 +25,12 @@ import (
 
 // Leases (issue 20; the README, "Regions"): a global fixed-window limit's
 // slices follow demand. Each region's owner of a key admits up to its
-// slice of the key's current window (package region/lease's Holder): a
-// base share it owns without any message (DefaultLeaseBase of the limit,
-// split by region weight), raised by grants of the key's allocator and
-// lowered, first, when the allocator moves capacity elsewhere. The
+// slice of the key's current window (package region/lease's Holder): its
+// standing slice for the window (a base share it owns without any
+// message, DefaultLeaseBase of the limit split by region weight, unless
+// the allocator set another for many windows at once: planStands),
+// raised by grants of the key's allocator and lowered, first, when the
+// allocator moves capacity elsewhere. The
 // allocator is the key's owner in the key's allocator region: the first
 // region, in an order the key picks (rendezvous hashing), that has a live
 // member, among the regions this node sees, and only while it sees a
@@ -38,7 +40,7 @@ import (
 // the slice runs out (from the key's demand in the window and the lease
 // round trip) and, for a busy key, for the next window before it starts;
 // the allocator of the next window starts from the last window's demand
-// and lowers the regions that did not use their bases. Messages are
+// and lowers the regions that will not use what they start with. Messages are
 // batched per destination node every leaseFlush, one Lease call each.
 
 // DefaultLeaseBase is the fraction of a global limit the regions own as
@@ -196,12 +198,11 @@ type allocEntry struct {
 	window     time.Duration
 	limit      int64
 	a          *lease.Allocator
-	sent       time.Time        // when its pending lowers were last sent, wall clock
-	rebalanced time.Time        // when it last rebalanced for a waiting region, wall clock
-	reclaimed  bool             // its late-window reclaim went
-	touched    time.Time        // when a message last came for it, wall clock (buckets: idle ones are forgotten)
-	view       *view            // the view it was last found to be the key's allocator under
-	starts     map[string]int64 // fixed windows: each region's record at the start (its standing slice)
+	sent       time.Time // when its pending lowers were last sent, wall clock
+	rebalanced time.Time // when it last rebalanced for a waiting region, wall clock
+	reclaimed  bool      // its late-window reclaim went
+	touched    time.Time // when a message last came for it, wall clock (buckets: idle ones are forgotten)
+	view       *view     // the view it was last found to be the key's allocator under
 }
 
 // standEntry is a key's standing slices where this node is the key's
@@ -879,7 +880,7 @@ func (l *leases) planStands(now, storeNow time.Time, lead time.Duration, emit fu
 			l.feedStands(sk, cur-1, ae) // the window that just ended
 		}
 		reach := standReach(se.window)
-		from := max(cur+1, se.st.Floor(), se.st.LastMade()+1)
+		from := se.firstPlannable(cur)
 		through := cur + reach
 		if from <= through {
 			var target map[string]int64
@@ -939,6 +940,13 @@ func abs64(x int64) int64 {
 	return x
 }
 
+// firstPlannable returns the first window a stand may set when cur is
+// the current window: the one after it, at or after the stands' floor,
+// after the newest window a per-window allocator was made for.
+func (se *standEntry) firstPlannable(cur int64) int64 {
+	return max(cur+1, se.st.Floor(), se.st.LastMade()+1)
+}
+
 func (se *standEntry) standMessage(st lease.Stand) *sluicev1.LeaseMessage {
 	return &sluicev1.LeaseMessage{Kind: sluicev1.LeaseKind_LEASE_KIND_STAND, Name: se.name, Key: se.key, WindowId: st.From,
 		Through: st.Through, WindowMs: se.window.Milliseconds(), Limit: se.limit, Region: st.Region, Allocator: st.Alloc,
@@ -958,8 +966,8 @@ func (l *leases) feedStands(sk string, id int64, ae *allocEntry) {
 	if first {
 		se.demand = map[string]float64{}
 	}
-	for r := range ae.starts {
-		x := float64(d[r])
+	for r, n := range d {
+		x := float64(n)
 		if first {
 			se.demand[r] = x
 		} else {
@@ -1094,9 +1102,9 @@ func (l *leases) viewChanged(v *view) {
 // learningHorizon is how long after a change of allocator another
 // allocator's grants or stands may still be live for a window: the
 // window itself, the next one (requests go ahead of it), a stand's reach
-// and the two windows it starts after the current one, one more for the
-// clocks, and the time a cut-off former allocator takes to see that it
-// lost the majority (memberlist's failure detection, seconds).
+// past the current window and three more (the clocks' offsets and the
+// round's delay), and the time a cut-off former allocator takes to see
+// that it lost the majority (memberlist's failure detection, seconds).
 func learningHorizon(w time.Duration) time.Duration {
 	return 2*w + 10*time.Second + time.Duration(standReach(w)+3)*w
 }
@@ -1237,13 +1245,19 @@ func (l *leases) stillAllocator(k allocKey, ae *allocEntry) bool {
 	if ae.view == v {
 		return true
 	}
-	sk := []byte(k.key)
-	if l.allocatorRegion(v, region.SeedOf(ae.name, ae.key)) == l.s.region && l.ownerIn(v, l.s.region, sk) == l.s.name {
+	if l.isAllocator(v, region.SeedOf(ae.name, ae.key), []byte(k.key)) {
 		ae.view = v
 		return true
 	}
 	delete(l.allocs, k)
 	return false
+}
+
+// isAllocator reports whether this node is the allocator of the key of
+// seed and store key sk under v: its owner in the key's allocator region,
+// that region being this node's.
+func (l *leases) isAllocator(v *view, seed uint64, sk []byte) bool {
+	return l.allocatorRegion(v, seed) == l.s.region && l.ownerIn(v, l.s.region, sk) == l.s.name
 }
 
 // restate returns a Stand that states again, to a region whose holder
@@ -1256,8 +1270,7 @@ func (l *leases) restate(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMes
 	if se == nil || se.limit != m.Limit || se.window != time.Duration(m.WindowMs)*time.Millisecond || se.st.Busy(m.Region) {
 		return nil
 	}
-	cur := windowID(l.s.store.Now(), se.window)
-	from := max(cur+1, se.st.Floor(), se.st.LastMade()+1)
+	from := se.firstPlannable(windowID(l.s.store.Now(), se.window))
 	last, _ := se.st.Through(m.Region)
 	st, ok := se.st.Set(m.Region, from, max(last, from), se.st.At(m.Region, from))
 	if !ok {
@@ -1277,7 +1290,7 @@ func (l *leases) stillStands(sk string, se *standEntry) bool {
 	if se.view == v {
 		return true
 	}
-	if l.allocatorRegion(v, se.seed) == l.s.region && l.ownerIn(v, l.s.region, []byte(sk)) == l.s.name {
+	if l.isAllocator(v, se.seed, []byte(sk)) {
 		se.view = v
 		return true
 	}
@@ -1305,8 +1318,7 @@ func (l *leases) alloc(sk []byte, m *sluicev1.LeaseMessage, create bool) *allocE
 	}
 	v := l.s.view.Load()
 	seed := region.SeedOf(m.Name, m.Key)
-	reg := l.allocatorRegion(v, seed)
-	if reg != l.s.region || l.ownerIn(v, reg, sk) != l.s.name {
+	if !l.isAllocator(v, seed, sk) {
 		return nil
 	}
 	// A window whose limit changed learns too: the regions may hold
@@ -1338,7 +1350,7 @@ func (l *leases) alloc(sk []byte, m *sluicev1.LeaseMessage, create bool) *allocE
 	if err != nil {
 		return nil
 	}
-	ae = &allocEntry{name: m.Name, key: m.Key, window: w, limit: m.Limit, a: a, touched: time.Now(), view: v, starts: starts}
+	ae = &allocEntry{name: m.Name, key: m.Key, window: w, limit: m.Limit, a: a, touched: time.Now(), view: v}
 	l.allocs[k] = ae
 	return ae
 }

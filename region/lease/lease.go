@@ -178,13 +178,12 @@ func (a *Allocator) Learning() bool { return a.known != nil }
 // Demands returns each region's demand in the window as the allocator
 // knows it (hits): for a region still waiting for hits, what it used or
 // asked to reach, whichever is more (it was not granted what it needed);
-// for one that last
-// reported what it used (a request or an Ack) a quarter of the window or
-// more after its start, that carried over the whole window (a measure,
-// where what a region asks for is a guess, and a region whose demand is
-// a hit or two a window guesses high); otherwise what it holds (it may
-// have spent it without a word). The next window's allocator starts from
-// it.
+// for one that last reported what it used (a request or an Ack) a
+// quarter of the window or more after its start, that carried over the
+// whole window (a measure, where what a region asks for is a guess, and
+// a region whose demand is a hit or two a window guesses high);
+// otherwise what it holds (it may have spent it without a word). The
+// next window's allocator starts from it.
 func (a *Allocator) Demands() map[string]int64 {
 	out := make(map[string]int64, len(a.regions))
 	for _, r := range a.regions {

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -354,13 +355,6 @@ func (s *Stands) Forget(w int64) bool {
 	return idle
 }
 
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
 // FairStands divides limit hits among regions by Doorman's fair share
 // (water-filling) of their demand (hits per window, as the caller
 // estimates it): each region gets up to its demand in equal rounds; what
@@ -420,24 +414,14 @@ func FairStands(limit int64, demand map[string]float64) map[string]int64 {
 	// and a half a window, given two, leaves the second unused half the
 	// time while another region is denied.
 	unmet := func(r string) float64 {
-		return max(demand[r]-float64(out[r]), 0) * float64(boolInt(demand[r] > share[r]+1e-9))
+		if demand[r] <= share[r]+1e-9 {
+			return 0 // its share covers its demand
+		}
+		return demand[r] - float64(out[r])
 	}
 	byRem := slices.Clone(regs)
 	slices.SortStableFunc(byRem, func(x, y string) int {
-		if ux, uy := unmet(x), unmet(y); ux != uy {
-			if ux > uy {
-				return -1
-			}
-			return 1
-		}
-		rx, ry := share[x]-float64(out[x]), share[y]-float64(out[y])
-		switch {
-		case rx > ry:
-			return -1
-		case rx < ry:
-			return 1
-		}
-		return 0
+		return cmp.Or(cmp.Compare(unmet(y), unmet(x)), cmp.Compare(share[y]-float64(out[y]), share[x]-float64(out[x])))
 	})
 	for i := 0; given < limit && len(byRem) > 0; i = (i + 1) % len(byRem) {
 		out[byRem[i]]++
