@@ -118,6 +118,7 @@ type Allocator struct {
 	askedAt    map[string]float64 // region -> the part of the window left when it last asked
 	waiting    map[string]int64   // region -> hits it asked for and was not granted yet
 	reportLeft map[string]float64 // region -> the part of the window left when it last reported its use in the window (0: never)
+	heard      map[string]bool    // region -> it sent a message in the window (a request, an Ack or a give-back)
 	left       float64            // the part of the window still to come (0..1), as the caller last said
 }
 
@@ -135,7 +136,7 @@ func NewAllocator(id uint64, window, limit int64, bases map[string]int64, demand
 	a := &Allocator{id: id, window: window, limit: limit, record: map[string]int64{},
 		seq: map[string]uint64{}, lowerAt: map[string]uint64{}, target: map[string]int64{},
 		used: map[string]int64{}, demand: map[string]int64{}, prior: map[string]int64{}, waiting: map[string]int64{}, left: 1,
-		extra: map[string]int64{}, askedAt: map[string]float64{}, reportLeft: map[string]float64{}}
+		extra: map[string]int64{}, askedAt: map[string]float64{}, reportLeft: map[string]float64{}, heard: map[string]bool{}}
 	for r, b := range bases {
 		if b < 0 {
 			return nil, fmt.Errorf("lease: base of %s: must be >= 0, got %d", r, b)
@@ -198,6 +199,11 @@ func (a *Allocator) Demands() map[string]int64 {
 	}
 	return out
 }
+
+// Heard reports whether region sent the allocator a message in its
+// window (a request, an Ack or a give-back): what Demands says of a
+// region not heard is only what it holds.
+func (a *Allocator) Heard(region string) bool { return a.heard[region] }
 
 // Free returns the pool's hits granted to nobody.
 func (a *Allocator) Free() int64 { return a.free }
@@ -332,6 +338,7 @@ func (a *Allocator) OnRequest(r Request) (grants []Grant, lowers []Lower) {
 	if _, ok := a.record[r.Region]; !ok {
 		return nil, nil // not a region of the key
 	}
+	a.heard[r.Region] = true
 	a.used[r.Region] = max(a.used[r.Region], r.Consumed)
 	a.demand[r.Region] = max(a.demand[r.Region], r.Slice+max(r.Want, 0), a.used[r.Region])
 	a.extra[r.Region] = max(r.Slice+max(r.Want, 0)-r.Consumed, 0)
@@ -433,6 +440,7 @@ func (a *Allocator) OnAck(k Ack) ([]Grant, []Lower) {
 		return nil, nil
 	}
 	a.lowerAt[k.Region] = 0
+	a.heard[k.Region] = true
 	a.reportLeft[k.Region] = max(a.left, 1e-3)
 	a.used[k.Region] = max(a.used[k.Region], k.Consumed)
 	if k.Slice < a.record[k.Region] {
@@ -458,6 +466,80 @@ func (a *Allocator) OnAck(k Ack) ([]Grant, []Lower) {
 		}
 	}
 	return a.grantWaiting(), lowers
+}
+
+// OnGiveBack handles a region's give-back: an Ack no Lower asked for
+// (Holder.GiveBack), saying the region holds Slice hits now and forever
+// under Seq or an older sequence number of Alloc. It is taken only when
+// it answers the newest message the allocator sent the region (Alloc and
+// Seq equal to its own; 0 and 0 when it sent the region nothing in the
+// window) and no Lower awaits the region's Ack, so that a grant or
+// lower the region had not seen yet is never undone; otherwise, and
+// while learning, it is ignored (the region gave back for nothing:
+// under-admission, never over). What it frees goes to the regions
+// waiting, as OnAck's (Grants to send); ok reports whether it was taken.
+func (a *Allocator) OnGiveBack(k Ack) (grants []Grant, ok bool) {
+	if k.Window != a.window || a.Learning() || a.lowerAt[k.Region] != 0 {
+		return nil, false
+	}
+	if _, known := a.record[k.Region]; !known {
+		return nil, false
+	}
+	newest := k.Alloc == a.id && k.Seq == a.seq[k.Region]
+	untouched := k.Alloc == 0 && k.Seq == 0 && a.seq[k.Region] == 0
+	if !newest && !untouched {
+		return nil, false
+	}
+	a.heard[k.Region] = true
+	a.reportLeft[k.Region] = max(a.left, 1e-3)
+	a.used[k.Region] = max(a.used[k.Region], k.Consumed)
+	if k.Slice < a.record[k.Region] {
+		a.free += a.record[k.Region] - max(k.Slice, 0)
+		a.record[k.Region] = max(k.Slice, 0)
+	}
+	return a.grantWaiting(), true
+}
+
+// Offer grants what is free in the pool to regions that did not ask but
+// are known to want more (hunger: region -> hits it wants beyond what it
+// holds, from the demand its standing slices were planned from): by
+// Doorman's fair share (water-filling, in whole hits), none to a region
+// whose Lower awaits its Ack. It returns the Grants to send (absolute
+// slices, recorded before they are sent); none while learning.
+func (a *Allocator) Offer(hunger map[string]int64) []Grant {
+	if a.Learning() || a.free <= 0 {
+		return nil
+	}
+	give := map[string]int64{}
+	for a.free > 0 {
+		var open []string
+		for _, r := range a.regions {
+			if hunger[r]-give[r] > 0 && a.lowerAt[r] == 0 {
+				open = append(open, r)
+			}
+		}
+		if len(open) == 0 {
+			break
+		}
+		share := max(a.free/int64(len(open)), 1)
+		for _, r := range open {
+			n := min(share, hunger[r]-give[r], a.free)
+			give[r] += n
+			a.free -= n
+			if a.free == 0 {
+				break
+			}
+		}
+	}
+	var out []Grant
+	for _, r := range a.regions {
+		if n := give[r]; n > 0 {
+			a.record[r] += n
+			a.seq[r]++
+			out = append(out, Grant{Region: r, Window: a.window, Alloc: a.id, Seq: a.seq[r], Slice: a.record[r]})
+		}
+	}
+	return out
 }
 
 // Holder is one region's side of one key's window: its slice and the
@@ -518,6 +600,21 @@ func (h *Holder) OnGrant(g Grant) bool {
 	}
 	h.slice = g.Slice
 	return true
+}
+
+// GiveBack lowers the slice to keep (at least consumed, what the region
+// admitted in the window) unasked, and returns the Ack to send to the
+// allocator (Allocator.OnGiveBack), naming the newest allocator message
+// applied (0 and 0 for none); false when the slice is not above keep.
+// The holder never again holds more under that sequence number: only a
+// newer grant raises it.
+func (h *Holder) GiveBack(keep, consumed int64) (Ack, bool) {
+	keep = max(keep, consumed, 0)
+	if keep >= h.slice {
+		return Ack{}, false
+	}
+	h.slice = keep
+	return Ack{Region: h.region, Window: h.window, Alloc: h.alloc, Seq: h.seq, Slice: h.slice, Consumed: consumed}, true
 }
 
 // OnLower lowers the slice to at most Target, keeping consumed (what the

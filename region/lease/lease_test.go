@@ -35,7 +35,11 @@ type sim struct {
 	delay    int     // a message takes 1..delay ticks
 	cut      map[string]bool
 	demand   int64 // hits that arrived
+	giveBack float64 // probability a region gives back unasked in a tick
 }
+
+// giveBack is a Holder.GiveBack on the bus (an Ack no Lower asked for).
+type giveBack Ack
 
 func newSim(t *testing.T, seed uint64, limit int64, bases map[string]int64) *sim {
 	t.Helper()
@@ -133,8 +137,30 @@ func (s *sim) step(arrivals map[string]int) {
 			}
 		case Ack:
 			s.sendAll(s.alloc.OnAck(v))
+		case giveBack:
+			gs, _ := s.alloc.OnGiveBack(Ack(v))
+			s.sendAll(gs, nil)
+			// What is still free goes to regions wanting more (a
+			// random hunger: the standing slices' demand may be stale).
+			hunger := map[string]int64{}
+			for _, r := range s.regions {
+				hunger[r] = s.rng.Int64N(s.limit/4 + 1)
+			}
+			s.sendAll(s.alloc.Offer(hunger), nil)
 		}
 		s.check()
+	}
+	if s.giveBack > 0 {
+		for _, r := range s.regions {
+			if s.cut[r] || s.rng.Float64() >= s.giveBack {
+				continue
+			}
+			keep := s.consumed[r] + s.rng.Int64N(s.holders[r].Slice()-s.consumed[r]+1)
+			if k, ok := s.holders[r].GiveBack(keep, s.consumed[r]); ok {
+				s.send(r, giveBack(k))
+			}
+			s.check()
+		}
 	}
 	if s.now%5 == 0 {
 		for _, l := range s.alloc.Pending() {
@@ -191,7 +217,9 @@ func (s *sim) total() int64 {
 	return n
 }
 
-// Under loss, duplication, reordering (delays of 1..4 ticks), cuts and an
+// Under loss, duplication, reordering (delays of 1..4 ticks), cuts, give-
+// backs unasked at random (every other seed; what they free is granted
+// to waiting regions and offered to regions of random hunger) and an
 // allocator crash (a new allocator in learning mode while the old one's
 // grants are still on the bus), over random seeds and demand patterns,
 // the regions never consume or hold more than the limit (the invariant is
@@ -203,6 +231,9 @@ func TestNeverOverTheLimit(t *testing.T) {
 		bases := map[string]int64{"a": limit / 6, "b": limit / 6, "c": limit / 6}
 		s := newSim(t, seed, limit, bases)
 		s.loss, s.dup, s.delay = rng.Float64()*0.3, rng.Float64()*0.3, 1+rng.IntN(4)
+		if seed%2 == 1 {
+			s.giveBack = rng.Float64() * 0.1
+		}
 		rates := map[string]int{"a": rng.IntN(20), "b": rng.IntN(20), "c": rng.IntN(20)}
 		crashAt := 50 + rng.IntN(300)
 		for tick := range 400 {
@@ -472,5 +503,68 @@ func TestDemands(t *testing.T) {
 		if got[r] != w {
 			t.Errorf("Demands()[%s] = %d, want %d (all %v)", r, got[r], w, got)
 		}
+	}
+}
+
+// A give-back is taken only when it answers the allocator's newest
+// message to the region (or the region heard nothing in the window and
+// the allocator sent it nothing); what it frees goes to a waiting region
+// first, and Offer hands the rest to the hungry by fair share.
+func TestGiveBack(t *testing.T) {
+	bases := map[string]int64{"a": 2, "b": 2, "c": 2}
+	a, _ := NewAllocator(9, 1, 10, bases, nil, false)
+	ha, hb, hc := NewHolder("a", 1, 2), NewHolder("b", 1, 2), NewHolder("c", 1, 2)
+	// b heard nothing and gives back all but the 1 hit it admitted.
+	k, ok := hb.GiveBack(0, 1)
+	if !ok || hb.Slice() != 1 || k.Alloc != 0 || k.Seq != 0 || k.Slice != 1 {
+		t.Fatalf("b's give-back %+v (%v), slice %d; want slice 1 under 0/0", k, ok, hb.Slice())
+	}
+	if _, ok := hb.GiveBack(5, 1); ok {
+		t.Fatal("a give-back above the slice was made")
+	}
+	// Meanwhile a asked for 3 and got the pool's 4 (free 4: a to 5, 1 left).
+	gs, _ := a.OnRequest(ha.Request(3, 2))
+	if len(gs) != 1 || gs[0].Slice != 5 {
+		t.Fatalf("grants %v, want a to 5", gs)
+	}
+	ha.OnGrant(gs[0])
+	gs, ok = a.OnGiveBack(k)
+	if !ok || a.Record("b") != 1 || a.Free() != 2 || len(gs) != 0 {
+		t.Fatalf("give-back taken %v, b's record %d, free %d, grants %v; want true, 1, 2, none", ok, a.Record("b"), a.Free(), gs)
+	}
+	if !a.Heard("b") || a.Heard("c") {
+		t.Fatalf("heard b %v, c %v; want true, false", a.Heard("b"), a.Heard("c"))
+	}
+	// Offer: a and c hunger 5 and 1; 2 free: a 1, c 1.
+	gs = a.Offer(map[string]int64{"a": 5, "c": 1})
+	if len(gs) != 2 || gs[0].Region != "a" || gs[0].Slice != 6 || gs[1].Region != "c" || gs[1].Slice != 3 || a.Free() != 0 {
+		t.Fatalf("offer %v, free %d; want a to 6, c to 3, none free", gs, a.Free())
+	}
+	// a gives back under an older sequence number than the offer's grant
+	// (it had not seen it): refused, and the grant, when it comes, sets
+	// a's slice whole again.
+	ka, _ := ha.GiveBack(3, 3)
+	if _, ok := a.OnGiveBack(ka); ok || a.Record("a") != 6 {
+		t.Fatalf("a stale give-back was taken (record %d)", a.Record("a"))
+	}
+	ha.OnGrant(gs[0])
+	if ha.Slice() != 6 {
+		t.Fatalf("a's slice %d after the offer's grant, want 6", ha.Slice())
+	}
+	// c had heard nothing, but the allocator had sent it a grant: its
+	// 0/0 give-back is refused. After the grant, it is taken.
+	kc, _ := hc.GiveBack(0, 0)
+	if _, ok := a.OnGiveBack(kc); ok {
+		t.Fatal("c's give-back from before the allocator's grant was taken")
+	}
+	hc.OnGrant(gs[1])
+	kc, _ = hc.GiveBack(1, 0)
+	if _, ok := a.OnGiveBack(kc); !ok || a.Record("c") != 1 || a.Free() != 2 {
+		t.Fatalf("c's give-back: taken %v, record %d, free %d; want true, 1, 2", ok, a.Record("c"), a.Free())
+	}
+	// While learning, nothing is taken.
+	l, _ := NewAllocator(10, 1, 10, bases, nil, true)
+	if _, ok := l.OnGiveBack(Ack{Region: "b", Window: 1, Slice: 0}); ok {
+		t.Fatal("a learning allocator took a give-back")
 	}
 }

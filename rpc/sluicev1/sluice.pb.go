@@ -237,6 +237,12 @@ const (
 	// max(the stand's window_id, window_id + 1) on, window_id being the
 	// newest window its owner had made then.
 	LeaseKind_LEASE_KIND_STAND_ACK LeaseKind = 6
+	// From a region's owner, unasked, late in a window: its slice is now
+	// slice hits (it gave the rest back) and will never again be more
+	// under seq or an older sequence number of allocator (0 and 0: it had
+	// heard from no allocator in the window); consumed as for an Ack. Sent
+	// where a stand said other regions want more than they stand at.
+	LeaseKind_LEASE_KIND_GIVE_BACK LeaseKind = 7
 )
 
 // Enum value maps for LeaseKind.
@@ -249,6 +255,7 @@ var (
 		4: "LEASE_KIND_ACK",
 		5: "LEASE_KIND_STAND",
 		6: "LEASE_KIND_STAND_ACK",
+		7: "LEASE_KIND_GIVE_BACK",
 	}
 	LeaseKind_value = map[string]int32{
 		"LEASE_KIND_UNSPECIFIED": 0,
@@ -258,6 +265,7 @@ var (
 		"LEASE_KIND_ACK":         4,
 		"LEASE_KIND_STAND":       5,
 		"LEASE_KIND_STAND_ACK":   6,
+		"LEASE_KIND_GIVE_BACK":   7,
 	}
 )
 
@@ -1694,7 +1702,16 @@ type LeaseMessage struct {
 	// its standing slice (its node started, or the key moved to it, within
 	// a stand's reach): the allocator states the region's standing slice
 	// again.
-	Unsure        bool `protobuf:"varint,15,opt,name=unsure,proto3" json:"unsure,omitempty"`
+	Unsure bool `protobuf:"varint,15,opt,name=unsure,proto3" json:"unsure,omitempty"`
+	// Stand: the region's demand per window the allocator planned from
+	// (hits, rounded; -1: not known for every region, so the holder asks
+	// as without a stand). StandAck: the region's demand per window here,
+	// a moving average of the windows that ended (hits, rounded).
+	Demand int64 `protobuf:"varint,16,opt,name=demand,proto3" json:"demand,omitempty"`
+	// Stand: the hits the other regions want beyond their standing slices
+	// (0: none; a region gives back what it will not use only when this is
+	// above 0).
+	Wanted        int64 `protobuf:"varint,17,opt,name=wanted,proto3" json:"wanted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1832,6 +1849,20 @@ func (x *LeaseMessage) GetUnsure() bool {
 		return x.Unsure
 	}
 	return false
+}
+
+func (x *LeaseMessage) GetDemand() int64 {
+	if x != nil {
+		return x.Demand
+	}
+	return 0
+}
+
+func (x *LeaseMessage) GetWanted() int64 {
+	if x != nil {
+		return x.Wanted
+	}
+	return 0
 }
 
 type LeaseRequest struct {
@@ -2042,7 +2073,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12+\n" +
 	"\x06states\x18\x02 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\x12'\n" +
 	"\x0fsender_instance\x18\x03 \x01(\tR\x0esenderInstance\"\x13\n" +
-	"\x11ReplicateResponse\"\x86\x03\n" +
+	"\x11ReplicateResponse\"\xb6\x03\n" +
 	"\fLeaseMessage\x12(\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x14.sluice.v1.LeaseKindR\x04kind\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
@@ -2059,7 +2090,9 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x04want\x18\f \x01(\x03R\x04want\x12\x1a\n" +
 	"\bconsumed\x18\r \x01(\x03R\bconsumed\x12\x18\n" +
 	"\athrough\x18\x0e \x01(\x03R\athrough\x12\x16\n" +
-	"\x06unsure\x18\x0f \x01(\bR\x06unsure\"[\n" +
+	"\x06unsure\x18\x0f \x01(\bR\x06unsure\x12\x16\n" +
+	"\x06demand\x18\x10 \x01(\x03R\x06demand\x12\x16\n" +
+	"\x06wanted\x18\x11 \x01(\x03R\x06wanted\"[\n" +
 	"\fLeaseRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x123\n" +
 	"\bmessages\x18\x02 \x03(\v2\x17.sluice.v1.LeaseMessageR\bmessages\"D\n" +
@@ -2080,7 +2113,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x1dOWNER_UNAVAILABLE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17OWNER_UNAVAILABLE_LOCAL\x10\x01\x12\x1b\n" +
 	"\x17OWNER_UNAVAILABLE_ALLOW\x10\x02\x12\x1a\n" +
-	"\x16OWNER_UNAVAILABLE_DENY\x10\x03*\xaf\x01\n" +
+	"\x16OWNER_UNAVAILABLE_DENY\x10\x03*\xc9\x01\n" +
 	"\tLeaseKind\x12\x1a\n" +
 	"\x16LEASE_KIND_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12LEASE_KIND_REQUEST\x10\x01\x12\x14\n" +
@@ -2088,7 +2121,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x10LEASE_KIND_LOWER\x10\x03\x12\x12\n" +
 	"\x0eLEASE_KIND_ACK\x10\x04\x12\x14\n" +
 	"\x10LEASE_KIND_STAND\x10\x05\x12\x18\n" +
-	"\x14LEASE_KIND_STAND_ACK\x10\x062\x90\x01\n" +
+	"\x14LEASE_KIND_STAND_ACK\x10\x06\x12\x18\n" +
+	"\x14LEASE_KIND_GIVE_BACK\x10\a2\x90\x01\n" +
 	"\x10RateLimitService\x12:\n" +
 	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse\x12@\n" +
 	"\aMembers\x12\x19.sluice.v1.MembersRequest\x1a\x1a.sluice.v1.MembersResponse2\x9e\x03\n" +

@@ -1191,6 +1191,20 @@ func (m *LeaseMessage) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if m.Wanted != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.Wanted))
+		i--
+		dAtA[i] = 0x1
+		i--
+		dAtA[i] = 0x88
+	}
+	if m.Demand != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.Demand))
+		i--
+		dAtA[i] = 0x1
+		i--
+		dAtA[i] = 0x80
+	}
 	if m.Unsure {
 		i--
 		if m.Unsure {
@@ -1886,6 +1900,12 @@ func (m *LeaseMessage) SizeVT() (n int) {
 	}
 	if m.Unsure {
 		n += 2
+	}
+	if m.Demand != 0 {
+		n += 2 + protohelpers.SizeOfVarint(uint64(m.Demand))
+	}
+	if m.Wanted != 0 {
+		n += 2 + protohelpers.SizeOfVarint(uint64(m.Wanted))
 	}
 	n += len(m.unknownFields)
 	return n
@@ -5130,6 +5150,44 @@ func (m *LeaseMessage) UnmarshalVT(dAtA []byte) error {
 				}
 			}
 			m.Unsure = bool(v != 0)
+		case 16:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field Demand", wireType)
+			}
+			m.Demand = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.Demand |= int64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+		case 17:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field Wanted", wireType)
+			}
+			m.Wanted = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.Wanted |= int64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
