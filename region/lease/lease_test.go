@@ -34,7 +34,7 @@ type sim struct {
 	dup      float64 // probability a message is delivered twice
 	delay    int     // a message takes 1..delay ticks
 	cut      map[string]bool
-	demand   int64 // hits that arrived
+	demand   int64   // hits that arrived
 	giveBack float64 // probability a region gives back unasked in a tick
 }
 
