@@ -86,6 +86,9 @@ type leases struct {
 	hmu sync.Mutex
 	hot map[*holderEntry]struct{} // entries that asked in their current or last window
 
+	wmu    sync.Mutex
+	givers map[time.Duration]*giverSet // window length -> the entries that give back late in each window (see late)
+
 	st    leaseCounters
 	pools sync.Map // limit name label -> *poolCounters
 }
@@ -145,7 +148,7 @@ type leaseHistory struct {
 
 // leaseCounters count lease events; see Stats.
 type leaseCounters struct {
-	requests, grants, grantedHits, lowers, acks, givenBack, exhausted, sent, replied, calls, callErrors, stands atomic.Int64
+	requests, grants, grantedHits, lowers, acks, givenBack, giveBacks, exhausted, sent, replied, calls, callErrors, stands atomic.Int64
 }
 
 type holderShard struct {
@@ -165,7 +168,17 @@ type holderEntry struct {
 	stand          *lease.Standing      // what each window's holder starts at (fixed windows)
 	sureFrom       int64                // the first window a Stand applied here set (0: none): its start is known from then on
 	nextWindowSent int64                // the window id of the last next-window request
-	first          int64                // the window id of the first holder made (its demand before is not known)
+	// What the key's allocator said with its last Stand (see hinted):
+	// the region's demand per window it planned from (hits; -1: none
+	// said) and the hits the other regions want beyond their standing
+	// slices. And this region's demand per window here, a moving average
+	// (standAlpha) of the windows that ended up to avgFed (0: none yet).
+	hintDemand, hintWanted int64
+	hintThrough            int64 // the last window id the hint holds for (its Stand's through)
+	avgDemand              float64
+	avgFed                 int64
+	avgN                   int   // windows folded into avgDemand (the first was partial)
+	first                  int64 // the window id of the first holder made (its demand before is not known)
 	// Buckets (one lease, window id bucketLease): the bucket's capacity
 	// (burst) and algorithm from the last check (0 before one), when a
 	// check last came (wall clock), and the demand of the current and
@@ -216,9 +229,20 @@ type standEntry struct {
 	st        *lease.Stands
 	demand    map[string]float64 // region -> hits per window, a moving average (nil: no window seen yet)
 	fed       int64              // the newest window fed into demand
+	samples   map[string]int     // region -> samples folded into demand
+	wanted    map[string]int64   // region -> hits the other regions want beyond their targets, as last planned
+	said      map[string]hint    // region -> what its last Stand said of demand and contention
 	sent      time.Time          // when its pending stands were last sent, wall clock
 	touched   time.Time          // when a per-window allocator was last made for it, wall clock
 	view      *view              // the view it was last found to be the key's allocator under
+}
+
+// hint is what a Stand says beside the standing slice (see hinted): the
+// region's demand the allocator planned from, whether it stands below it
+// (capped) and whether other regions want more than they stand at.
+type hint struct {
+	demand          int64
+	capped, wanting bool
 }
 
 func newLeases(s *Server, base float64) *leases {
@@ -238,6 +262,7 @@ func newLeases(s *Server, base float64) *leases {
 	}
 	l.hist.Store(h)
 	l.hot = map[*holderEntry]struct{}{}
+	l.givers = map[time.Duration]*giverSet{}
 	return l
 }
 
@@ -301,9 +326,13 @@ func (l *leases) entry(storeKey []byte, name, key string, w time.Duration, limit
 	if e == nil || e.window != w || e.limit != limit {
 		// New, or the limit's numbers changed: start afresh (the old
 		// holders' grants lapse; the allocator's records stay above them).
+		if e != nil {
+			l.giving(e, false)
+		}
 		seed := region.SeedOf(name, key)
 		e = &holderEntry{name: name, key: key, window: w, limit: limit, seed: seed, wins: map[int64]*holderWin{},
-			stand: lease.NewStanding(l.s.region, l.baseOf(limit, l.s.region, seed))}
+			stand: lease.NewStanding(l.s.region, l.baseOf(limit, l.s.region, seed)), hintDemand: -1,
+			avgFed: windowID(l.s.store.Now(), w) - 1}
 		sh.m[string(storeKey)] = e
 	}
 	return e
@@ -488,8 +517,8 @@ func (l *leases) decideBucket(storeKey []byte, r *request, now time.Time) *sluic
 func (l *leases) wantMore(e *holderEntry, w *holderWin, start, now time.Time) int64 {
 	lead := l.lead()
 	slice := w.h.Slice()
-	if slice >= e.limit {
-		return 0 // the whole limit: there is no more to have
+	if slice >= e.limit || l.capped(e, w) {
+		return 0 // the whole limit, or all the allocator would give
 	}
 	// At most one request per round trip (the answer to the last one
 	// comes in about that), and while no grant came since the last one,
@@ -519,13 +548,47 @@ func (l *leases) wantMore(e *holderEntry, w *holderWin, start, now time.Time) in
 	// A holder that started below its base (see unsure) asks for at least
 	// its base back: the base is the region's own unless it was given away.
 	predicted = max(predicted, w.h.Base())
-	if predicted <= slice {
+	if predicted <= slice || l.known(e, w, predicted) {
 		return 0
 	}
 	if ahead := int64(rate * float64(lead)); slice-w.consumed > ahead && slice >= w.h.Base() {
 		return 0
 	}
 	return min(predicted-slice, e.limit)
+}
+
+// capped reports whether w's holder starts at a standing slice below
+// the demand its allocator planned it from (the Stand's hint): the key
+// is wanted beyond the limit, the region stands at its fair share of
+// it, and the allocator knows its demand, so asking for more gets
+// nothing that the others' give-backs would not bring (see late and
+// onGiveBack: what they free is offered to the capped regions). A
+// holder that does not know its start (unsure) asks as usual. Requires
+// e.mu.
+func (l *leases) capped(e *holderEntry, w *holderWin) bool {
+	b := w.h.Base()
+	return e.hinted(w) && b < e.limit && (b+standStep(e.limit) <= e.hintDemand || e.hintDemand >= e.limit)
+}
+
+// hinted reports whether the last Stand's hint holds for w's window: it
+// said the region's demand, and its standing slices reach the window
+// (after them, the region is back at its base, and asks as without a
+// stand). Requires e.mu.
+func (e *holderEntry) hinted(w *holderWin) bool {
+	id := w.h.Window()
+	return e.hintDemand >= 0 && !w.unsure && id != bucketLease && id <= e.hintThrough
+}
+
+// known reports whether the key's allocator knows the demand predicted
+// for w's window here well enough that asking for more would get
+// nothing: other regions are capped (the last Stand's hint: they want
+// more than they stand at), so the pool is empty and what frees goes to
+// them and to the regions wanting more than the allocator knew; and the
+// prediction is not standStep above the demand the allocator planned
+// from (more than that, the region asks: its demand rose). Requires
+// e.mu.
+func (l *leases) known(e *holderEntry, w *holderWin, predicted int64) bool {
+	return e.hinted(w) && e.hintWanted > 0 && predicted < e.hintDemand+standStep(e.limit)
 }
 
 // estimate returns the key's demand rate here (hits per ns) and the
@@ -668,6 +731,7 @@ func (l *leases) run(ctx context.Context) {
 		}
 		now, wall := l.s.store.Now(), time.Now()
 		l.ahead(now)
+		l.late(now)
 		if wall.Sub(resendAt) >= 10*leaseFlush {
 			resendAt = wall
 			l.resend(wall, now)
@@ -783,10 +847,14 @@ func (l *leases) ahead(now time.Time) {
 		}
 		e.nextWindowSent = id + 1
 		nw := l.win(e, id+1)
+		if l.capped(e, nw) {
+			e.mu.Unlock()
+			continue
+		}
 		_, predicted := l.estimate(e, w, now.Sub(time.Unix(0, id*int64(e.window))))
 		predicted = min(predicted, e.limit)
 		var m *sluicev1.LeaseMessage
-		if want := predicted - nw.h.Slice(); want > 0 {
+		if want := predicted - nw.h.Slice(); want > 0 && !l.known(e, nw, predicted) {
 			nw.asked, nw.askedAt, nw.askedFor = time.Now(), nw.h.Slice(), nw.h.Slice()+want
 			m = l.message(e, sluicev1.LeaseKind_LEASE_KIND_REQUEST, id+1)
 			m.Want, m.Slice = want, nw.h.Slice()
@@ -798,6 +866,107 @@ func (l *leases) ahead(now time.Time) {
 			l.toAllocator(sk, m)
 		}
 	}
+}
+
+// giverSet is the entries of one window length whose last Stand said
+// other regions want more than they stand at (hintWanted), and the last
+// window id late gave back in.
+type giverSet struct {
+	m    map[*holderEntry]struct{}
+	done int64
+}
+
+// giving adds e to the givers of its window length, or takes it out.
+func (l *leases) giving(e *holderEntry, on bool) {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	g := l.givers[e.window]
+	if g == nil {
+		if !on {
+			return
+		}
+		g = &giverSet{m: map[*holderEntry]struct{}{}}
+		l.givers[e.window] = g
+	}
+	if on {
+		g.m[e] = struct{}{}
+	} else {
+		delete(g.m, e)
+	}
+}
+
+// late gives back, once a window, for each key whose last Stand said
+// other regions want more than they stand at (the givers), what this
+// region will not use of its current window's slice: at the moment the
+// key's allocator would reclaim it (reclaimAhead before the window
+// ends), it keeps what it admitted and the whole hits its rate would
+// admit in what is left of the window, and sends the rest to the
+// allocator unasked (LEASE_KIND_GIVE_BACK), which offers it to the
+// regions that want more (onGiveBack). A window without a check here
+// gives back its whole standing slice. One message a window where a
+// Lower, its Ack and the request that set it off were three. now is the
+// store's clock.
+func (l *leases) late(now time.Time) {
+	rtt := time.Duration(l.rtt.Load())
+	var todo []*holderEntry
+	l.wmu.Lock()
+	for w, g := range l.givers {
+		id := windowID(now, w)
+		end := time.Unix(0, (id+1)*int64(w))
+		if g.done >= id || end.Sub(now) > reclaimAhead(rtt, w) {
+			continue
+		}
+		g.done = id
+		for e := range g.m {
+			todo = append(todo, e)
+		}
+	}
+	l.wmu.Unlock()
+	for _, e := range todo {
+		if m := l.giveBack(e, now); m != nil {
+			l.st.giveBacks.Add(1)
+			l.toAllocator(ring.Key(nil, e.name, e.key), m)
+		}
+	}
+}
+
+// giveBack returns e's give-back of its current window (nil when there is
+// nothing to give, or its hint no longer asks for one).
+func (l *leases) giveBack(e *holderEntry, now time.Time) *sluicev1.LeaseMessage {
+	sk := ring.Key(nil, e.name, e.key)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	id := windowID(now, e.window)
+	if id > e.hintThrough {
+		l.giving(e, false) // the stands ran out
+		return nil
+	}
+	if e.hintWanted <= 0 || e.hintDemand < 0 || !l.mine(sk) {
+		return nil
+	}
+	w := l.win(e, id)
+	if w.unsure || w.h.Slice() <= 0 {
+		return nil
+	}
+	dc, err := l.s.store.ApplyBytes(sk, window.Check{Algorithm: window.FixedWindow, Limit: e.limit, Window: e.window}, now)
+	if err != nil {
+		return nil
+	}
+	start := time.Unix(0, id*int64(e.window))
+	consumed := max(e.limit-dc.Remaining, 0)
+	w.consumed = consumed
+	var rate float64
+	if w.demand > 0 || e.wins[id-1] != nil {
+		rate, _ = l.estimate(e, w, now.Sub(start))
+	}
+	left := max(start.Add(e.window).Sub(now), 0)
+	k, ok := w.h.GiveBack(consumed+int64(rate*float64(left)), consumed)
+	if !ok {
+		return nil
+	}
+	m := l.message(e, sluicev1.LeaseKind_LEASE_KIND_GIVE_BACK, id)
+	m.Allocator, m.Seq, m.Slice, m.Consumed = k.Alloc, k.Seq, k.Slice, k.Consumed
+	return m
 }
 
 // resend sends again the allocators' lowers and reports not acknowledged
@@ -892,25 +1061,48 @@ func (l *leases) planStands(now, storeNow time.Time, lead time.Duration, emit fu
 			// standStep; one lower than that is made too when some
 			// region's share rose by standStep (with five regions of a
 			// hit each, a region wanting the limit gets their hits).
-			raise := false
+			// The stands move to the targets together when, in all, they
+			// raise regions by standStep or more (one region's, or a hit
+			// each of several: two light regions a hit below their share
+			// ask every window otherwise).
+			var raised int64
 			for r, t := range target {
-				raise = raise || t-se.st.At(r, from) >= standStep(se.limit)
+				// (Only up to the whole hits of its demand: a share a hit
+				// above it, from rounding, moves with the noise.)
+				raised += max(min(t, int64(se.demand[r]))-se.st.At(r, from), 0)
 			}
+			raise := raised >= standStep(se.limit)
+			se.planWanted(target, from)
 			for _, r := range l.s.regions.Regions() {
 				if se.st.Busy(r.Name) {
 					continue
 				}
 				now1 := se.st.At(r.Name, from)
 				next := now1
-				if t, ok := target[r.Name]; ok && (abs64(t-now1) >= standStep(se.limit) || (raise && t < now1)) {
+				if t, ok := target[r.Name]; ok && (abs64(t-now1) >= standStep(se.limit) || (raise && t != now1) || (t > now1 && se.hintFor(r.Name, now1).capped)) {
+					// (A capped region is raised to its share by a hit too:
+					// it does not ask, so a hit the stands leave in the pool
+					// would be left there.)
 					next = t
 				}
 				last, _ := se.st.Through(r.Name)
-				renew := next != bases[r.Name] && last-cur < reach/2
-				if next == now1 && !renew {
+				h := se.hintFor(r.Name, next)
+				// A standing slice other than the base, or one whose hint
+				// makes its region quiet (capped) or give back (wanting),
+				// is renewed; one whose hint changed is sent at once.
+				renew := (next != bases[r.Name] || h.capped || h.wanting) && last-cur < reach/2
+				if next == now1 && !renew && !se.hintChanged(r.Name, h) {
 					continue
 				}
-				if st, ok := se.st.Set(r.Name, from, through, next); ok {
+				st, ok := se.st.Set(r.Name, from, through, next)
+				if !ok && last >= from {
+					// Reaching further would raise windows the others'
+					// standing slices do not reach yet (they start at
+					// their bases there): move it over its present reach,
+					// and renew it once theirs were.
+					st, ok = se.st.Set(r.Name, from, last, next)
+				}
+				if ok {
 					l.st.stands.Add(1)
 					se.sent = now
 					emit(r.Name, []byte(sk), se.standMessage(st))
@@ -947,10 +1139,77 @@ func (se *standEntry) firstPlannable(cur int64) int64 {
 	return max(cur+1, se.st.Floor(), se.st.LastMade()+1)
 }
 
+// standMessage returns st as a message, with its hint (see hintFor),
+// noting the hint as said to its region.
 func (se *standEntry) standMessage(st lease.Stand) *sluicev1.LeaseMessage {
+	h := se.hintFor(st.Region, st.Slice)
+	if se.said == nil {
+		se.said = map[string]hint{}
+	}
+	se.said[st.Region] = h
 	return &sluicev1.LeaseMessage{Kind: sluicev1.LeaseKind_LEASE_KIND_STAND, Name: se.name, Key: se.key, WindowId: st.From,
 		Through: st.Through, WindowMs: se.window.Milliseconds(), Limit: se.limit, Region: st.Region, Allocator: st.Alloc,
-		Seq: st.Seq, Slice: st.Slice}
+		Seq: st.Seq, Slice: st.Slice, DemandMilli: se.demandMilli(st.Region), Wanted: se.wanted[st.Region]}
+}
+
+// demandMilli is region reg's demand per window the stands are planned
+// from, in thousandths of a hit (-1: none learnt yet).
+func (se *standEntry) demandMilli(reg string) int64 {
+	if se.demand == nil {
+		return -1
+	}
+	return int64(math.Round(se.demand[reg] * 1000))
+}
+
+// planWanted notes, for each region, the hits the other regions want
+// beyond what they will stand at (their fair share, target, or what
+// they stand at from window from when they have none), by the demand
+// the stands are planned from.
+func (se *standEntry) planWanted(target map[string]int64, from int64) {
+	se.wanted = map[string]int64{}
+	if se.demand == nil {
+		return
+	}
+	hungry := map[string]int64{}
+	var all int64
+	for r, d := range se.demand {
+		t, ok := target[r]
+		if !ok {
+			t = se.st.At(r, from)
+		}
+		if n := int64(math.Round(d)) - t; n > 0 && se.hintFor(r, t).capped {
+			hungry[r] = n
+			all += n
+		}
+	}
+	for r := range se.demand {
+		se.wanted[r] = all - hungry[r]
+	}
+}
+
+// hintFor returns what a Stand setting region reg at slice says: the
+// demand the allocator planned it from (-1 before it learnt any),
+// whether slice is below it, and whether other regions want more than
+// they stand at.
+func (se *standEntry) hintFor(reg string, slice int64) hint {
+	if se.demand == nil {
+		return hint{demand: -1}
+	}
+	d := int64(math.Round(se.demand[reg]))
+	capped := slice < se.limit && (slice+standStep(se.limit) <= d || d >= se.limit)
+	return hint{demand: d, capped: capped, wanting: se.wanted[reg] > 0}
+}
+
+// hintChanged reports whether h differs from what the region was last
+// told enough to change what it does: it becomes capped or not, wanting
+// or not, or its demand moved by standStep (it asks above the demand it
+// was told by that much).
+func (se *standEntry) hintChanged(reg string, h hint) bool {
+	if h.demand < 0 {
+		return false
+	}
+	old, ok := se.said[reg]
+	return !ok || old.capped != h.capped || old.wanting != h.wanting || abs64(min(old.demand, se.limit)-min(h.demand, se.limit)) >= standStep(se.limit)
 }
 
 // feedStands adds what the ended window id of ae showed of each region's
@@ -967,14 +1226,31 @@ func (l *leases) feedStands(sk string, id int64, ae *allocEntry) {
 		se.demand = map[string]float64{}
 	}
 	for r, n := range d {
-		x := float64(n)
-		if first {
-			se.demand[r] = x
-		} else {
-			se.demand[r] += standAlpha * (x - se.demand[r])
+		switch {
+		case ae.a.Heard(r):
+			se.fold(r, float64(n))
+		case first:
+			// Not heard from in the key's first window: what it holds (it
+			// may have spent it without a word; an idle region says so in
+			// its StandAcks, and gives back meanwhile). After that, a
+			// region not heard from in a window says nothing of its demand
+			// (it spent its standing slice, or is quiet because capped).
+			se.fold(r, float64(n))
 		}
 	}
 	se.fed = id
+}
+
+// fold adds a sample x (hits per window) to region r's moving average of
+// demand: the mean of the samples while there are few, then standAlpha's
+// weight.
+func (se *standEntry) fold(r string, x float64) {
+	if se.samples == nil {
+		se.samples = map[string]int{}
+	}
+	n := se.samples[r]
+	se.samples[r] = n + 1
+	se.demand[r] += max(standAlpha, 1/float64(n+1)) * (x - se.demand[r])
 }
 
 // standAlpha is the weight of the window that ended in a key's moving
@@ -998,6 +1274,17 @@ func (l *leases) sweep(now time.Time) {
 		for k, e := range sh.m {
 			e.mu.Lock()
 			id := windowID(now, e.window)
+			// The region's demand average: the windows that ended since
+			// the last sweep, 0 for those without a check here.
+			for wid := max(e.avgFed+1, id-8); wid < id && e.window > 0; wid++ {
+				var d int64
+				if hw := e.wins[wid]; hw != nil {
+					d = hw.demand
+				}
+				e.avgDemand += max(standAlpha, 1/float64(e.avgN+1)) * (float64(d) - e.avgDemand)
+				e.avgFed = wid
+				e.avgN++
+			}
 			for wid := range e.wins {
 				// A bucket's holder is forgotten only when idle and back at
 				// its base: one that was lowered must stay lowered (made
@@ -1020,6 +1307,7 @@ func (l *leases) sweep(now time.Time) {
 				l.hmu.Lock()
 				delete(l.hot, e)
 				l.hmu.Unlock()
+				l.giving(e, false)
 			}
 			e.mu.Unlock()
 		}
@@ -1230,6 +1518,8 @@ func (l *leases) handle(msgs []*sluicev1.LeaseMessage) []*sluicev1.LeaseMessage 
 			}
 		case sluicev1.LeaseKind_LEASE_KIND_STAND_ACK:
 			l.onStandAck(sk, m)
+		case sluicev1.LeaseKind_LEASE_KIND_GIVE_BACK:
+			l.onGiveBack(sk, m)
 		}
 	}
 	return replies
@@ -1469,6 +1759,67 @@ func (l *leases) onAck(sk []byte, m *sluicev1.LeaseMessage) {
 	}
 }
 
+// onGiveBack applies a region's give-back (see late): what it frees goes
+// to the regions waiting, then to the regions its key's standing slices
+// say want more than they hold (hunger), by fair share. A give-back that
+// makes the window's allocator, in learning mode, sends its reports.
+func (l *leases) onGiveBack(sk []byte, m *sluicev1.LeaseMessage) {
+	if m.WindowId == bucketLease {
+		return
+	}
+	ae := l.alloc(sk, m, true)
+	if ae == nil {
+		return
+	}
+	l.amu.Lock()
+	ae.setLeft(l.s.store.Now())
+	var gs []lease.Grant
+	var ls []lease.Lower
+	if ae.a.Learning() {
+		if ae.sent.IsZero() {
+			ae.sent = time.Now()
+			ls = ae.a.Pending()
+		}
+	} else {
+		before := ae.a.Record(m.Region)
+		var ok bool
+		gs, ok = ae.a.OnGiveBack(lease.Ack{Region: m.Region, Window: m.WindowId, Alloc: m.Allocator, Seq: m.Seq, Slice: m.Slice, Consumed: m.Consumed})
+		if ok {
+			l.st.givenBack.Add(before - ae.a.Record(m.Region))
+			gs = append(gs, ae.a.Offer(l.hunger(sk, ae, m.Region))...)
+		}
+	}
+	msgs := make([]*sluicev1.LeaseMessage, 0, len(gs)+len(ls))
+	for _, g := range gs {
+		l.st.grants.Add(1)
+		msgs = append(msgs, ae.grantMessage(g))
+	}
+	for _, lw := range ls {
+		msgs = append(msgs, ae.lowerMessage(lw))
+	}
+	l.amu.Unlock()
+	for _, o := range msgs {
+		l.toHolder(o.Region, sk, o)
+	}
+}
+
+// hunger returns the hits each region but except wants beyond what ae
+// records it holds, by the demand the key's standing slices were planned
+// from (none when there are none). Requires l.amu.
+func (l *leases) hunger(sk []byte, ae *allocEntry, except string) map[string]int64 {
+	se := l.stands[string(sk)]
+	if se == nil || se.limit != ae.limit || se.window != ae.window {
+		return nil
+	}
+	out := map[string]int64{}
+	for r, d := range se.demand {
+		if n := int64(math.Round(d)) - ae.a.Record(r); r != except && n > 0 {
+			out[r] = n
+		}
+	}
+	return out
+}
+
 // mine reports whether this node owns the key of sk in its region.
 func (l *leases) mine(sk []byte) bool { return l.s.view.Load().ring.Owner(sk) == l.s.name }
 
@@ -1594,8 +1945,25 @@ func (l *leases) onStand(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMes
 		// then starts at its standing slice, not at 0.
 		e.sureFrom = from
 	}
+	e.hintDemand, e.hintWanted, e.hintThrough = -1, max(m.Wanted, 0), m.Through
+	if d := m.DemandMilli; d >= 0 {
+		e.hintDemand = min((d+500)/1000, e.limit) // beyond the limit, wanting more changes nothing
+	}
+	l.giving(e, e.hintWanted > 0 && e.hintDemand >= 0)
 	return &sluicev1.LeaseMessage{Kind: sluicev1.LeaseKind_LEASE_KIND_STAND_ACK, Name: m.Name, Key: m.Key, WindowId: k.Made,
-		WindowMs: m.WindowMs, Limit: m.Limit, Region: m.Region, Allocator: k.Alloc, Seq: k.Seq}
+		WindowMs: m.WindowMs, Limit: m.Limit, Region: m.Region, Allocator: k.Alloc, Seq: k.Seq,
+		DemandMilli: e.demandSaid()}
+}
+
+// demandSaid is the region's demand per window as a StandAck says it,
+// in thousandths of a hit: its moving average, once three windows were
+// folded in (the first, in which the entry was made, is partial); -1
+// before. Requires e.mu.
+func (e *holderEntry) demandSaid() int64 {
+	if e.avgN < 3 {
+		return -1
+	}
+	return int64(math.Round(e.avgDemand * 1000))
 }
 
 // onStandAck applies a region's acknowledgement of a standing slice.
@@ -1606,7 +1974,15 @@ func (l *leases) onStandAck(sk []byte, m *sluicev1.LeaseMessage) {
 	if se == nil || se.limit != m.Limit || se.window != time.Duration(m.WindowMs)*time.Millisecond || !l.stillStands(string(sk), se) {
 		return
 	}
-	se.st.OnAck(lease.StandAck{Region: m.Region, Alloc: m.Allocator, Seq: m.Seq, Made: m.WindowId})
+	ok := se.st.OnAck(lease.StandAck{Region: m.Region, Alloc: m.Allocator, Seq: m.Seq, Made: m.WindowId})
+	if ok && se.demand != nil &&
+		m.DemandMilli >= 0 && m.DemandMilli <= 1000*window.MaxLimit {
+		// The region's own average of its demand, which counts every
+		// check it had (what the windows' messages say is a guess from
+		// the moment they went): it replaces the allocator's.
+		se.demand[m.Region] = float64(m.DemandMilli) / 1000
+		se.samples[m.Region] = max(se.samples[m.Region], 4)
+	}
 }
 
 // Lease implements PeerService.Lease: it applies a peer's lease messages

@@ -432,3 +432,84 @@ func TestLeaseDemandEstimate(t *testing.T) {
 		}
 	}
 }
+
+// A key wanted beyond the limit in every region: once a window of it
+// ended, the allocator sets each region's standing slice at its fair
+// share and says (the Stand's hint) that its demand is above it, and
+// from then on the regions admit the limit in all with no lease request
+// at all: asking would get nothing (the pool is empty, every region
+// spends what it stands at). Without the hint each region asked in each
+// window, for it and for the next one.
+func TestContendedKeyGoesQuiet(t *testing.T) {
+	clock := windowClock()
+	byRegion := startLeaseRegions(t, clock)
+	const limit = 30
+	rc := &sluicev1.RateLimitCheck{Name: "api", Key: "contended", Limit: limit, WindowMs: 60_000}
+	flood := func() map[string]int {
+		got := map[string]int{}
+		deadline := time.Now().Add(1500 * time.Millisecond)
+		for time.Now().Before(deadline) {
+			for _, r := range []string{"a", "b", "c"} {
+				if d := check(t, byRegion[r][0].client, rc); d.Allowed {
+					got[r]++
+				}
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		return got
+	}
+	sum := func(m map[string]int) int { return m["a"] + m["b"] + m["c"] }
+	if got := flood(); sum(got) != limit {
+		t.Fatalf("first window: the regions admitted %v, want %d in all", got, limit)
+	}
+	clock.Advance(2 * time.Minute)
+	for _, r := range []string{"a", "b", "c"} {
+		byRegion[r][0].srv.leases.sweep(clock.Now())
+	}
+	// The allocator plans (every 200 ms): every region capped at a third.
+	var alloc *inprocNode
+	deadline := time.Now().Add(10 * time.Second)
+	for alloc == nil && time.Now().Before(deadline) {
+		for _, r := range []string{"a", "b", "c"} {
+			n := byRegion[r][0]
+			l := n.srv.leases
+			l.amu.Lock()
+			for _, se := range l.stands {
+				done := len(se.st.Pending()) == 0
+				for _, reg := range []string{"a", "b", "c"} {
+					_, slice := se.st.Through(reg)
+					done = done && se.said[reg].capped && slice >= limit/3-1 && slice <= limit/3+1
+				}
+				if done {
+					alloc = n
+				}
+			}
+			l.amu.Unlock()
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if alloc == nil {
+		t.Fatal("no allocator set the regions' standing slices at a third, capped")
+	}
+	clock.Advance(2 * time.Minute) // a window the stands cover
+	requests := func() (n int64) {
+		for _, r := range []string{"a", "b", "c"} {
+			n += byRegion[r][0].srv.Stats().LeaseRequests
+		}
+		return n
+	}
+	before := requests()
+	got := flood()
+	if sum(got) != limit {
+		t.Errorf("the regions admitted %v, want %d in all", got, limit)
+	}
+	for r, n := range got {
+		if n < limit/3-1 || n > limit/3+1 {
+			t.Errorf("%s admitted %d, want its standing slice, about %d (%v)", r, n, limit/3, got)
+		}
+	}
+	if n := requests() - before; n != 0 {
+		t.Errorf("the regions sent %d lease requests in a window their standing slices covered, want none", n)
+	}
+	t.Logf("admitted %v; %d stands set", got, alloc.srv.Stats().LeaseStands)
+}

@@ -354,15 +354,18 @@ type Stats struct {
 	// LeaseLowers its allocators sent and LeaseAcks they received, and
 	// LeaseGivenBack the hits those acks returned to the pools;
 	// LeaseStands the standing slices its allocators set (each a Stand
-	// message to a region, acknowledged);
+	// message to a region, acknowledged); LeaseGiveBacks the give-backs
+	// this node sent unasked for its region (what it would not use of a
+	// window's slice, where others wanted more; their hits count in
+	// LeaseGivenBack at the allocator);
 	// SliceExhausted the leased checks denied here because the region's
 	// slice was spent; LeaseMessages and LeaseCalls the messages and
 	// Lease calls this node sent to other nodes (LeaseReplies the replies
 	// it answered other nodes' calls with), LeaseCallErrors the
 	// calls that failed (their messages are lost: sent again or asked
 	// again, never applied twice).
-	LeaseRequests, LeaseGrants, LeaseGrantedHits, LeaseLowers, LeaseAcks, LeaseGivenBack, LeaseStands, SliceExhausted int64
-	LeaseMessages, LeaseReplies, LeaseCalls, LeaseCallErrors                                                          int64
+	LeaseRequests, LeaseGrants, LeaseGrantedHits, LeaseLowers, LeaseAcks, LeaseGivenBack, LeaseStands, LeaseGiveBacks, SliceExhausted int64
+	LeaseMessages, LeaseReplies, LeaseCalls, LeaseCallErrors                                                                          int64
 	// LeasePools are the lease figures by limit name (a configured
 	// limit's name, InlineName for the rest): see PoolStats. Nil without
 	// leases.
@@ -410,7 +413,7 @@ func (s *Server) Stats() Stats {
 	if l := s.leases; l != nil {
 		st.LeaseRequests, st.LeaseGrants, st.LeaseGrantedHits = l.st.requests.Load(), l.st.grants.Load(), l.st.grantedHits.Load()
 		st.LeaseLowers, st.LeaseAcks, st.LeaseGivenBack = l.st.lowers.Load(), l.st.acks.Load(), l.st.givenBack.Load()
-		st.SliceExhausted, st.LeaseStands = l.st.exhausted.Load(), l.st.stands.Load()
+		st.SliceExhausted, st.LeaseStands, st.LeaseGiveBacks = l.st.exhausted.Load(), l.st.stands.Load(), l.st.giveBacks.Load()
 		st.LeaseMessages, st.LeaseCalls, st.LeaseCallErrors = l.st.sent.Load(), l.st.calls.Load(), l.st.callErrors.Load()
 		st.LeaseReplies = l.st.replied.Load()
 		st.LeasePools = l.poolStats()

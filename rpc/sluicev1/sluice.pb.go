@@ -1704,10 +1704,11 @@ type LeaseMessage struct {
 	// again.
 	Unsure bool `protobuf:"varint,15,opt,name=unsure,proto3" json:"unsure,omitempty"`
 	// Stand: the region's demand per window the allocator planned from
-	// (hits, rounded; -1: not known for every region, so the holder asks
-	// as without a stand). StandAck: the region's demand per window here,
-	// a moving average of the windows that ended (hits, rounded).
-	Demand int64 `protobuf:"varint,16,opt,name=demand,proto3" json:"demand,omitempty"`
+	// (thousandths of a hit; -1: not known yet, so the holder asks as
+	// without a stand). StandAck: the region's demand per window here, a
+	// moving average of the windows that ended (thousandths of a hit; -1:
+	// fewer than three windows seen).
+	DemandMilli int64 `protobuf:"varint,16,opt,name=demand_milli,json=demandMilli,proto3" json:"demand_milli,omitempty"`
 	// Stand: the hits the other regions want beyond their standing slices
 	// (0: none; a region gives back what it will not use only when this is
 	// above 0).
@@ -1851,9 +1852,9 @@ func (x *LeaseMessage) GetUnsure() bool {
 	return false
 }
 
-func (x *LeaseMessage) GetDemand() int64 {
+func (x *LeaseMessage) GetDemandMilli() int64 {
 	if x != nil {
-		return x.Demand
+		return x.DemandMilli
 	}
 	return 0
 }
@@ -2073,7 +2074,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12+\n" +
 	"\x06states\x18\x02 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\x12'\n" +
 	"\x0fsender_instance\x18\x03 \x01(\tR\x0esenderInstance\"\x13\n" +
-	"\x11ReplicateResponse\"\xb6\x03\n" +
+	"\x11ReplicateResponse\"\xc1\x03\n" +
 	"\fLeaseMessage\x12(\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x14.sluice.v1.LeaseKindR\x04kind\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
@@ -2090,8 +2091,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x04want\x18\f \x01(\x03R\x04want\x12\x1a\n" +
 	"\bconsumed\x18\r \x01(\x03R\bconsumed\x12\x18\n" +
 	"\athrough\x18\x0e \x01(\x03R\athrough\x12\x16\n" +
-	"\x06unsure\x18\x0f \x01(\bR\x06unsure\x12\x16\n" +
-	"\x06demand\x18\x10 \x01(\x03R\x06demand\x12\x16\n" +
+	"\x06unsure\x18\x0f \x01(\bR\x06unsure\x12!\n" +
+	"\fdemand_milli\x18\x10 \x01(\x03R\vdemandMilli\x12\x16\n" +
 	"\x06wanted\x18\x11 \x01(\x03R\x06wanted\"[\n" +
 	"\fLeaseRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x123\n" +

@@ -1198,8 +1198,8 @@ func (m *LeaseMessage) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i--
 		dAtA[i] = 0x88
 	}
-	if m.Demand != 0 {
-		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.Demand))
+	if m.DemandMilli != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.DemandMilli))
 		i--
 		dAtA[i] = 0x1
 		i--
@@ -1901,8 +1901,8 @@ func (m *LeaseMessage) SizeVT() (n int) {
 	if m.Unsure {
 		n += 2
 	}
-	if m.Demand != 0 {
-		n += 2 + protohelpers.SizeOfVarint(uint64(m.Demand))
+	if m.DemandMilli != 0 {
+		n += 2 + protohelpers.SizeOfVarint(uint64(m.DemandMilli))
 	}
 	if m.Wanted != 0 {
 		n += 2 + protohelpers.SizeOfVarint(uint64(m.Wanted))
@@ -5152,9 +5152,9 @@ func (m *LeaseMessage) UnmarshalVT(dAtA []byte) error {
 			m.Unsure = bool(v != 0)
 		case 16:
 			if wireType != 0 {
-				return fmt.Errorf("proto: wrong wireType = %d for field Demand", wireType)
+				return fmt.Errorf("proto: wrong wireType = %d for field DemandMilli", wireType)
 			}
-			m.Demand = 0
+			m.DemandMilli = 0
 			for shift := uint(0); ; shift += 7 {
 				if shift >= 64 {
 					return protohelpers.ErrIntOverflow
@@ -5164,7 +5164,7 @@ func (m *LeaseMessage) UnmarshalVT(dAtA []byte) error {
 				}
 				b := dAtA[iNdEx]
 				iNdEx++
-				m.Demand |= int64(b&0x7F) << shift
+				m.DemandMilli |= int64(b&0x7F) << shift
 				if b < 0x80 {
 					break
 				}

@@ -108,8 +108,8 @@ func runLeasesWarm(t *testing.T, s *scenario.Scenario, nodes int, jitter time.Du
 	for reg, ns := range l.nodes {
 		for _, n := range ns {
 			st := n.Server().Stats()
-			t.Logf("%s %s: lease requests %d grants %d (%d hits) lowers %d acks %d stands %d given back %d exhausted %d msgs %d replies %d calls %d errs %d",
-				reg, n.Name(), st.LeaseRequests, st.LeaseGrants, st.LeaseGrantedHits, st.LeaseLowers, st.LeaseAcks, st.LeaseStands, st.LeaseGivenBack,
+			t.Logf("%s %s: lease requests %d grants %d (%d hits) lowers %d acks %d stands %d give-backs %d given back %d exhausted %d msgs %d replies %d calls %d errs %d",
+				reg, n.Name(), st.LeaseRequests, st.LeaseGrants, st.LeaseGrantedHits, st.LeaseLowers, st.LeaseAcks, st.LeaseStands, st.LeaseGiveBacks, st.LeaseGivenBack,
 				st.SliceExhausted, st.LeaseMessages, st.LeaseReplies, st.LeaseCalls, st.LeaseCallErrors)
 		}
 	}
