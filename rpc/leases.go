@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"os"
 	"maps"
 	"math"
 	"math/rand/v2"
@@ -42,6 +43,8 @@ import (
 // the allocator of the next window starts from the last window's demand
 // and lowers the regions that will not use what they start with. Messages are
 // batched per destination node every leaseFlush, one Lease call each.
+
+var dbgLeases = os.Getenv("SLUICE_DEBUG_LEASES") != ""
 
 // DefaultLeaseBase is the fraction of a global limit the regions own as
 // bases (split by weight) when ServerConfig.LeaseBase is 0: what a region
@@ -580,15 +583,17 @@ func (e *holderEntry) hinted(w *holderWin) bool {
 }
 
 // known reports whether the key's allocator knows the demand predicted
-// for w's window here well enough that asking for more would get
-// nothing: other regions are capped (the last Stand's hint: they want
-// more than they stand at), so the pool is empty and what frees goes to
-// them and to the regions wanting more than the allocator knew; and the
-// prediction is not standStep above the demand the allocator planned
-// from (more than that, the region asks: its demand rose). Requires
-// e.mu.
+// for w's window here well enough that asking for more is not worth its
+// messages: other regions are capped (the last Stand's hint: they want
+// more than they stand at), so the pool is empty, what the regions give
+// back goes to them, and a grant could only take a hit from another
+// region that would have spent it (the regions admit the limit in all
+// either way); and the prediction is less than twice the demand the
+// allocator planned from and standStep (more, and the region asks: its
+// demand rose, not just a window's noise; what it says in its StandAcks
+// moves its standing slice meanwhile). Requires e.mu.
 func (l *leases) known(e *holderEntry, w *holderWin, predicted int64) bool {
-	return e.hinted(w) && e.hintWanted > 0 && predicted < e.hintDemand+standStep(e.limit)
+	return e.hinted(w) && e.hintWanted > 0 && predicted < 2*e.hintDemand+standStep(e.limit)
 }
 
 // estimate returns the key's demand rate here (hits per ns) and the
@@ -922,6 +927,9 @@ func (l *leases) late(now time.Time) {
 		}
 	}
 	l.wmu.Unlock()
+	if dbgLeases && len(todo) > 0 {
+		println("DBG late", l.s.region, len(todo), windowID(now, time.Second)%100)
+	}
 	for _, e := range todo {
 		if m := l.giveBack(e, now); m != nil {
 			l.st.giveBacks.Add(1)
@@ -961,6 +969,9 @@ func (l *leases) giveBack(e *holderEntry, now time.Time) *sluicev1.LeaseMessage 
 	}
 	left := max(start.Add(e.window).Sub(now), 0)
 	k, ok := w.h.GiveBack(consumed+int64(rate*float64(left)), consumed)
+	if dbgLeases {
+		println("DBG giveback", l.s.region, e.key, id%100, "slice", w.h.Slice(), "consumed", consumed, "keep", consumed+int64(rate*float64(left)), "ok", ok, "left", left.Milliseconds())
+	}
 	if !ok {
 		return nil
 	}
@@ -1095,12 +1106,15 @@ func (l *leases) planStands(now, storeNow time.Time, lead time.Duration, emit fu
 					continue
 				}
 				st, ok := se.st.Set(r.Name, from, through, next)
-				if !ok && last >= from {
+				if !ok && last >= from && !renew {
 					// Reaching further would raise windows the others'
 					// standing slices do not reach yet (they start at
 					// their bases there): move it over its present reach,
 					// and renew it once theirs were.
 					st, ok = se.st.Set(r.Name, from, last, next)
+				}
+				if ok && dbgLeases {
+					println("DBG stand", se.key, cur%100, r.Name, now1, "->", next, "renew", renew, "changed", se.hintChanged(r.Name, h), "said", se.said[r.Name].demand, se.said[r.Name].capped, se.said[r.Name].wanting, "h", h.demand, h.capped, h.wanting)
 				}
 				if ok {
 					l.st.stands.Add(1)
@@ -1227,14 +1241,16 @@ func (l *leases) feedStands(sk string, id int64, ae *allocEntry) {
 	}
 	for r, n := range d {
 		switch {
-		case ae.a.Heard(r):
+		case ae.a.Asked(r):
 			se.fold(r, float64(n))
 		case first:
-			// Not heard from in the key's first window: what it holds (it
-			// may have spent it without a word; an idle region says so in
-			// its StandAcks, and gives back meanwhile). After that, a
-			// region not heard from in a window says nothing of its demand
-			// (it spent its standing slice, or is quiet because capped).
+			// Not asking in the key's first window: what it holds, or what
+			// it reported (it may have spent it without a word; an idle
+			// region says so in its StandAcks, and gives back meanwhile).
+			// After that, a region that did not ask in a window says
+			// nothing reliable of its demand (it spent its standing slice,
+			// or is quiet because capped, or gave back what it guessed it
+			// would not use): its StandAcks say it.
 			se.fold(r, float64(n))
 		}
 	}
@@ -1293,6 +1309,9 @@ func (l *leases) sweep(now time.Time) {
 				if wid != bucketLease && wid < id-1 {
 					hw := e.wins[wid]
 					p := l.pool(e.name)
+					if dbgLeases {
+						println("DBG win", l.s.region, e.key, wid%100, "start", hw.h.Base(), "slice", hw.h.Slice(), "consumed", hw.consumed, "demand", hw.demand, "hintD", e.hintDemand, "W", e.hintWanted, "unsure", hw.unsure)
+					}
 					p.slice.Add(hw.h.Slice())
 					p.used.Add(min(hw.consumed, hw.h.Slice()))
 				}
@@ -1633,7 +1652,14 @@ func (l *leases) alloc(sk []byte, m *sluicev1.LeaseMessage, create bool) *allocE
 			}
 		}
 		if prev := l.allocs[allocKey{string(sk), m.WindowId - 1}]; prev != nil && prev.limit == m.Limit && !prev.a.Learning() {
-			demand = prev.a.Demands()
+			// The last window's, for the regions heard from in it (or all,
+			// with no stands): a region quiet in it (capped, spending what
+			// it stands at) keeps the demand the stands learnt.
+			for r, d := range prev.a.Demands() {
+				if _, ok := demand[r]; !ok || prev.a.Heard(r) {
+					demand[r] = d
+				}
+			}
 		}
 	}
 	a, err := lease.NewAllocator(l.inc|(l.ids.Add(1)&0xffffffff), m.WindowId, m.Limit, starts, demand, learning)
@@ -1803,9 +1829,9 @@ func (l *leases) onGiveBack(sk []byte, m *sluicev1.LeaseMessage) {
 	}
 }
 
-// hunger returns the hits each region but except wants beyond what ae
-// records it holds, by the demand the key's standing slices were planned
-// from (none when there are none). Requires l.amu.
+// hunger returns the hits each capped region but except wants beyond
+// what ae records it holds, by the demand the key's standing slices were
+// planned from (none when there are none). Requires l.amu.
 func (l *leases) hunger(sk []byte, ae *allocEntry, except string) map[string]int64 {
 	se := l.stands[string(sk)]
 	if se == nil || se.limit != ae.limit || se.window != ae.window {
@@ -1813,7 +1839,9 @@ func (l *leases) hunger(sk []byte, ae *allocEntry, except string) map[string]int
 	}
 	out := map[string]int64{}
 	for r, d := range se.demand {
-		if n := int64(math.Round(d)) - ae.a.Record(r); r != except && n > 0 {
+		// Only the capped: a region quiet for want of more, sure to spend
+		// it (one that asks is granted by the waiting it asked for).
+		if n := int64(math.Round(d)) - ae.a.Record(r); r != except && n > 0 && se.hintFor(r, se.st.At(r, ae.a.Window())).capped {
 			out[r] = n
 		}
 	}

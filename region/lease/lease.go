@@ -205,6 +205,10 @@ func (a *Allocator) Demands() map[string]int64 {
 // region not heard is only what it holds.
 func (a *Allocator) Heard(region string) bool { return a.heard[region] }
 
+// Asked reports whether region asked the allocator for hits in its
+// window (a request, for more or to report its use).
+func (a *Allocator) Asked(region string) bool { return a.askedAt[region] > 0 }
+
 // Free returns the pool's hits granted to nobody.
 func (a *Allocator) Free() int64 { return a.free }
 
