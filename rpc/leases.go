@@ -2,7 +2,6 @@ package rpc
 
 import (
 	"context"
-	"os"
 	"maps"
 	"math"
 	"math/rand/v2"
@@ -43,8 +42,6 @@ import (
 // the allocator of the next window starts from the last window's demand
 // and lowers the regions that will not use what they start with. Messages are
 // batched per destination node every leaseFlush, one Lease call each.
-
-var dbgLeases = os.Getenv("SLUICE_DEBUG_LEASES") != ""
 
 // DefaultLeaseBase is the fraction of a global limit the regions own as
 // bases (split by weight) when ServerConfig.LeaseBase is 0: what a region
@@ -902,9 +899,9 @@ func (l *leases) giving(e *holderEntry, on bool) {
 
 // late gives back, once a window, for each key whose last Stand said
 // other regions want more than they stand at (the givers), what this
-// region will not use of its current window's slice: at the moment the
-// key's allocator would reclaim it (reclaimAhead before the window
-// ends), it keeps what it admitted and the whole hits its rate would
+// region will not use of its current window's slice: a round trip
+// before the key's allocator would reclaim it (giveBackAhead before the
+// window ends), it keeps what it admitted and the whole hits its rate would
 // admit in what is left of the window, and sends the rest to the
 // allocator unasked (LEASE_KIND_GIVE_BACK), which offers it to the
 // regions that want more (onGiveBack). A window without a check here
@@ -918,7 +915,7 @@ func (l *leases) late(now time.Time) {
 	for w, g := range l.givers {
 		id := windowID(now, w)
 		end := time.Unix(0, (id+1)*int64(w))
-		if g.done >= id || end.Sub(now) > reclaimAhead(rtt, w) {
+		if g.done >= id || end.Sub(now) > giveBackAhead(rtt, w) {
 			continue
 		}
 		g.done = id
@@ -927,9 +924,6 @@ func (l *leases) late(now time.Time) {
 		}
 	}
 	l.wmu.Unlock()
-	if dbgLeases && len(todo) > 0 {
-		println("DBG late", l.s.region, len(todo), windowID(now, time.Second)%100)
-	}
 	for _, e := range todo {
 		if m := l.giveBack(e, now); m != nil {
 			l.st.giveBacks.Add(1)
@@ -969,9 +963,6 @@ func (l *leases) giveBack(e *holderEntry, now time.Time) *sluicev1.LeaseMessage 
 	}
 	left := max(start.Add(e.window).Sub(now), 0)
 	k, ok := w.h.GiveBack(consumed+int64(rate*float64(left)), consumed)
-	if dbgLeases {
-		println("DBG giveback", l.s.region, e.key, id%100, "slice", w.h.Slice(), "consumed", consumed, "keep", consumed+int64(rate*float64(left)), "ok", ok, "left", left.Milliseconds())
-	}
 	if !ok {
 		return nil
 	}
@@ -1112,9 +1103,6 @@ func (l *leases) planStands(now, storeNow time.Time, lead time.Duration, emit fu
 					// their bases there): move it over its present reach,
 					// and renew it once theirs were.
 					st, ok = se.st.Set(r.Name, from, last, next)
-				}
-				if ok && dbgLeases {
-					println("DBG stand", se.key, cur%100, r.Name, now1, "->", next, "renew", renew, "changed", se.hintChanged(r.Name, h), "said", se.said[r.Name].demand, se.said[r.Name].capped, se.said[r.Name].wanting, "h", h.demand, h.capped, h.wanting)
 				}
 				if ok {
 					l.st.stands.Add(1)
@@ -1274,6 +1262,13 @@ func (se *standEntry) fold(r string, x float64) {
 // a hit or two a window moved a half-weighted average by a hit a window.
 const standAlpha = 0.3
 
+// giveBackAhead is how long before a window ends its regions give back
+// what they will not use (late): a round trip before the allocator's own
+// reclaim (reclaimAhead), since what they free goes to the capped regions
+// by a grant of the allocator's, a round trip later, and must still be
+// spent.
+func giveBackAhead(rtt, w time.Duration) time.Duration { return reclaimAhead(rtt, w) + rtt }
+
 // reclaimAhead is how long before a window ends its allocator reclaims
 // what regions will not use for the regions that wait (Allocator.Reclaim):
 // three lease round trips (the Lower and its Ack, then the Grant: one and
@@ -1309,9 +1304,6 @@ func (l *leases) sweep(now time.Time) {
 				if wid != bucketLease && wid < id-1 {
 					hw := e.wins[wid]
 					p := l.pool(e.name)
-					if dbgLeases {
-						println("DBG win", l.s.region, e.key, wid%100, "start", hw.h.Base(), "slice", hw.h.Slice(), "consumed", hw.consumed, "demand", hw.demand, "hintD", e.hintDemand, "W", e.hintWanted, "unsure", hw.unsure)
-					}
 					p.slice.Add(hw.h.Slice())
 					p.used.Add(min(hw.consumed, hw.h.Slice()))
 				}

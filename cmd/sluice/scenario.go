@@ -49,6 +49,7 @@ func scenarioCommand(e env) *cli.Command {
 			&cli.BoolFlag{Name: "simulate", Usage: "start the scenario's regions as a cluster in this process (real nodes on 127.0.0.1, the scenario's round-trip times simulated on their gRPC and gossip, its clock offsets and cuts applied) instead of --region's nodes"},
 			&cli.IntFlag{Name: "nodes-per-region", Value: 1, Usage: "with --simulate: nodes per region (1..16)"},
 			&cli.BoolFlag{Name: "no-wan", Usage: "with --simulate: no delay between regions (the baseline a WAN run's latency is compared with)"},
+			&cli.BoolFlag{Name: "settle", Usage: "with --simulate: start the load once the nodes' lease allocators are past their learning horizon (for 1 s windows, 23 s after the start), to measure a running cluster rather than its first seconds"},
 			&cli.FloatFlag{Name: "lease-base", Value: rpc.DefaultLeaseBase, Usage: "with --simulate: the nodes' --lease-base, the part (0 < f <= 1) of a global limit the regions own as bases; 1: fixed slices, no leases"},
 		}, clientAuthFlags(e)...),
 		Action: runScenario,
@@ -86,8 +87,8 @@ func runScenario(ctx context.Context, cmd *cli.Command) error {
 		return usagef("timeout", "must be > 0, got %s", timeout)
 	case simulate && cmd.String("region") != "":
 		return usagef("region", "--simulate starts its own nodes: give no --region")
-	case !simulate && (cmd.IsSet("nodes-per-region") || cmd.Bool("no-wan")):
-		return usagef("nodes-per-region", "--nodes-per-region and --no-wan apply to --simulate only")
+	case !simulate && (cmd.IsSet("nodes-per-region") || cmd.Bool("no-wan") || cmd.Bool("settle")):
+		return usagef("nodes-per-region", "--nodes-per-region, --no-wan and --settle apply to --simulate only")
 	case !simulate && cmd.IsSet("lease-base"):
 		return usagef("lease-base", "applies to --simulate only (a cluster's nodes take it from sluice serve --lease-base)")
 	case !(cmd.Float("lease-base") > 0 && cmd.Float("lease-base") <= 1):
@@ -119,6 +120,15 @@ func runScenario(ctx context.Context, cmd *cli.Command) error {
 		}
 		target = lt
 		fmt.Fprintf(cmd.Root().ErrWriter, "sluice: simulating %s in this process, round trips %s\n", l.Describe(), rttOf(p, cmd.Bool("no-wan")))
+		if cmd.Bool("settle") {
+			d := rpc.LeaseLearningHorizon(p.Limit.Window)
+			fmt.Fprintf(cmd.Root().ErrWriter, "sluice: settling for %s (the lease allocators' learning horizon)\n", d)
+			select {
+			case <-time.After(d):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
 	} else {
 		addrs, err := parseRegionAddrs(cmd.String("region"), p.RegionNames())
 		if err != nil {

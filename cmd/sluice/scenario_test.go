@@ -95,6 +95,7 @@ func TestScenarioCommandRefuses(t *testing.T) {
 		{[]string{"--file", file, "--region", all + ",us-east=nohost"}, "not host:port"},
 		{[]string{"--file", file, "--region", all, "--scope", "planet"}, "--scope"},
 		{[]string{"--file", file, "--region", all, "--concurrency", "0"}, "--concurrency"},
+		{[]string{"--file", file, "--region", all, "--settle"}, "--settle apply to --simulate only"},
 	} {
 		code, _, errOut := sluice(t, append([]string{"scenario"}, tc.args...)...)
 		if code != 2 || !strings.Contains(errOut, tc.want) {
