@@ -169,10 +169,12 @@ type holderEntry struct {
 	sureFrom       int64                // the first window a Stand applied here set (0: none): its start is known from then on
 	nextWindowSent int64                // the window id of the last next-window request
 	// What the key's allocator said with its last Stand (see hinted):
-	// the region's demand per window it planned from (hits; -1: none
-	// said) and the hits the other regions want beyond their standing
-	// slices. And this region's demand per window here, a moving average
-	// (standAlpha) of the windows that ended up to avgFed (0: none yet).
+	// the region's demand per window it planned from (hits, at most the
+	// limit; -1: none said) and the hits the other regions want beyond
+	// their standing slices. And this region's demand per window here, a
+	// moving average (standAlpha; the mean of the first few) of the
+	// windows that ended up to window avgFed (a window without a check
+	// here counts 0; the entry starts at the window before its own).
 	hintDemand, hintWanted int64
 	hintThrough            int64 // the last window id the hint holds for (its Stand's through)
 	avgDemand              float64
@@ -1060,13 +1062,11 @@ func (l *leases) planStands(now, storeNow time.Time, lead time.Duration, emit fu
 			}
 			bases := l.bases(se.limit, se.seed)
 			// A region's stand moves when its fair share moved by
-			// standStep; one lower than that is made too when some
-			// region's share rose by standStep (with five regions of a
-			// hit each, a region wanting the limit gets their hits).
-			// The stands move to the targets together when, in all, they
-			// raise regions by standStep or more (one region's, or a hit
-			// each of several: two light regions a hit below their share
-			// ask every window otherwise).
+			// standStep. All move to their shares, by less too, when in
+			// all they raise regions by standStep or more (one region's
+			// share, or a hit each of several: with five regions of a hit
+			// each, a region wanting the limit gets their hits; two light
+			// regions a hit below their shares would ask every window).
 			var raised int64
 			for r, t := range target {
 				// (Only up to the whole hits of its demand: a share a hit
@@ -1498,8 +1498,22 @@ func (l *leases) validLease(m *sluicev1.LeaseMessage) string {
 		return "name or key length out of range"
 	case m.GetKind() == sluicev1.LeaseKind_LEASE_KIND_STAND && (m.GetThrough()-m.GetWindowId() > 1_000_000 || m.GetWindowId() < 0):
 		return "stand's windows out of range"
+	case m.GetWindowId() < bucketLease && m.GetKind() != sluicev1.LeaseKind_LEASE_KIND_STAND_ACK:
+		return "window_id out of range" // (a StandAck's is the newest window made, math.MinInt64 for none)
+	case m.GetKind() != sluicev1.LeaseKind_LEASE_KIND_STAND && m.GetKind() != sluicev1.LeaseKind_LEASE_KIND_STAND_ACK &&
+		m.GetWindowId() > l.latestWindow(time.Duration(m.GetWindowMs())*time.Millisecond):
+		// Messages go for the current window and the next one: a window
+		// further ahead would make an allocator state no sweep forgets.
+		return "window_id too far ahead"
 	}
 	return ""
+}
+
+// latestWindow is the newest window id of length w (> 0) a window's lease
+// message may name here: two windows and 10 s past this node's current
+// one (the clocks of the regions may differ).
+func (l *leases) latestWindow(w time.Duration) int64 {
+	return windowID(l.s.store.Now(), w) + 2 + int64(10*time.Second/w)
 }
 
 // handle applies lease messages and returns the replies to send back to

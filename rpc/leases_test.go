@@ -353,7 +353,7 @@ func TestLeaseRefusesBadMessages(t *testing.T) {
 	pick := func(vs ...int64) int64 { return vs[rng.IntN(len(vs))] }
 	for range 2000 {
 		m := &sluicev1.LeaseMessage{
-			Kind:      sluicev1.LeaseKind(rng.IntN(6)),
+			Kind:      sluicev1.LeaseKind(rng.IntN(8)),
 			Name:      []string{"", "api", strings.Repeat("n", 300)}[rng.IntN(3)],
 			Key:       []string{"k", strings.Repeat("k", 5000)}[rng.IntN(2)],
 			WindowId:  pick(-2, -1, 0, 1<<40, -1<<62),
@@ -366,11 +366,40 @@ func TestLeaseRefusesBadMessages(t *testing.T) {
 			Target:    pick(-7, -1, 0, 3),
 			Want:      pick(-1<<62, -3, 0, 7, 1<<62),
 			Consumed:  pick(-3, 0, 4, 1<<62),
+			Through:   pick(-1, 0, 1<<40, 1<<62),
+			// Stands' and their acks' hints (thousandths of a hit).
+			DemandMilli: pick(-1<<62, -1, 0, 2500, 1<<62),
+			Wanted:      pick(-1<<62, -1, 0, 3, 1<<62),
+		}
+		if rng.IntN(2) == 0 {
+			m.WindowId = windowID(clock.Now(), time.Minute) + pick(-1, 0, 1, 1000)
 		}
 		if _, err := s.Lease(context.Background(), &sluicev1.LeaseRequest{Sender: "b-1", Messages: []*sluicev1.LeaseMessage{m}}); err != nil {
 			t.Fatalf("a call of one message refused: %v", err)
 		}
 	}
+	// Requests and give-backs for a window far ahead, of keys some of
+	// which this node allocates, make no allocator state (it would never
+	// be swept).
+	far := windowID(clock.Now(), time.Minute) + 1000
+	for i := range 30 {
+		for _, kind := range []sluicev1.LeaseKind{sluicev1.LeaseKind_LEASE_KIND_REQUEST, sluicev1.LeaseKind_LEASE_KIND_GIVE_BACK} {
+			m := &sluicev1.LeaseMessage{Kind: kind, Name: "api", Key: fmt.Sprintf("far-%d", i), WindowId: far, WindowMs: 60_000,
+				Limit: 10, Region: "b", Want: 3, Slice: 1}
+			if _, err := s.Lease(context.Background(), &sluicev1.LeaseRequest{Sender: "b-1", Messages: []*sluicev1.LeaseMessage{m}}); err != nil {
+				t.Fatalf("a far window's message refused with an error: %v", err)
+			}
+		}
+	}
+	// No window's allocator state lies beyond the windows a message may
+	// name.
+	s.leases.amu.Lock()
+	for k, ae := range s.leases.allocs {
+		if k.window > s.leases.latestWindow(ae.window) {
+			t.Errorf("an allocator state for window %d, beyond %d", k.window, s.leases.latestWindow(ae.window))
+		}
+	}
+	s.leases.amu.Unlock()
 	many := make([]*sluicev1.LeaseMessage, maxLeaseBatch+1)
 	for i := range many {
 		many[i] = &sluicev1.LeaseMessage{}

@@ -558,6 +558,35 @@ type Holder struct {
 	slice  int64
 	alloc  uint64 // the allocator that last wrote to it (0: none yet)
 	seq    uint64 // the newest of its sequence numbers applied
+	seen   []allocSeq
+}
+
+// allocSeq is the newest sequence number a holder applied of one
+// allocator: a holder that went back to an allocator it had left (a late
+// Lower of the former one came between) takes none of its older
+// messages again.
+type allocSeq struct{ alloc, seq uint64 }
+
+// newest returns the newest sequence number of alloc applied (0: none).
+func (h *Holder) newest(alloc uint64) uint64 {
+	for _, x := range h.seen {
+		if x.alloc == alloc {
+			return x.seq
+		}
+	}
+	return 0
+}
+
+// apply makes alloc the allocator the holder takes grants from, at seq.
+func (h *Holder) apply(alloc, seq uint64) {
+	h.alloc, h.seq = alloc, seq
+	for i := range h.seen {
+		if h.seen[i].alloc == alloc {
+			h.seen[i].seq = max(h.seen[i].seq, seq)
+			return
+		}
+	}
+	h.seen = append(h.seen, allocSeq{alloc, seq})
 }
 
 // NewHolder returns region's holder of a window with base hits of its own.
@@ -595,10 +624,10 @@ func (h *Holder) Request(want, consumed int64) Request {
 // duplicate grant (by sequence number), or one of another window or
 // region, changes nothing.
 func (h *Holder) OnGrant(g Grant) bool {
-	if g.Window != h.window || g.Region != h.region || (h.alloc != 0 && g.Alloc != h.alloc) || (g.Alloc == h.alloc && g.Seq <= h.seq) {
+	if g.Window != h.window || g.Region != h.region || (h.alloc != 0 && g.Alloc != h.alloc) || g.Seq <= h.newest(g.Alloc) {
 		return false
 	}
-	h.alloc, h.seq = g.Alloc, g.Seq
+	h.apply(g.Alloc, g.Seq)
 	if g.Slice <= h.slice {
 		return false
 	}
@@ -626,13 +655,14 @@ func (h *Holder) GiveBack(keep, consumed int64) (Ack, bool) {
 // repeated Lower, whose Ack may have been lost). A Lower of another
 // allocator makes it the one grants are taken from (lowering is always
 // safe; the former one's late grants are refused from then on). A Lower
-// older than the newest message applied of its allocator, or of another
-// window, gets no Ack.
+// older than the newest message applied of its allocator (also after
+// the holder went to another allocator and back), or of another window,
+// gets no Ack.
 func (h *Holder) OnLower(l Lower, consumed int64) (Ack, bool) {
-	if l.Window != h.window || l.Region != h.region || (l.Alloc == h.alloc && l.Seq < h.seq) {
+	if l.Window != h.window || l.Region != h.region || l.Seq < h.newest(l.Alloc) {
 		return Ack{}, false
 	}
-	h.alloc, h.seq = l.Alloc, l.Seq
+	h.apply(l.Alloc, l.Seq)
 	if l.Target != ReportOnly {
 		h.slice = max(min(h.slice, l.Target), consumed)
 	}

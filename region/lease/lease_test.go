@@ -568,3 +568,79 @@ func TestGiveBack(t *testing.T) {
 		t.Fatal("a learning allocator took a give-back")
 	}
 }
+
+// A late Lower of a former allocator switches a holder away from the
+// current one; a duplicate of one of the current allocator's old Lowers
+// then switches it back: the holder must not take it, nor a duplicate of
+// that allocator's old grant, which would raise it above the record
+// (here after a give-back lowered the record). Found by review: before
+// holders kept each allocator's newest sequence number, a holds 6 of a
+// record of 2, and the slices added up to 14 of 10.
+func TestStaleLowerOfAFormerAllocatorAfterAGiveBack(t *testing.T) {
+	bases := map[string]int64{"a": 2, "b": 2, "c": 2}
+	const limit = 10
+	stale := Lower{Region: "a", Window: 1, Alloc: 1, Seq: 1, Target: 5} // allocator 1's, still on the bus
+	a2, _ := NewAllocator(2, 1, limit, bases, nil, true)                // takes over, learning
+	hs := map[string]*Holder{"a": NewHolder("a", 1, 2), "b": NewHolder("b", 1, 2), "c": NewHolder("c", 1, 2)}
+	reports := a2.Pending()
+	var reportA Lower
+	for _, l := range reports {
+		if l.Region == "a" {
+			reportA = l
+		}
+		k, _ := hs[l.Region].OnLower(l, 0)
+		a2.OnAck(k)
+	}
+	if a2.Learning() {
+		t.Fatal("still learning")
+	}
+	gs, _ := a2.OnRequest(hs["a"].Request(4, 0)) // a to 6 (seq 2)
+	grantA := gs[0]
+	hs["a"].OnGrant(grantA)
+	k, _ := hs["a"].GiveBack(2, 0) // a gives 4 back
+	if _, ok := a2.OnGiveBack(k); !ok {
+		t.Fatal("give-back refused")
+	}
+	for _, g := range a2.Offer(map[string]int64{"b": 4}) { // b to 6
+		hs[g.Region].OnGrant(g)
+	}
+	// The bus now delivers the stale Lower, then duplicates of a2's report
+	// Lower and grant to a.
+	hs["a"].OnLower(stale, 0)
+	hs["a"].OnLower(reportA, 0)
+	hs["a"].OnGrant(grantA)
+	var sum int64
+	for _, h := range hs {
+		sum += h.Slice()
+	}
+	if hs["a"].Slice() > a2.Record("a") || sum > limit {
+		t.Fatalf("a holds %d, record %d; slices add up to %d, limit %d", hs["a"].Slice(), a2.Record("a"), sum, limit)
+	}
+}
+
+// The same with no give-back: a Lower and its Ack lower the record.
+func TestStaleLowerOfAFormerAllocatorAfterALower(t *testing.T) {
+	bases := map[string]int64{"a": 2, "b": 2, "c": 2}
+	stale := Lower{Region: "a", Window: 1, Alloc: 1, Seq: 1, Target: 5}
+	a2, _ := NewAllocator(2, 1, 10, bases, nil, true)
+	hs := map[string]*Holder{"a": NewHolder("a", 1, 2), "b": NewHolder("b", 1, 2), "c": NewHolder("c", 1, 2)}
+	var reportA Lower
+	for _, l := range a2.Pending() {
+		if l.Region == "a" {
+			reportA = l
+		}
+		k, _ := hs[l.Region].OnLower(l, 0)
+		a2.OnAck(k)
+	}
+	gs, _ := a2.OnRequest(hs["a"].Request(4, 0))
+	grantA := gs[0]
+	hs["a"].OnGrant(grantA)
+	k, _ := hs["a"].OnLower(a2.lower("a", 2), 0)
+	a2.OnAck(k)
+	hs["a"].OnLower(stale, 0)
+	hs["a"].OnLower(reportA, 0)
+	hs["a"].OnGrant(grantA)
+	if hs["a"].Slice() > a2.Record("a") {
+		t.Fatalf("a holds %d, record %d", hs["a"].Slice(), a2.Record("a"))
+	}
+}
