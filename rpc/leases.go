@@ -176,7 +176,7 @@ type holderEntry struct {
 	// windows that ended up to window avgFed (a window without a check
 	// here counts 0; the entry starts at the window before its own).
 	hintDemand, hintWanted int64
-	hintThrough            int64 // the last window id the hint holds for (its Stand's through)
+	hintFrom, hintThrough  int64 // the windows the hint holds for (those its Stand set)
 	avgDemand              float64
 	avgFed                 int64
 	avgN                   int   // windows folded into avgDemand (the first was partial)
@@ -573,12 +573,12 @@ func (l *leases) capped(e *holderEntry, w *holderWin) bool {
 }
 
 // hinted reports whether the last Stand's hint holds for w's window: it
-// said the region's demand, and its standing slices reach the window
-// (after them, the region is back at its base, and asks as without a
-// stand). Requires e.mu.
+// said the region's demand, and it set the window's standing slice
+// (before, the window started at another; after, the region is back at
+// its base, and asks as without a stand). Requires e.mu.
 func (e *holderEntry) hinted(w *holderWin) bool {
 	id := w.h.Window()
-	return e.hintDemand >= 0 && !w.unsure && id != bucketLease && id <= e.hintThrough
+	return e.hintDemand >= 0 && !w.unsure && id != bucketLease && id >= e.hintFrom && id <= e.hintThrough
 }
 
 // known reports whether the key's allocator knows the demand predicted
@@ -1979,7 +1979,7 @@ func (l *leases) onStand(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMes
 		// then starts at its standing slice, not at 0.
 		e.sureFrom = from
 	}
-	e.hintDemand, e.hintWanted, e.hintThrough = -1, max(m.Wanted, 0), m.Through
+	e.hintDemand, e.hintWanted, e.hintFrom, e.hintThrough = -1, max(m.Wanted, 0), max(m.WindowId, k.Made+1), m.Through
 	if d := m.DemandMilli; d >= 0 {
 		e.hintDemand = min((d+500)/1000, e.limit) // beyond the limit, wanting more changes nothing
 	}

@@ -343,6 +343,14 @@ func (a *Allocator) OnRequest(r Request) (grants []Grant, lowers []Lower) {
 		return nil, nil // not a region of the key
 	}
 	a.heard[r.Region] = true
+	if a.seq[r.Region] == 0 && !a.Learning() && r.Slice >= 0 && r.Slice < a.record[r.Region] {
+		// The allocator sent the region nothing in the window, so only
+		// its grants can raise the region's slice: the record comes down
+		// to what the region says it holds (a standing slice raised after
+		// the region had made the window's holder, which started lower).
+		a.free += a.record[r.Region] - r.Slice
+		a.record[r.Region] = r.Slice
+	}
 	a.used[r.Region] = max(a.used[r.Region], r.Consumed)
 	a.demand[r.Region] = max(a.demand[r.Region], r.Slice+max(r.Want, 0), a.used[r.Region])
 	a.extra[r.Region] = max(r.Slice+max(r.Want, 0)-r.Consumed, 0)

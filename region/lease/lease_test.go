@@ -644,3 +644,28 @@ func TestStaleLowerOfAFormerAllocatorAfterALower(t *testing.T) {
 		t.Fatalf("a holds %d, record %d", hs["a"].Slice(), a2.Record("a"))
 	}
 }
+
+// A region whose window's holder started below the allocator's record
+// (a standing slice raised after the holder was made) says what it holds
+// in its request; while the allocator has sent it nothing in the window,
+// only its grants can raise the holder, so the record comes down to it
+// and the hits it frees are granted: the region's ask is met, not
+// refused as if it held them already. Once the allocator wrote to the
+// region, a request's slice changes no record.
+func TestRequestBringsTheRecordDown(t *testing.T) {
+	a, _ := NewAllocator(3, 1, 10, map[string]int64{"a": 10, "b": 0, "c": 0}, nil, false)
+	h := NewHolder("a", 1, 2) // made before the raise to 10 reached it
+	gs, _ := a.OnRequest(h.Request(8, 2))
+	if len(gs) != 1 || gs[0].Slice != 10 || a.Record("a") != 10 || a.Free() != 0 {
+		t.Fatalf("grants %v, record %d, free %d; want a to 10 from the 8 freed", gs, a.Record("a"), a.Free())
+	}
+	h.OnGrant(gs[0])
+	if h.Slice() != 10 {
+		t.Fatalf("a's slice %d, want 10", h.Slice())
+	}
+	// A late duplicate of the request (slice 2) lowers nothing now.
+	a.OnRequest(Request{Region: "a", Window: 1, Want: 8, Consumed: 2, Slice: 2})
+	if a.Record("a") != 10 || a.Free() != 0 {
+		t.Fatalf("after a late request: record %d, free %d; want 10, 0", a.Record("a"), a.Free())
+	}
+}
