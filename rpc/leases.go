@@ -2015,6 +2015,9 @@ func (l *leases) onStandAck(sk []byte, m *sluicev1.LeaseMessage) {
 		// check it had (what the windows' messages say is a guess from
 		// the moment they went): it replaces the allocator's.
 		se.demand[m.Region] = float64(m.DemandMilli) / 1000
+		if se.samples == nil {
+			se.samples = map[string]int{}
+		}
 		se.samples[m.Region] = max(se.samples[m.Region], 4)
 	}
 }

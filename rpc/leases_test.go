@@ -267,16 +267,7 @@ func TestLeasesUnderContention(t *testing.T) {
 	byRegion := startLeaseRegions(t, clock)
 	const limit = 60
 	rc := &sluicev1.RateLimitCheck{Name: "api", Key: "everywhere", Limit: limit, WindowMs: 60_000}
-	got := map[string]int{}
-	deadline := time.Now().Add(2 * time.Second)
-	for time.Now().Before(deadline) {
-		for _, r := range []string{"a", "b", "c"} {
-			if d := check(t, byRegion[r][0].client, rc); d.Allowed {
-				got[r]++
-			}
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	got := floodRegions(t, byRegion, rc, 2*time.Second)
 	total := got["a"] + got["b"] + got["c"]
 	if total != limit {
 		t.Errorf("the regions admitted %d in all (%v); want exactly the limit %d", total, got, limit)
@@ -287,6 +278,24 @@ func TestLeasesUnderContention(t *testing.T) {
 		}
 	}
 	t.Logf("admitted %v", got)
+}
+
+// floodRegions sends rc to regions a, b and c in turn, every 2 ms, for d
+// (wall time: leases move between real gRPC servers), and returns the
+// checks allowed in each.
+func floodRegions(t *testing.T, byRegion map[string][]*inprocNode, rc *sluicev1.RateLimitCheck, d time.Duration) map[string]int {
+	t.Helper()
+	got := map[string]int{}
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		for _, r := range []string{"a", "b", "c"} {
+			if c := check(t, byRegion[r][0].client, rc); c.Allowed {
+				got[r]++
+			}
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return got
 }
 
 // A peek in a region whose slice is spent says no, and peeks count
@@ -474,19 +483,7 @@ func TestContendedKeyGoesQuiet(t *testing.T) {
 	byRegion := startLeaseRegions(t, clock)
 	const limit = 30
 	rc := &sluicev1.RateLimitCheck{Name: "api", Key: "contended", Limit: limit, WindowMs: 60_000}
-	flood := func() map[string]int {
-		got := map[string]int{}
-		deadline := time.Now().Add(1500 * time.Millisecond)
-		for time.Now().Before(deadline) {
-			for _, r := range []string{"a", "b", "c"} {
-				if d := check(t, byRegion[r][0].client, rc); d.Allowed {
-					got[r]++
-				}
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
-		return got
-	}
+	flood := func() map[string]int { return floodRegions(t, byRegion, rc, 1500*time.Millisecond) }
 	sum := func(m map[string]int) int { return m["a"] + m["b"] + m["c"] }
 	if got := flood(); sum(got) != limit {
 		t.Fatalf("first window: the regions admitted %v, want %d in all", got, limit)
