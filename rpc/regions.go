@@ -171,7 +171,7 @@ func (s *Server) membersOf(ms []cluster.Member) []cluster.Member {
 // away; the home region's count does not include them.
 func (s *Server) awayDecide(key []byte, r request) *sluicev1.Decision {
 	if s.awayWindows == nil { // cannot happen: a cross-region check has them
-		return s.standInDecide(key, r)
+		return s.standInDecide(key, r, "")
 	}
 	d, err := s.awayWindows.ApplyBytes(key, r.check, s.store.Now())
 	if err != nil { // cannot happen: checks are validated on entry

@@ -39,7 +39,7 @@ func reviewStandInSetup(t *testing.T, name string) (n1, n2 *testNode, stall *sta
 		t.Fatal(fe)
 	}
 	storeKey = ring.Key(nil, name, k)
-	if d := n1.Server().standInDecide(storeKey, reqs[0]); !d.Allowed {
+	if d := n1.Server().standInDecide(storeKey, reqs[0], ""); !d.Allowed {
 		t.Fatalf("stand-in decision: %+v", d)
 	}
 	return n1, n2, stall, rc, storeKey

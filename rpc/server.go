@@ -1127,7 +1127,7 @@ func (s *Server) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sl
 				// here (copy and stand-in hits), so until then this node
 				// decides for it. (Sent there now, the check would be
 				// decided before the key's state had come.)
-				out[i] = s.standInDecide(buf, *r)
+				out[i] = s.standInDecide(buf, *r, req.UnreachableOwner)
 			}
 		}
 		for owner, is := range moved {

@@ -71,12 +71,17 @@ func (s *Server) dropEntryLocked(k string) {
 }
 
 // standInDecide decides r (key is its store key) from this node's fallback
-// window of the key in the stead of its owner, and counts what it admits
+// window of the key in the stead of its owner (owner: the member that
+// could not be reached; "" when it is not known, or when the key's state
+// may start afresh here, see unsettledDecide), and counts what it admits
 // there. The window follows this node's copy of the key: when a newer copy
 // came since the window started, the window becomes that copy plus what it
 // admitted and has not handed on yet (the hits handed on reached the
-// key's owner, whose copy it is). The decision is marked degraded.
-func (s *Server) standInDecide(key []byte, r request) *sluicev1.Decision {
+// key's owner, whose copy it is). The decision is marked degraded. A
+// window that would start from nothing for a key that moved to owner with
+// a recent ring change is not started: the check is denied (see
+// blindStandIn).
+func (s *Server) standInDecide(key []byte, r request, owner string) *sluicev1.Decision {
 	if r.noSlice || r.zeroBase {
 		d := s.sliceDenial(&r)
 		d.Degraded = true
@@ -102,9 +107,14 @@ func (s *Server) standInDecide(key []byte, r request) *sluicev1.Decision {
 		// admit the key's budget again); the state goes to the owner
 		// with the push, and only the hits admitted here beyond it with
 		// the stand-in hits.
+		st, held := s.store.Get(k)
+		if (!held || st.IsZero()) && s.movedTo(key, owner) {
+			s.fbMu.Unlock()
+			return s.blindStandIn(r, now)
+		}
 		s.fallback.Take(k)
 		e = s.newEntryLocked(k, window.State{})
-		if st, held := s.store.Get(k); held && !st.IsZero() {
+		if held && !st.IsZero() {
 			s.fallback.MergeState(k, st, now)
 			e.base = st
 		}
@@ -131,6 +141,41 @@ func (s *Server) standInDecide(key []byte, r request) *sluicev1.Decision {
 		pd.Slice = r.check.Limit // the region's base: a stand-in has no lease
 	}
 	return pd
+}
+
+// movedTo reports whether key (a store key) moved to owner, a member of
+// this node's ring, with a change of this node's ring in the last
+// hand-off timeout: a ring this node replaced since gave the key to
+// another member. The key's count is then
+// with that member, or on its way to owner, until owner has it: a node
+// that holds neither the key's state nor a copy of it knows nothing of
+// that count (e.g. owner's stand-in holder: its copies are of owner's
+// keys, and owner has not had this one long enough to send one; the copy
+// of the member that had it went as stale when the ring changed).
+func (s *Server) movedTo(key []byte, owner string) bool {
+	if owner == "" || !s.view.Load().ring.Has(owner) {
+		return false // (an owner that left the ring: its copy or nothing stands in, see unsettledDecide)
+	}
+	for _, r := range s.rings.ReplacedSince(time.Now().Add(-s.handOffTimeout)) {
+		if r.Owner(key) != owner {
+			return true
+		}
+	}
+	return false
+}
+
+// blindStandIn is the answer to r, a check of a key that moved to its
+// unreachable owner lately (movedTo), by a node that holds neither the
+// key's state nor a copy of it: denied, degraded, counting nothing. A
+// window started here from zero would admit the key's budget again (its
+// hits handed on to the owner after, beyond the limit); a denial costs at
+// most this one hit, while the owner cannot be reached (and only for the
+// hand-off timeout after the ring change). retry_after is the forward
+// timeout: the owner is expected back by then.
+func (s *Server) blindStandIn(r request, now time.Time) *sluicev1.Decision {
+	s.log.Debug("stand-in without the state or a copy of a key that moved to its owner lately; denied")
+	return &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name, Degraded: true,
+		RetryAfter: msCeil(s.forwardTimeout), ResetTime: unixMsCeil(now.Add(r.check.Window))}
 }
 
 // standInHits returns the hits key's fallback window admitted beyond its
@@ -414,7 +459,7 @@ func (s *Server) unsettledDecide(ctx context.Context, v *view, mi *custody.Movin
 	s.stats.degraded.Add(1)
 	h := s.standInHolder(&view{ring: mi.Prev}, prev)
 	if h == "" || h == s.name || v.peers[h] == nil {
-		return s.standInDecide(key, r)
+		return s.standInDecide(key, r, "")
 	}
 	s.stats.standInForwarded.Add(1)
 	ds, err := v.peers[h].Forward(ctx, forward.Request{Checks: checksOf([]request{r}, []int{0}), By: firstDeadline([]request{r}, []int{0}),
@@ -426,7 +471,7 @@ func (s *Server) unsettledDecide(ctx context.Context, v *view, mi *custody.Movin
 	if ctx.Err() != nil || (r.deadline != 0 && time.Now().UnixNano() > r.deadline) {
 		return &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name, Error: "state not here yet, its holder unavailable, and the caller gave up"}
 	}
-	return s.standInDecide(key, r)
+	return s.standInDecide(key, r, "")
 }
 
 // answerUnavailable answers the checks fs, whose owners could not be
@@ -502,7 +547,7 @@ func (s *Server) answerUnavailable(ctx context.Context, reqs []request, fs []fai
 		}
 		h := s.standInHolder(v, f.owner)
 		if h == "" || h == s.name || v.peers[h] == nil {
-			out[f.index] = s.standInDecide(buf, r)
+			out[f.index] = s.standInDecide(buf, r, f.owner)
 			continue
 		}
 		byHolder[h] = append(byHolder[h], f.index)
@@ -511,7 +556,7 @@ func (s *Server) answerUnavailable(ctx context.Context, reqs []request, fs []fai
 		s.standInForward(ctx, v, h, reqs, is, fs, out, s.standInDecide)
 	}
 	for h, is := range byHomeHolder {
-		s.standInForward(ctx, v, h, reqs, is, fs, out, s.awayDecide)
+		s.standInForward(ctx, v, h, reqs, is, fs, out, func(key []byte, r request, _ string) *sluicev1.Decision { return s.awayDecide(key, r) })
 	}
 	for to, is := range byTomb {
 		s.reforward(ctx, v, to, reqs, is, out)
@@ -524,8 +569,9 @@ func (s *Server) answerUnavailable(ctx context.Context, reqs []request, fs []fai
 }
 
 // standInForward sends the checks reqs[i], i in is, to the stand-in holder
-// h of their unreachable owner; whatever h does not answer is decided here.
-func (s *Server) standInForward(ctx context.Context, v *view, h string, reqs []request, is []int, fs []failure, out []*sluicev1.Decision, here func([]byte, request) *sluicev1.Decision) {
+// h of their unreachable owner; whatever h does not answer is decided here
+// (here: the key, the check and its unreachable owner).
+func (s *Server) standInForward(ctx context.Context, v *view, h string, reqs []request, is []int, fs []failure, out []*sluicev1.Decision, here func([]byte, request, string) *sluicev1.Decision) {
 	owner := ""
 	for _, f := range fs {
 		if f.index == is[0] {
@@ -551,7 +597,7 @@ func (s *Server) standInForward(ctx context.Context, v *view, h string, reqs []r
 		// The holder did not decide it (or its answer was lost: then
 		// both count it, and the key denies early): decide here.
 		buf = ring.Key(buf[:0], reqs[i].name, reqs[i].key)
-		out[i] = here(buf, reqs[i])
+		out[i] = here(buf, reqs[i], owner)
 	}
 	if err != nil {
 		s.log.Debug("stand-in holder unavailable too; decided here", "holder", h, "owner", owner, "error", err)

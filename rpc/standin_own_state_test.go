@@ -41,10 +41,10 @@ func TestStandInStartsFromTheNodesOwnStateOfTheKey(t *testing.T) {
 	if fe != nil {
 		t.Fatal(fe)
 	}
-	if d := s.standInDecide(storeKey, reqs[0]); !d.Allowed || !d.Degraded || d.Remaining != 0 {
+	if d := s.standInDecide(storeKey, reqs[0], ""); !d.Allowed || !d.Degraded || d.Remaining != 0 {
 		t.Fatalf("the 10th hit, in the stand-in at node2 (9 of 10 in its window): %+v, want allowed, degraded, 0 remaining", d)
 	}
-	if d := s.standInDecide(storeKey, reqs[0]); d.Allowed {
+	if d := s.standInDecide(storeKey, reqs[0], ""); d.Allowed {
 		t.Fatalf("the 11th hit, in the stand-in at node2: %+v, want denied (the key is used up)", d)
 	}
 	// What goes on to the key's owner is the one hit admitted beyond

@@ -166,7 +166,7 @@ func TestStandInWindowKeepsTheHitsItHandedOn(t *testing.T) {
 	admitted := 0
 	for cycle := range 3 {
 		for range 10 {
-			if d := s.standInDecide(key, reqs[0]); d.Allowed {
+			if d := s.standInDecide(key, reqs[0], ""); d.Allowed {
 				admitted++
 			}
 		}

@@ -309,6 +309,19 @@ func (t *Tracker) Recent(cur *ring.Ring, now time.Time) []*ring.Ring {
 	return out
 }
 
+// ReplacedSince returns the rings this node replaced at or after since
+// (by its ring changes; not the bootstrap ring, nor while it leaves),
+// newest first.
+func (t *Tracker) ReplacedSince(since time.Time) []*ring.Ring {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []*ring.Ring
+	for i := len(t.hist) - 1; i >= 0 && !t.hist[i].retired.Before(since); i-- {
+		out = append(out, t.hist[i].ring)
+	}
+	return out
+}
+
 // Departed reports whether member was in this node's ring and has left
 // it (within DepartedAge of the ring change that showed it) without
 // coming back.

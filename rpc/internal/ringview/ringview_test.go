@@ -132,6 +132,26 @@ func TestHistoryAndDepartedMembers(t *testing.T) {
 	}
 }
 
+func TestReplacedSince(t *testing.T) {
+	tr := newTracker(t, "a")
+	apply(t, tr, members("a", "b", "c"), false, t0) // replaces the bootstrap ring: not kept
+	if got := tr.ReplacedSince(time.Time{}); len(got) != 0 {
+		t.Fatalf("ReplacedSince after the first ring = %d rings, want none (the bootstrap ring owned nothing)", len(got))
+	}
+	ab := apply(t, tr, members("a", "b"), false, t0.Add(time.Second)).Ring
+	apply(t, tr, members("a", "b", "c"), false, t0.Add(3*time.Second))
+	abc := tr.Recent(ab, t0)[2] // the a-b-c ring replaced at t0+1s
+	if got := tr.ReplacedSince(t0.Add(2 * time.Second)); len(got) != 1 || got[0] != ab {
+		t.Fatalf("ReplacedSince(t0+2s) = %v, want the a-b ring", got)
+	}
+	if got := tr.ReplacedSince(t0.Add(time.Second)); len(got) != 2 || got[0] != ab || got[1] != abc {
+		t.Fatalf("ReplacedSince(t0+1s) = %v, want the a-b ring, then the a-b-c ring", got)
+	}
+	if got := tr.ReplacedSince(t0.Add(4 * time.Second)); len(got) != 0 {
+		t.Fatalf("ReplacedSince(t0+4s) = %v, want none", got)
+	}
+}
+
 func TestHistoryKeepsAtMostHistoryLenRings(t *testing.T) {
 	tr := newTracker(t, "a")
 	now := t0
