@@ -20,7 +20,7 @@ import (
 // startRegions starts perRegion in-process nodes in each region of list
 // (named <region>-<i>), all given list, and joins them; it returns them
 // by region.
-func startRegions(t *testing.T, list string, perRegion int, cfg NodeConfig) map[string][]*inprocNode {
+func startRegions(t testing.TB, list string, perRegion int, cfg NodeConfig) map[string][]*inprocNode {
 	t.Helper()
 	regions, err := region.Parse(list)
 	if err != nil {

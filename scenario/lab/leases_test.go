@@ -51,6 +51,18 @@ type leaseRun struct {
 	errors           int64
 }
 
+// lateWindow is the window from which a run's messages are counted as
+// its running state: the third (window 3), or SLUICE_LEASE_LATE's.
+func lateWindow(t *testing.T) int64 {
+	late := int64(3)
+	if v := os.Getenv("SLUICE_LEASE_LATE"); v != "" {
+		if _, err := fmt.Sscan(v, &late); err != nil || late < 1 {
+			t.Fatalf("SLUICE_LEASE_LATE=%q: want a window number, 1 or more", v)
+		}
+	}
+	return late
+}
+
 // runLeases runs s on a fresh lab (nodes per region, jitter on each
 // one-way delay) and returns its figures; the full report is logged.
 func runLeases(t *testing.T, s *scenario.Scenario, nodes int, jitter time.Duration, during func(*Lab, time.Time)) leaseRun {
@@ -86,13 +98,15 @@ func runLeasesWarm(t *testing.T, s *scenario.Scenario, nodes int, jitter time.Du
 	}
 	// Messages from the third window on: once the allocators learnt the
 	// demand and set standing slices (the first windows' requests, grants
-	// and lowers are the ramp, not the running state).
-	const lateFrom = 3
+	// and lowers are the ramp, not the running state). SLUICE_LEASE_LATE
+	// moves it (e.g. past a cut's or a move's recovery, with
+	// SLUICE_LEASE_WINDOWS making the run longer).
+	lateFrom := lateWindow(t)
 	late := make(chan int64, 1)
 	began := time.Now()
 	go func() {
 		select {
-		case <-time.After(time.Until(began.Add(lateFrom * s.Limit.Window))):
+		case <-time.After(time.Until(began.Add(time.Duration(lateFrom) * s.Limit.Window))):
 			late <- tg.CrossRegionMessages()
 		case <-ctx.Done():
 		}
@@ -293,6 +307,13 @@ func TestLeaseMatrix(t *testing.T) {
 		}
 	}
 	only := os.Getenv("SLUICE_LEASE_ONLY")
+	// SLUICE_LEASE_WINDOWS: the fixed-window runs' length in windows (8).
+	windows := 8
+	if v := os.Getenv("SLUICE_LEASE_WINDOWS"); v != "" {
+		if _, err := fmt.Sscan(v, &windows); err != nil || windows < 4 {
+			t.Fatalf("SLUICE_LEASE_WINDOWS=%q: want 4 or more", v)
+		}
+	}
 	// SLUICE_LEASE_COLD=1 starts the load at once (allocators learning).
 	warm := os.Getenv("SLUICE_LEASE_COLD") == ""
 	var rows []string
@@ -300,7 +321,7 @@ func TestLeaseMatrix(t *testing.T) {
 		for _, rtt := range rtts {
 			for range seeds {
 				p := scenario.DefaultParams()
-				p.Regions, p.RTT, p.Seed, p.Windows = regions, rtt, rand.Uint64()%100000, 8
+				p.Regions, p.RTT, p.Seed, p.Windows = regions, rtt, rand.Uint64()%100000, windows
 				if v := os.Getenv("SLUICE_LEASE_SEED"); v != "" {
 					p.Seed = testSeed()
 				}
@@ -316,8 +337,8 @@ func TestLeaseMatrix(t *testing.T) {
 					if r.utilFollow >= 0 {
 						follow = fmt.Sprintf("  2-after-move %.3f", r.utilFollow)
 					}
-					rows = append(rows, fmt.Sprintf("%d  %4s  %5d  %-10s over %d  util %.3f  from-w2 %.3f%s  msgs/key-region/s %.2f (from w3 %.2f)  worst p99 %.2f ms  errors %d",
-						regions, rtt, p.Seed, s.Name, r.over, r.util, r.utilLater, follow, r.perKeyRegionSec, r.lateMsgs, r.p99, r.errors))
+					rows = append(rows, fmt.Sprintf("%d  %4s  %5d  %-10s over %d  util %.3f  from-w2 %.3f%s  msgs/key-region/s %.2f (from w%d %.2f)  worst p99 %.2f ms  errors %d",
+						regions, rtt, p.Seed, s.Name, r.over, r.util, r.utilLater, follow, r.perKeyRegionSec, lateWindow(t), r.lateMsgs, r.p99, r.errors))
 				}
 			}
 		}
@@ -332,8 +353,8 @@ func TestLeaseMatrix(t *testing.T) {
 				if r.over != 0 {
 					t.Errorf("%s, seed %d, %s: over-admission %d", alg, p.Seed, s.Name, r.over)
 				}
-				rows = append(rows, fmt.Sprintf("3  100ms  %5d  %-10s %-12s over %d  util %.3f  from-w2 %.3f  msgs/key-region/s %.2f (from w3 %.2f)  worst p99 %.2f ms  errors %d",
-					p.Seed, s.Name, alg, r.over, r.util, r.utilLater, r.perKeyRegionSec, r.lateMsgs, r.p99, r.errors))
+				rows = append(rows, fmt.Sprintf("3  100ms  %5d  %-10s %-12s over %d  util %.3f  from-w2 %.3f  msgs/key-region/s %.2f (from w%d %.2f)  worst p99 %.2f ms  errors %d",
+					p.Seed, s.Name, alg, r.over, r.util, r.utilLater, r.perKeyRegionSec, lateWindow(t), r.lateMsgs, r.p99, r.errors))
 			}
 		}
 	}
