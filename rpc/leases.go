@@ -908,9 +908,9 @@ func (l *leases) giving(e *holderEntry, on bool) {
 
 // late gives back, once a window, for each key whose last Stand said
 // other regions want more than they stand at (the givers), what this
-// region will not use of its current window's slice: a round trip
-// before the key's allocator would reclaim it (giveBackAhead before the
-// window ends), it keeps what it admitted and the whole hits its rate would
+// region will not use of its current window's slice: giveBackAhead
+// before the window ends (time for the capped regions to be granted it
+// and to spend it), it keeps what it admitted and the whole hits its rate would
 // admit in what is left of the window, and sends the rest to the
 // allocator unasked (LEASE_KIND_GIVE_BACK), which offers it to the
 // regions that want more (onGiveBack). A window without a check here
@@ -1270,11 +1270,23 @@ func (se *standEntry) fold(r string, x float64) {
 const standAlpha = 0.3
 
 // giveBackAhead is how long before a window ends its regions give back
-// what they will not use (late): a round trip before the allocator's own
-// reclaim (reclaimAhead), since what they free goes to the capped regions
-// by a grant of the allocator's, a round trip later, and must still be
-// spent.
-func giveBackAhead(rtt, w time.Duration) time.Duration { return reclaimAhead(rtt, w) + rtt }
+// what they will not use (late): what they free goes to the capped
+// regions by a grant of the allocator's, and must still be spent there:
+// a round trip and a half (the give-back to the allocator, the grant to
+// the capped region, the jitter of both), two lease flushes, and a fifth
+// of the window to spend it in (a twentieth was too little: four light
+// regions' hits offered at once take a capped region of 27 hits a second
+// 150 ms to spend, and 90/10 skew lost 2-4 points at 50 ms). The later it
+// goes, the more of the window the region's rate is measured over: a
+// round trip before the allocator's reclaim (reclaimAhead), as it was,
+// gave back at 150 ms into a 1 s window with 200 ms round trips, from a
+// guess of what the light regions of a skewed key would use (what they
+// kept and did not use was lost: skew at 200 ms 0.92-0.93, 0.96-0.97
+// since). Capped regions do not wait, so the reclaim does not run for
+// them.
+func giveBackAhead(rtt, w time.Duration) time.Duration {
+	return 3*rtt/2 + 2*leaseFlush + w/5
+}
 
 // reclaimAhead is how long before a window ends its allocator reclaims
 // what regions will not use for the regions that wait (Allocator.Reclaim):
