@@ -181,6 +181,12 @@ type holderEntry struct {
 	avgFed                 int64
 	avgN                   int   // windows folded into avgDemand (the first was partial)
 	first                  int64 // the window id of the first holder made (its demand before is not known)
+	// replaced is the window id current when a check with another limit
+	// or window made this entry over the key's last (0: none): the
+	// holders of that window and before start at 0 (unsure), since the
+	// store's count of the key was admitted under the old one's slices,
+	// and a bucket's lease does too.
+	replaced int64
 	// Buckets (one lease, window id bucketLease): the bucket's capacity
 	// (burst) and algorithm from the last check (0 before one), when a
 	// check last came (wall clock), and the demand of the current and
@@ -320,24 +326,48 @@ func bucketPeriod(w time.Duration) time.Duration { return max(w, time.Second) }
 // kept without a check or a message.
 const bucketIdle = 10 * time.Minute
 
+// entry returns the holders of a key checked with limit over windows of
+// w, made afresh when there are none or the check's limit or window
+// differs from theirs (the limit changed: see replaced).
 func (l *leases) entry(storeKey []byte, name, key string, w time.Duration, limit int64) *holderEntry {
+	e, _ := l.entryFor(storeKey, name, key, w, limit, true)
+	return e
+}
+
+// entryOf returns the holders of a key a lease message names, made when
+// there are none; nil when they are of another limit or window than the
+// message's (a message of the key's old limit, or of its new one before
+// a check here brought it: it is ignored, and resent).
+func (l *leases) entryOf(storeKey []byte, m *sluicev1.LeaseMessage) *holderEntry {
+	e, _ := l.entryFor(storeKey, m.Name, m.Key, time.Duration(m.WindowMs)*time.Millisecond, m.Limit, false)
+	return e
+}
+
+func (l *leases) entryFor(storeKey []byte, name, key string, w time.Duration, limit int64, replace bool) (*holderEntry, bool) {
 	sh := &l.shards[xxhash.Sum64(storeKey)%leaseShards]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.m[string(storeKey)]
+	if e != nil && (e.window != w || e.limit != limit) && !replace {
+		return nil, false
+	}
 	if e == nil || e.window != w || e.limit != limit {
-		// New, or the limit's numbers changed: start afresh (the old
-		// holders' grants lapse; the allocator's records stay above them).
+		// New, or the limit's numbers changed: start afresh. The old
+		// holders' grants lapse; the key's count in the store stays, so
+		// the window of the change starts at 0 (replaced, see unsure)
+		// and reports what it admitted.
+		replaced := int64(0)
 		if e != nil {
 			l.giving(e, false)
+			replaced = windowID(l.s.store.Now(), w)
 		}
 		seed := region.SeedOf(name, key)
 		e = &holderEntry{name: name, key: key, window: w, limit: limit, seed: seed, wins: map[int64]*holderWin{},
 			stand: lease.NewStanding(l.s.region, l.baseOf(limit, l.s.region, seed)), hintDemand: -1,
-			avgFed: windowID(l.s.store.Now(), w) - 1}
+			avgFed: windowID(l.s.store.Now(), w) - 1, replaced: replaced}
 		sh.m[string(storeKey)] = e
 	}
-	return e
+	return e, true
 }
 
 // win returns the holder of window id, creating it with the region's
@@ -372,6 +402,9 @@ func (l *leases) win(e *holderEntry, id int64) *holderWin {
 // holder starts at 0 and asks (the allocator's grants are absolute: the
 // first one gives it the region's record).
 func (l *leases) unsure(e *holderEntry, id int64) bool {
+	if e.replaced != 0 && (id == bucketLease || id <= e.replaced) {
+		return true
+	}
 	if id != bucketLease && e.sureFrom != 0 && id >= e.sureFrom {
 		return false // a Stand of the key's allocator set it
 	}
@@ -425,6 +458,13 @@ func (l *leases) decide(storeKey []byte, r *request, now time.Time) *sluicev1.De
 		}
 		if slice > 0 && pd.Error == "" {
 			w.consumed = max(slice-pd.Remaining, 0)
+		}
+	}
+	if w.unsure {
+		// Made afresh over what the window may have admitted already
+		// (the store's count may pass the slice): requests say it.
+		if d, err := s.store.ApplyBytes(storeKey, window.Check{Algorithm: window.FixedWindow, Limit: e.limit, Window: c.Window}, now); err == nil {
+			w.consumed = max(w.consumed, e.limit-d.Remaining)
 		}
 	}
 	pd.Slice = slice
@@ -1880,7 +1920,10 @@ func (l *leases) onGrant(sk []byte, m *sluicev1.LeaseMessage) {
 	if m.Region != l.s.region || !l.mine(sk) {
 		return
 	}
-	e := l.entry(sk, m.Name, m.Key, time.Duration(m.WindowMs)*time.Millisecond, m.Limit)
+	e := l.entryOf(sk, m)
+	if e == nil {
+		return
+	}
 	e.mu.Lock()
 	e.touched = time.Now()
 	w := l.win(e, m.WindowId)
@@ -1941,7 +1984,10 @@ func (l *leases) onLower(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMes
 		return nil
 	}
 	wd := time.Duration(m.WindowMs) * time.Millisecond
-	e := l.entry(sk, m.Name, m.Key, wd, m.Limit)
+	e := l.entryOf(sk, m)
+	if e == nil {
+		return nil
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.touched = time.Now()
@@ -1984,7 +2030,10 @@ func (l *leases) onStand(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMes
 	if m.Region != l.s.region || !l.mine(sk) {
 		return nil
 	}
-	e := l.entry(sk, m.Name, m.Key, time.Duration(m.WindowMs)*time.Millisecond, m.Limit)
+	e := l.entryOf(sk, m)
+	if e == nil {
+		return nil
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.touched = time.Now()

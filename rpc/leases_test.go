@@ -614,3 +614,36 @@ func TestContendedHolderRules(t *testing.T) {
 		}
 	}
 }
+
+// A global limit changed mid-window (a limits file reloaded): the key's
+// holders start afresh at 0 in every region (the store's count of the
+// window stays), report what their region admitted to the new limit's
+// allocator, which learns first, and late messages of the old limit's
+// allocator change nothing. Lowered, the window admits at most the larger
+// of what it had admitted and the new limit; raised, at most the new
+// limit, and the regions get to it.
+func TestLimitChangedMidWindow(t *testing.T) {
+	clock := windowClock()
+	byRegion := startLeaseRegions(t, clock)
+	// Lowered: a admitted 60 of 90, then the limit is 30.
+	rc := &sluicev1.RateLimitCheck{Name: "api", Key: "lowered", Limit: 90, WindowMs: 60_000}
+	before := leaseCheckUntil(t, byRegion["a"], rc, 60, 10*time.Second)
+	if before != 60 {
+		t.Fatalf("a admitted %d of 60 asked under a limit of 90", before)
+	}
+	rc.Limit = 30
+	after := floodRegions(t, byRegion, rc, 2*time.Second)
+	if n := after["a"] + after["b"] + after["c"]; n != 0 {
+		t.Errorf("after the limit went from 90 to 30 with 60 admitted, the regions admitted %d more (%v); want 0", n, after)
+	}
+	// Raised: a admitted 20 of 30, then the limit is 90.
+	rc = &sluicev1.RateLimitCheck{Name: "api", Key: "raised", Limit: 30, WindowMs: 60_000}
+	before = leaseCheckUntil(t, byRegion["a"], rc, 20, 10*time.Second)
+	rc.Limit = 90
+	after = floodRegions(t, byRegion, rc, 3*time.Second)
+	total := before + after["a"] + after["b"] + after["c"]
+	if total > 90 || total < 80 {
+		t.Errorf("after the limit went from 30 to 90 with %d admitted, %d in all (%v); want 80 to 90", before, total, after)
+	}
+	t.Logf("raised: %d before, then %v", before, after)
+}

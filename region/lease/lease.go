@@ -14,7 +14,7 @@
 // pool: the limit minus what the regions start with. A region's [Holder] may admit up to its
 // slice. The invariant, for every window id at every moment:
 //
-//	Σ_regions consumed ≤ Σ_regions slice ≤ Σ_regions record ≤ limit
+//	Σ_regions consumed ≤ Σ_regions max(slice, consumed) ≤ Σ_regions record ≤ limit
 //
 // where record is the allocator's record of a region's slice (its base
 // until a message changes it), never below what the region holds: a grant
@@ -25,15 +25,34 @@
 // raise a holder above its record. Losing a message costs
 // under-admission, never over-admission.
 //
+// A region's consumed passes its slice only when its holder was made
+// afresh, at 0, over a window that had admitted already (a restart, a key
+// moved with its count, a limit changed mid-window). Every request, Ack
+// and give-back says both; the allocator records what the region
+// admitted, and when that makes the records pass the limit its pool goes
+// below 0 and grants nothing until what comes back covers it: such a
+// window admits at most the larger of the limit and what it had admitted
+// when the holder was made.
+//
 // An allocator that takes over a key (its node restarted, the key moved
 // on the ring of its region, or the allocator region changed) starts in
 // learning mode: it grants nothing until every region has reported what
 // it holds (a Lower with target [ReportOnly]), since another allocator
 // may have granted before it; a region that cannot report (cut off, down)
 // keeps the pool closed for that window (what is unaccounted counts as
-// spent). A holder takes grants only from the allocator that last wrote
-// to it, so that a late grant of a former allocator never raises it after
-// it reported to the new one.
+// spent). A holder takes grants only from the allocator it reported to
+// last (or that wrote to it first), so that a late grant of a former
+// allocator never raises it after it reported to the new one.
+//
+// Two allocators at once (a split: while views differ, two nodes each
+// take themselves for the key's allocator) keep the bound as long as
+// one of them learnt (it did, unless the views were stable for a whole
+// learning horizon): the holders stay with the one that learnt last, the
+// other's Lowers are applied without taking a holder back, and its
+// grants are refused. Not covered: a holder made afresh (it has
+// forgotten whom it reported to) during a split takes the first grant of
+// either, and may so take the former one's after it reported to the new
+// one.
 //
 // The package is pure: no network, no clock; the caller moves messages,
 // says which window is current and reads what a region consumed from its
@@ -209,8 +228,23 @@ func (a *Allocator) Heard(region string) bool { return a.heard[region] }
 // window (a request, for more or to report its use).
 func (a *Allocator) Asked(region string) bool { return a.askedAt[region] > 0 }
 
-// Free returns the pool's hits granted to nobody.
-func (a *Allocator) Free() int64 { return a.free }
+// Free returns the pool's hits granted to nobody (0 when the regions
+// admitted more than the limit less the pool: see hold).
+func (a *Allocator) Free() int64 { return max(a.free, 0) }
+
+// hold records that region r may spend, or has spent, held hits in all,
+// the pool taking the difference: held comes from the region (a report,
+// an Ack or a request) and is at least what it admitted. While learning
+// the pool is counted when it opens. free goes below 0 when the regions
+// admitted more than the limit less the pool (a window whose holders
+// were made afresh over what it had admitted: a restart, a limit
+// changed): nothing is granted then until what comes back covers it.
+func (a *Allocator) hold(r string, held int64) {
+	if !a.Learning() {
+		a.free += a.record[r] - held
+	}
+	a.record[r] = held
+}
 
 // Record returns the allocator's record of region's slice.
 func (a *Allocator) Record(region string) int64 { return a.record[region] }
@@ -343,13 +377,16 @@ func (a *Allocator) OnRequest(r Request) (grants []Grant, lowers []Lower) {
 		return nil, nil // not a region of the key
 	}
 	a.heard[r.Region] = true
-	if a.seq[r.Region] == 0 && !a.Learning() && r.Slice >= 0 && r.Slice < a.record[r.Region] {
+	if held := max(r.Slice, r.Consumed); r.Slice >= 0 && (held > a.record[r.Region] || a.seq[r.Region] == 0 && held < a.record[r.Region]) {
 		// The allocator sent the region nothing in the window, so only
 		// its grants can raise the region's slice: the record comes down
 		// to what the region says it holds (a standing slice raised after
-		// the region had made the window's holder, which started lower).
-		a.free += a.record[r.Region] - r.Slice
-		a.record[r.Region] = r.Slice
+		// the region had made the window's holder, which started lower),
+		// never below what it admitted. And a region that admitted more
+		// than its record (a holder made afresh over a window that had
+		// admitted already, under another limit or another allocator) is
+		// recorded at what it admitted.
+		a.hold(r.Region, held)
 	}
 	a.used[r.Region] = max(a.used[r.Region], r.Consumed)
 	a.demand[r.Region] = max(a.demand[r.Region], r.Slice+max(r.Want, 0), a.used[r.Region])
@@ -455,12 +492,7 @@ func (a *Allocator) OnAck(k Ack) ([]Grant, []Lower) {
 	a.heard[k.Region] = true
 	a.reportLeft[k.Region] = max(a.left, 1e-3)
 	a.used[k.Region] = max(a.used[k.Region], k.Consumed)
-	if k.Slice < a.record[k.Region] {
-		if !a.Learning() {
-			a.free += a.record[k.Region] - max(k.Slice, 0)
-		}
-		a.record[k.Region] = max(k.Slice, 0)
-	}
+	a.hold(k.Region, max(k.Slice, k.Consumed, 0))
 	var lowers []Lower
 	if a.Learning() {
 		a.known[k.Region] = true
@@ -468,11 +500,10 @@ func (a *Allocator) OnAck(k Ack) ([]Grant, []Lower) {
 			return nil, nil
 		}
 		a.known = nil
-		a.free = a.limit
+		a.free = a.limit // below 0 when the regions admitted more (see hold)
 		for _, r := range a.regions {
 			a.free -= a.record[r]
 		}
-		a.free = max(a.free, 0)
 		if a.contended("") {
 			lowers = a.Rebalance()
 		}
@@ -505,10 +536,7 @@ func (a *Allocator) OnGiveBack(k Ack) (grants []Grant, ok bool) {
 	a.heard[k.Region] = true
 	a.reportLeft[k.Region] = max(a.left, 1e-3)
 	a.used[k.Region] = max(a.used[k.Region], k.Consumed)
-	if k.Slice < a.record[k.Region] {
-		a.free += a.record[k.Region] - max(k.Slice, 0)
-		a.record[k.Region] = max(k.Slice, 0)
-	}
+	a.hold(k.Region, max(k.Slice, k.Consumed, 0))
 	return a.grantWaiting(), true
 }
 
@@ -588,6 +616,11 @@ func (h *Holder) newest(alloc uint64) uint64 {
 // apply makes alloc the allocator the holder takes grants from, at seq.
 func (h *Holder) apply(alloc, seq uint64) {
 	h.alloc, h.seq = alloc, seq
+	h.saw(alloc, seq)
+}
+
+// saw notes seq as applied of alloc, without taking grants from it.
+func (h *Holder) saw(alloc, seq uint64) {
 	for i := range h.seen {
 		if h.seen[i].alloc == alloc {
 			h.seen[i].seq = max(h.seen[i].seq, seq)
@@ -660,19 +693,31 @@ func (h *Holder) GiveBack(keep, consumed int64) (Ack, bool) {
 
 // OnLower lowers the slice to at most Target, keeping consumed (what the
 // region admitted in the window), and returns the Ack to send (also for a
-// repeated Lower, whose Ack may have been lost). A Lower of another
-// allocator makes it the one grants are taken from (lowering is always
-// safe; the former one's late grants are refused from then on). A Lower
-// older than the newest message applied of its allocator (also after
-// the holder went to another allocator and back), or of another window,
-// gets no Ack.
+// repeated Lower, whose Ack may have been lost). The Ack's Slice is what
+// the region may still spend or has spent: the slice, or consumed when
+// that is more (a holder made afresh over a window that had admitted
+// already). A learning allocator's report (Target [ReportOnly]) makes it
+// the allocator grants are taken from (the former one's late grants are
+// refused from then on), as does a Lower of any allocator to a holder no
+// allocator wrote to; a Lower of another allocator than the holder's is
+// applied (lowering is always safe) and acknowledged to it, but does not
+// take the holder back: while two allocators run at once (a split: each
+// node's view makes a different one the key's), the holder stays with
+// the one that learnt last, whose record counts what the other granted
+// it. A Lower older than the newest message applied of its allocator
+// (also after the holder went to another allocator and back), or of
+// another window, gets no Ack.
 func (h *Holder) OnLower(l Lower, consumed int64) (Ack, bool) {
 	if l.Window != h.window || l.Region != h.region || l.Seq < h.newest(l.Alloc) {
 		return Ack{}, false
 	}
-	h.apply(l.Alloc, l.Seq)
+	if h.alloc == 0 || l.Alloc == h.alloc || l.Target == ReportOnly {
+		h.apply(l.Alloc, l.Seq)
+	} else {
+		h.saw(l.Alloc, l.Seq)
+	}
 	if l.Target != ReportOnly {
 		h.slice = max(min(h.slice, l.Target), consumed)
 	}
-	return Ack{Region: h.region, Window: h.window, Alloc: l.Alloc, Seq: l.Seq, Slice: h.slice, Consumed: consumed}, true
+	return Ack{Region: h.region, Window: h.window, Alloc: l.Alloc, Seq: l.Seq, Slice: max(h.slice, consumed), Consumed: consumed}, true
 }

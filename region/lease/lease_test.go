@@ -36,6 +36,12 @@ type sim struct {
 	cut      map[string]bool
 	demand   int64   // hits that arrived
 	giveBack float64 // probability a region gives back unasked in a tick
+	// old is the former allocator while a split lasts (nil: none): it
+	// keeps running beside alloc, takes half the regions' requests, the
+	// Acks and give-backs that name it, and sends its Lowers, reclaims
+	// and grants as if it were alone.
+	old       *Allocator
+	restarted map[string]bool // regions whose holder was made afresh
 }
 
 // giveBack is a Holder.GiveBack on the bus (an Ack no Lower asked for).
@@ -48,7 +54,8 @@ func newSim(t *testing.T, seed uint64, limit int64, bases map[string]int64) *sim
 		t.Fatal(err)
 	}
 	s := &sim{t: t, rng: rand.New(rand.NewPCG(seed, 99)), limit: limit, bases: bases, alloc: a,
-		holders: map[string]*Holder{}, consumed: map[string]int64{}, delay: 1, cut: map[string]bool{}}
+		holders: map[string]*Holder{}, consumed: map[string]int64{}, delay: 1, cut: map[string]bool{},
+		restarted: map[string]bool{}}
 	for _, r := range []string{"a", "b", "c"} {
 		s.regions = append(s.regions, r)
 		s.holders[r] = NewHolder(r, 7, bases[r])
@@ -67,6 +74,35 @@ func (s *sim) crash(id uint64) {
 	for _, l := range a.Pending() {
 		s.send(l.Region, l)
 	}
+}
+
+// split makes a new allocator in learning mode take over while the old
+// one keeps running (two nodes' views each make another the key's
+// allocator), and sends the new one's reports.
+func (s *sim) split(id uint64) {
+	old := s.alloc
+	s.crash(id)
+	s.old = old
+}
+
+// restart makes region r's holder afresh (its node restarted, the key
+// moved in the region with its count, or the limit changed): it starts
+// at 0, not knowing what the allocator left it (a holder made in a
+// window an allocator may have written to is unsure: rpc's leases), and
+// the window's count (consumed) stays.
+func (s *sim) restart(r string) {
+	h := NewHolder(r, 7, s.bases[r])
+	h.StartAt(0)
+	s.holders[r] = h
+	s.restarted[r] = true
+}
+
+// to returns the allocator a message naming alloc goes to.
+func (s *sim) to(alloc uint64) *Allocator {
+	if s.old != nil && alloc == s.old.ID() {
+		return s.old
+	}
+	return s.alloc
 }
 
 // send puts v on the bus from or to region r (nothing crosses a cut).
@@ -124,6 +160,10 @@ func (s *sim) step(arrivals map[string]int) {
 	for _, m := range due {
 		switch v := m.val.(type) {
 		case Request:
+			if s.old != nil && s.rng.IntN(2) == 0 {
+				s.sendAll(s.old.OnRequest(v))
+				continue
+			}
 			s.sendAll(s.alloc.OnRequest(v))
 		case Grant:
 			if !s.cut[v.Region] {
@@ -136,9 +176,10 @@ func (s *sim) step(arrivals map[string]int) {
 				}
 			}
 		case Ack:
-			s.sendAll(s.alloc.OnAck(v))
+			s.sendAll(s.to(v.Alloc).OnAck(v))
 		case giveBack:
-			gs, _ := s.alloc.OnGiveBack(Ack(v))
+			a := s.to(v.Alloc)
+			gs, _ := a.OnGiveBack(Ack(v))
 			s.sendAll(gs, nil)
 			// What is still free goes to regions wanting more (a
 			// random hunger: the standing slices' demand may be stale).
@@ -146,7 +187,7 @@ func (s *sim) step(arrivals map[string]int) {
 			for _, r := range s.regions {
 				hunger[r] = s.rng.Int64N(s.limit/4 + 1)
 			}
-			s.sendAll(s.alloc.Offer(hunger), nil)
+			s.sendAll(a.Offer(hunger), nil)
 		}
 		s.check()
 	}
@@ -155,22 +196,30 @@ func (s *sim) step(arrivals map[string]int) {
 			if s.cut[r] || s.rng.Float64() >= s.giveBack {
 				continue
 			}
-			keep := s.consumed[r] + s.rng.Int64N(s.holders[r].Slice()-s.consumed[r]+1)
+			keep := s.consumed[r] + s.rng.Int64N(max(s.holders[r].Slice()-s.consumed[r], 0)+1)
 			if k, ok := s.holders[r].GiveBack(keep, s.consumed[r]); ok {
 				s.send(r, giveBack(k))
 			}
 			s.check()
 		}
 	}
-	if s.now%5 == 0 {
-		for _, l := range s.alloc.Pending() {
-			s.send(l.Region, l)
+	for _, a := range []*Allocator{s.alloc, s.old} {
+		if a == nil {
+			continue
 		}
-	}
-	if s.now%10 == 0 {
-		// The window is 400 ticks: late-window reclaims as it goes on.
-		s.alloc.SetLeft(1 - float64(s.now)/400)
-		s.sendAll(nil, s.alloc.Reclaim())
+		if s.now%5 == 0 {
+			for _, l := range a.Pending() {
+				s.send(l.Region, l)
+			}
+		}
+		if s.now%10 == 0 {
+			// The window is 400 ticks: late-window reclaims as it goes on.
+			a.SetLeft(1 - float64(s.now)/400)
+			s.sendAll(nil, a.Reclaim())
+		}
+		if a == s.old && s.now%7 == 0 {
+			s.sendAll(nil, a.Rebalance())
+		}
 	}
 	for _, r := range s.regions {
 		h := s.holders[r]
@@ -188,24 +237,25 @@ func (s *sim) step(arrivals map[string]int) {
 }
 
 // check asserts the invariant: what the regions consumed, and what they
-// may spend, never adds up to more than the limit; no region consumed
-// more than its slice; and once the allocator knows every region, none
-// holds more than its record.
+// may spend (a region's slice, or what it consumed when a holder made
+// afresh started below that), never adds up to more than the limit; no
+// region consumed more than its slice but by a restart; and once the
+// allocator knows every region, none holds more than its record.
 func (s *sim) check() {
 	s.t.Helper()
-	var consumed, slices int64
+	var consumed, held int64
 	for r, h := range s.holders {
 		consumed += s.consumed[r]
-		slices += h.Slice()
-		if s.consumed[r] > h.Slice() {
+		held += max(h.Slice(), s.consumed[r])
+		if s.consumed[r] > h.Slice() && !s.restarted[r] {
 			s.t.Fatalf("tick %d: %s consumed %d over its slice %d", s.now, r, s.consumed[r], h.Slice())
 		}
 		if !s.alloc.Learning() && h.Slice() > s.alloc.Record(r) && s.consumed[r] < h.Slice() {
 			s.t.Fatalf("tick %d: %s holds %d, the allocator recorded %d", s.now, r, h.Slice(), s.alloc.Record(r))
 		}
 	}
-	if consumed > s.limit || slices > s.limit {
-		s.t.Fatalf("tick %d: consumed %d, slices %d, over the limit %d", s.now, consumed, slices, s.limit)
+	if consumed > s.limit || held > s.limit {
+		s.t.Fatalf("tick %d: consumed %d, held %d, over the limit %d", s.now, consumed, held, s.limit)
 	}
 }
 
@@ -219,11 +269,13 @@ func (s *sim) total() int64 {
 
 // Under loss, duplication, reordering (delays of 1..4 ticks), cuts, give-
 // backs unasked at random (every other seed; what they free is granted
-// to waiting regions and offered to regions of random hunger) and an
+// to waiting regions and offered to regions of random hunger), an
 // allocator crash (a new allocator in learning mode while the old one's
-// grants are still on the bus), over random seeds and demand patterns,
-// the regions never consume or hold more than the limit (the invariant is
-// checked after every message and every hit).
+// grants are still on the bus) or a split (the old one keeps running
+// beside it), and holders made afresh over what their window admitted,
+// over random seeds and demand patterns, the regions never consume or
+// hold more than the limit (the invariant is checked after every message
+// and every hit).
 func TestNeverOverTheLimit(t *testing.T) {
 	for seed := range uint64(300) {
 		rng := rand.New(rand.NewPCG(seed, 1))
@@ -236,6 +288,14 @@ func TestNeverOverTheLimit(t *testing.T) {
 		}
 		rates := map[string]int{"a": rng.IntN(20), "b": rng.IntN(20), "c": rng.IntN(20)}
 		crashAt := 50 + rng.IntN(300)
+		// A quarter of the seeds split the allocator (the old one keeps
+		// running); half restart holders (made afresh at 0, the
+		// window's count kept) now and then. Not both at once: a holder
+		// made afresh takes the first grant of either allocator, and
+		// may take the old one's after it reported to the new one
+		// (region/lease's doc, "Two allocators at once").
+		split := seed%4 == 1
+		restarts := seed%4 >= 2
 		for tick := range 400 {
 			if tick == 100 {
 				s.cut["c"] = rng.IntN(2) == 0
@@ -245,7 +305,14 @@ func TestNeverOverTheLimit(t *testing.T) {
 				rates["a"], rates["b"] = rates["b"], rates["a"] // demand moves
 			}
 			if tick == crashAt {
-				s.crash(2)
+				if split {
+					s.split(2)
+				} else {
+					s.crash(2)
+				}
+			}
+			if restarts && rng.IntN(40) == 0 {
+				s.restart(s.regions[rng.IntN(3)])
 			}
 			if tick > crashAt && tick%20 == 0 && s.alloc.Learning() {
 				for _, l := range s.alloc.Pending() {
@@ -667,5 +734,89 @@ func TestRequestBringsTheRecordDown(t *testing.T) {
 	a.OnRequest(Request{Region: "a", Window: 1, Want: 8, Consumed: 2, Slice: 2})
 	if a.Record("a") != 10 || a.Free() != 0 {
 		t.Fatalf("after a late request: record %d, free %d; want 10, 0", a.Record("a"), a.Free())
+	}
+}
+
+// Two allocators at once (a split: two nodes' views each make another
+// the key's allocator): the new one learnt every region's slice and
+// granted; the old one, still running, lowers a region and grants it
+// what it thinks the lowering freed. The holder stays with the allocator
+// that learnt last, so the old one's grant is refused: before that rule
+// (a Lower of any allocator took the holder over), the slices added up to
+// 125 of 100.
+func TestTwoAllocatorsAtOnce(t *testing.T) {
+	const limit = 100
+	bases := map[string]int64{"x": 25, "y": 25, "z": 25}
+	old, _ := NewAllocator(1, 1, limit, bases, nil, false)
+	hs := map[string]*Holder{"x": NewHolder("x", 1, 25), "y": NewHolder("y", 1, 25), "z": NewHolder("z", 1, 25)}
+	b, _ := NewAllocator(2, 1, limit, bases, nil, true)
+	for _, l := range b.Pending() {
+		k, _ := hs[l.Region].OnLower(l, 0)
+		b.OnAck(k)
+	}
+	gs, _ := b.OnRequest(hs["y"].Request(25, 20))
+	if len(gs) != 1 || !hs["y"].OnGrant(gs[0]) || hs["y"].Slice() != 50 {
+		t.Fatalf("the new allocator's grant %v, y's slice %d; want y to 50", gs, hs["y"].Slice())
+	}
+	// The old allocator takes z's base back (z used nothing) ...
+	k, ok := hs["z"].OnLower(Lower{Region: "z", Window: 1, Alloc: old.ID(), Seq: 1, Target: 0}, 0)
+	if !ok || hs["z"].Slice() != 0 {
+		t.Fatalf("the old allocator's lower: ack %v, z's slice %d; want applied (lowering is safe)", k, hs["z"].Slice())
+	}
+	old.lowerAt["z"], old.seq["z"] = 1, 1 // as if old.lower had sent it
+	old.OnAck(k)
+	// ... and grants z, on z's request, what it thinks is free.
+	gs, _ = old.OnRequest(hs["z"].Request(50, 0))
+	for _, g := range gs {
+		hs[g.Region].OnGrant(g)
+	}
+	var sum int64
+	for _, h := range hs {
+		sum += h.Slice()
+	}
+	if sum > limit {
+		t.Fatalf("slices x %d, y %d, z %d add up to %d, over %d (old's grants %v)", hs["x"].Slice(), hs["y"].Slice(), hs["z"].Slice(), sum, limit, gs)
+	}
+	if len(gs) == 0 {
+		t.Fatal("the old allocator granted nothing: the test shows nothing")
+	}
+}
+
+// A holder made afresh over a window that admitted already (its node
+// restarted, the key moved in the region with its count, the limit
+// changed) starts at 0 below what it admitted: its request, report or
+// give-back says both, and the allocator records what it admitted, never
+// less; a pool that admitted more than it has goes below 0 and grants
+// nothing until what comes back covers it. Before, the record came down
+// to the slice of 0 and the 20 hits x had admitted were granted again.
+func TestAHolderMadeAfreshKeepsItsCount(t *testing.T) {
+	a, _ := NewAllocator(1, 1, 60, map[string]int64{"x": 20, "y": 20, "z": 20}, nil, false)
+	x := NewHolder("x", 1, 20)
+	x.StartAt(0) // made afresh; x admitted 20 before
+	if gs, _ := a.OnRequest(x.Request(10, 20)); len(gs) != 0 || a.Record("x") != 20 || a.Free() != 0 {
+		t.Fatalf("grants %v, x's record %d, free %d; want none, 20, 0", gs, a.Record("x"), a.Free())
+	}
+	// Learning: x reports a slice of 0 and 30 admitted (a limit lowered
+	// from 90 to 60 mid-window), y and z their bases.
+	b, _ := NewAllocator(2, 1, 60, map[string]int64{"x": 20, "y": 20, "z": 20}, nil, true)
+	hs := map[string]*Holder{}
+	for _, l := range b.Pending() {
+		h, consumed := NewHolder(l.Region, 1, 20), int64(0)
+		if l.Region == "x" {
+			h.StartAt(0)
+			consumed = 30
+		}
+		hs[l.Region] = h
+		k, _ := h.OnLower(l, consumed)
+		b.OnAck(k)
+	}
+	if b.Learning() || b.Record("x") != 30 || b.Free() != 0 {
+		t.Fatalf("learning %v, x's record %d, free %d; want open, 30, 0", b.Learning(), b.Record("x"), b.Free())
+	}
+	// y gives 15 back: 10 of it covers what x admitted over the pool.
+	k, _ := hs["y"].GiveBack(5, 0)
+	gs, ok := b.OnGiveBack(k)
+	if !ok || len(gs) != 0 || b.Free() != 5 {
+		t.Fatalf("give-back taken %v, grants %v, free %d; want 5 free", ok, gs, b.Free())
 	}
 }
