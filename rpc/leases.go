@@ -156,37 +156,15 @@ type holderShard struct {
 	m  map[string]*holderEntry // store key -> entry
 }
 
-// holderEntry is this node's side of one key in its region: a holder per
-// window (the current one and, for a busy key, the next).
+// holderEntry is this node's side of one key in its region: package
+// region/lease's KeyHolder (a holder per window, the standing slices, the
+// allocator's hint, the region's demand), under mu, with what the node
+// needs beside it.
 type holderEntry struct {
-	mu             sync.Mutex
-	name, key      string
-	window         time.Duration
-	limit          int64
-	seed           uint64
-	wins           map[int64]*holderWin // window id -> its holder
-	stand          *lease.Standing      // what each window's holder starts at (fixed windows)
-	sureFrom       int64                // the first window a Stand applied here set (0: none): its start is known from then on
-	nextWindowSent int64                // the window id of the last next-window request
-	// What the key's allocator said with its last Stand (see hinted):
-	// the region's demand per window it planned from (hits, at most the
-	// limit; -1: none said) and the hits the other regions want beyond
-	// their standing slices. And this region's demand per window here, a
-	// moving average (standAlpha; the mean of the first few) of the
-	// windows that ended up to window avgFed (a window without a check
-	// here counts 0; the entry starts at the window before its own).
-	hintDemand, hintWanted int64
-	hintFrom, hintThrough  int64 // the windows the hint holds for (those its Stand set)
-	avgDemand              float64
-	avgFed                 int64
-	avgN                   int   // windows folded into avgDemand (the first was partial)
-	first                  int64 // the window id of the first holder made (its demand before is not known)
-	// replaced is the window id current when a check with another limit
-	// or window made this entry over the key's last (0: none): the
-	// holders of that window and before start at 0 (unsure), since the
-	// store's count of the key was admitted under the old one's slices,
-	// and a bucket's lease does too.
-	replaced int64
+	mu sync.Mutex
+	*lease.KeyHolder
+	name, key string
+	seed      uint64
 	// Buckets (one lease, window id bucketLease): the bucket's capacity
 	// (burst) and algorithm from the last check (0 before one), when a
 	// check last came (wall clock), and the demand of the current and
@@ -199,15 +177,8 @@ type holderEntry struct {
 	touched                time.Time // the last check or lease message (wall clock)
 }
 
-type holderWin struct {
-	h        *lease.Holder
-	demand   int64     // hits asked in the window, allowed or not
-	consumed int64     // hits admitted, as last seen
-	asked    time.Time // when the last request went, wall clock (zero: none)
-	askedAt  int64     // the slice when it went
-	askedFor int64     // the slice it asked to reach (its slice then and what it wanted): the allocator owes the rest
-	unsure   bool      // it started at 0, not knowing its standing slice (see unsure)
-}
+// holderWin is a KeyHolder's side of one window.
+type holderWin = lease.WindowHolder
 
 type allocKey struct {
 	key    string // store key
@@ -309,10 +280,8 @@ func (l *leases) bases(limit int64, seed uint64) map[string]int64 {
 
 func windowID(now time.Time, w time.Duration) int64 { return now.UnixNano() / int64(w) }
 
-// bucketLease is the window id of a bucket's lease: a bucket has no
-// windows, its slice (a share of its rate and, in proportion, of its
-// burst) holds until the allocator lowers it.
-const bucketLease int64 = -1
+// bucketLease is the window id of a bucket's lease (lease.BucketLease).
+const bucketLease = lease.BucketLease
 
 // isBucket reports whether a is a token or leaky bucket.
 func isBucket(a window.Algorithm) bool { return a == window.TokenBucket || a == window.LeakyBucket }
@@ -348,10 +317,10 @@ func (l *leases) entryFor(storeKey []byte, name, key string, w time.Duration, li
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.m[string(storeKey)]
-	if e != nil && (e.window != w || e.limit != limit) && !replace {
+	if e != nil && (e.Window != w || e.Limit != limit) && !replace {
 		return nil, false
 	}
-	if e == nil || e.window != w || e.limit != limit {
+	if e == nil || e.Window != w || e.Limit != limit {
 		// New, or the limit's numbers changed: start afresh. The old
 		// holders' grants lapse; the key's count in the store stays, so
 		// the window of the change starts at 0 (replaced, see unsure)
@@ -362,34 +331,20 @@ func (l *leases) entryFor(storeKey []byte, name, key string, w time.Duration, li
 			replaced = windowID(l.s.store.Now(), w)
 		}
 		seed := region.SeedOf(name, key)
-		e = &holderEntry{name: name, key: key, window: w, limit: limit, seed: seed, wins: map[int64]*holderWin{},
-			stand: lease.NewStanding(l.s.region, l.baseOf(limit, l.s.region, seed)), hintDemand: -1,
-			avgFed: windowID(l.s.store.Now(), w) - 1, replaced: replaced}
+		e = &holderEntry{name: name, key: key, seed: seed,
+			KeyHolder: lease.NewKeyHolder(l.s.region, w, limit, l.baseOf(limit, l.s.region, seed), windowID(l.s.store.Now(), w), replaced)}
 		sh.m[string(storeKey)] = e
 	}
 	return e, true
 }
 
 // win returns the holder of window id, creating it with the region's
-// base. Requires e.mu.
+// standing slice, or at 0 when unsure. Requires e.mu.
 func (l *leases) win(e *holderEntry, id int64) *holderWin {
-	w := e.wins[id]
-	if w == nil {
-		if len(e.wins) == 0 || id < e.first {
-			e.first = id
-		}
-		start := l.baseOf(e.limit, l.s.region, e.seed)
-		if id != bucketLease {
-			start = e.stand.Start(id) // its standing slice
-		}
-		w = &holderWin{h: lease.NewHolder(l.s.region, id, start)}
-		if l.unsure(e, id) {
-			w.h.StartAt(0)
-			w.unsure = true
-		}
-		e.wins[id] = w
+	if w := e.Wins[id]; w != nil {
+		return w
 	}
-	return w
+	return e.MakeWin(id, l.unsure(e, id))
 }
 
 // unsure reports whether a holder made now for window id of e may belong
@@ -402,14 +357,14 @@ func (l *leases) win(e *holderEntry, id int64) *holderWin {
 // holder starts at 0 and asks (the allocator's grants are absolute: the
 // first one gives it the region's record).
 func (l *leases) unsure(e *holderEntry, id int64) bool {
-	if e.replaced != 0 && (id == bucketLease || id <= e.replaced) {
+	if e.Replaced != 0 && (id == bucketLease || id <= e.Replaced) {
 		return true
 	}
-	if id != bucketLease && e.sureFrom != 0 && id >= e.sureFrom {
+	if id != bucketLease && e.SureFrom != 0 && id >= e.SureFrom {
 		return false // a Stand of the key's allocator set it
 	}
 	h := l.hist.Load()
-	since := id*int64(e.window) - int64(l.lead()) - (standReach(e.window)+2)*int64(e.window)
+	since := id*int64(e.Window) - int64(l.lead()) - (standReach(e.Window)+2)*int64(e.Window)
 	if id == bucketLease {
 		since = l.s.store.Now().UnixNano() - int64(bucketIdle)
 	}
@@ -441,14 +396,14 @@ func (l *leases) decide(storeKey []byte, r *request, now time.Time) *sluicev1.De
 	start := time.Unix(0, id*int64(c.Window))
 	e.mu.Lock()
 	w := l.win(e, id)
-	w.demand += c.Hits
-	slice := w.h.Slice()
+	w.Demand += c.Hits
+	slice := w.H.Slice()
 	var pd *sluicev1.Decision
 	if c.Hits > 0 && c.Hits > slice {
 		// More than the whole slice now: denied until a grant comes
 		// (the store would answer "never", which is not so).
 		reset := start.Add(c.Window)
-		pd = &sluicev1.Decision{Limit: slice, Remaining: max(slice-w.consumed, 0), ResetTime: unixMsCeil(reset),
+		pd = &sluicev1.Decision{Limit: slice, Remaining: max(slice-w.Consumed, 0), ResetTime: unixMsCeil(reset),
 			RetryAfter: msCeil(reset.Sub(now)), Owner: s.name}
 	} else {
 		c.Limit = max(slice, 1) // a slice of 0 and a peek: the peek's answer says no
@@ -457,23 +412,23 @@ func (l *leases) decide(storeKey []byte, r *request, now time.Time) *sluicev1.De
 			pd.Allowed, pd.Remaining, pd.Limit = false, 0, 0
 		}
 		if slice > 0 && pd.Error == "" {
-			w.consumed = max(slice-pd.Remaining, 0)
+			w.Consumed = max(slice-pd.Remaining, 0)
 		}
 	}
-	if w.unsure {
+	if w.Unsure {
 		// Made afresh over what the window may have admitted already
 		// (the store's count may pass the slice): requests say it.
-		if d, err := s.store.ApplyBytes(storeKey, window.Check{Algorithm: window.FixedWindow, Limit: e.limit, Window: c.Window}, now); err == nil {
-			w.consumed = max(w.consumed, e.limit-d.Remaining)
+		if d, err := s.store.ApplyBytes(storeKey, window.Check{Algorithm: window.FixedWindow, Limit: e.Limit, Window: c.Window}, now); err == nil {
+			w.Consumed = max(w.Consumed, e.Limit-d.Remaining)
 		}
 	}
 	pd.Slice = slice
 	var req *sluicev1.LeaseMessage
 	if want := l.wantMore(e, w, start, now); want > 0 {
-		w.asked, w.askedAt, w.askedFor = time.Now(), w.h.Slice(), w.h.Slice()+want
-		rq := w.h.Request(want, w.consumed)
+		w.Asked, w.AskedAt, w.AskedFor = time.Now(), w.H.Slice(), w.H.Slice()+want
+		rq := w.H.Request(want, w.Consumed)
 		req = l.message(e, sluicev1.LeaseKind_LEASE_KIND_REQUEST, id)
-		req.Want, req.Consumed, req.Slice, req.Unsure = rq.Want, rq.Consumed, rq.Slice, w.unsure
+		req.Want, req.Consumed, req.Slice, req.Unsure = rq.Want, rq.Consumed, rq.Slice, w.Unsure
 	}
 	e.mu.Unlock()
 	l.decided(storeKey, e, req, !pd.Allowed && pd.Error == "" && c.Hits > 0 && slice < r.full)
@@ -511,7 +466,7 @@ func (l *leases) decideBucket(storeKey []byte, r *request, now time.Time) *sluic
 	capacity := r.fullBurst
 	e.capacity, e.algorithm, e.lastCheck, e.idleSent, e.touched = capacity, c.Algorithm, wall, false, wall
 	w := l.win(e, bucketLease)
-	period := bucketPeriod(e.window)
+	period := bucketPeriod(e.Window)
 	if e.periodStart.IsZero() || wall.Sub(e.periodStart) >= period {
 		if !e.periodStart.IsZero() {
 			e.lastRate = e.periodDemand / float64(max(wall.Sub(e.periodStart), 1))
@@ -519,7 +474,7 @@ func (l *leases) decideBucket(storeKey []byte, r *request, now time.Time) *sluic
 		e.periodStart, e.periodDemand = wall, 0
 	}
 	e.periodDemand += float64(c.Hits)
-	slice := w.h.Slice()
+	slice := w.H.Slice()
 	c.Limit, c.Burst = slice, burstShare(slice, r.full, capacity)
 	var pd *sluicev1.Decision
 	if slice == 0 || c.Burst == 0 || c.Hits > c.Burst {
@@ -537,13 +492,13 @@ func (l *leases) decideBucket(storeKey []byte, r *request, now time.Time) *sluic
 	if e.lastRate > 0 {
 		rate = (rate + e.lastRate) / 2
 	}
-	desired := min(int64(rate*float64(e.window)*1.25)+1, e.limit)
+	desired := min(int64(rate*float64(e.Window)*1.25)+1, e.Limit)
 	var req *sluicev1.LeaseMessage
 	denied := !pd.Allowed && pd.Error == "" && c.Hits > 0
-	since := wall.Sub(w.asked)
+	since := wall.Sub(w.Asked)
 	rtt := time.Duration(l.rtt.Load()) + 2*leaseFlush
-	if want := desired - slice; (w.asked.IsZero() || since >= period || (denied && want > 0 && since >= rtt)) && (want > 0 || slice > w.h.Base()) {
-		w.asked, w.askedAt = wall, slice
+	if want := desired - slice; (w.Asked.IsZero() || since >= period || (denied && want > 0 && since >= rtt)) && (want > 0 || slice > w.H.Base()) {
+		w.Asked, w.AskedAt = wall, slice
 		req = l.message(e, sluicev1.LeaseKind_LEASE_KIND_REQUEST, bucketLease)
 		req.Want, req.Slice = want, slice
 	}
@@ -552,136 +507,16 @@ func (l *leases) decideBucket(storeKey []byte, r *request, now time.Time) *sluic
 	return pd
 }
 
-// wantMore returns the hits to ask for (0: none): when the key's rate in
-// the window, carried over the lease lead, would spend what is left of
-// the slice, and the whole window at that rate would need more than the
-// slice, at most one request per lead time. Requires e.mu.
-func (l *leases) wantMore(e *holderEntry, w *holderWin, start, now time.Time) int64 {
-	lead := l.lead()
-	slice := w.h.Slice()
-	if slice >= e.limit || l.capped(e, w) {
-		return 0 // the whole limit, or all the allocator would give
-	}
-	// At most one request per round trip (the answer to the last one
-	// comes in about that), and while no grant came since the last one,
-	// none for the rest of the window unless the demand grew well
-	// beyond what it asked for (by half, and two hits): the allocator
-	// remembers what a region waits for and grants it as capacity frees
-	// (in a key wanted everywhere beyond the limit, asking again each
-	// few round trips was most of the lease messages, and got nothing;
-	// a region whose first ask was a guess from a hit or two must say
-	// what its demand turned out to be, or wait the window through). A
-	// region lowered since waits no more (see onLower) and may ask
-	// again. Asking again after a grant is worth its message: it
-	// refreshes what the region used and waits for, which the
-	// allocator's fair shares and reclaims go by.
-	quiet := false
-	if !w.asked.IsZero() {
-		since, rtt := time.Since(w.asked), time.Duration(l.rtt.Load())+2*leaseFlush
-		if since < rtt {
-			return 0
-		}
-		quiet = slice == w.askedAt && since < max(4*rtt, e.window+lead)
-	}
-	rate, predicted := l.estimate(e, w, now.Sub(start))
-	if quiet && min(predicted, e.limit) <= w.askedFor+max(w.askedFor/2, 2) {
-		return 0
-	}
-	// A holder that started below its base (see unsure) asks for at least
-	// its base back: the base is the region's own unless it was given away.
-	predicted = max(predicted, w.h.Base())
-	if predicted <= slice || l.known(e, w, predicted) {
-		return 0
-	}
-	if ahead := int64(rate * float64(lead)); slice-w.consumed > ahead && slice >= w.h.Base() {
-		return 0
-	}
-	return min(predicted-slice, e.limit)
-}
-
-// capped reports whether w's holder starts at a standing slice below
-// the demand its allocator planned it from (the Stand's hint): the key
-// is wanted beyond the limit, the region stands at its fair share of
-// it, and the allocator knows its demand, so asking for more gets
-// nothing that the others' give-backs would not bring (see late and
-// onGiveBack: what they free is offered to the capped regions). So is
-// a region whose planned demand is the whole limit, whatever it stands
-// at: one standing at the limit and lowered for another region's
-// request would only ask back what that region asked for. A holder
-// that does not know its start (unsure) asks as usual. Requires e.mu.
-func (l *leases) capped(e *holderEntry, w *holderWin) bool {
-	b := w.h.Base()
-	return e.hinted(w) && (e.hintDemand >= e.limit || b+standStep(e.limit) <= e.hintDemand)
-}
-
-// hinted reports whether the last Stand's hint holds for w's window: it
-// said the region's demand, and it set the window's standing slice
-// (before, the window started at another; after, the region is back at
-// its base, and asks as without a stand). Requires e.mu.
-func (e *holderEntry) hinted(w *holderWin) bool {
-	id := w.h.Window()
-	return e.hintDemand >= 0 && !w.unsure && id != bucketLease && id >= e.hintFrom && id <= e.hintThrough
-}
-
-// known reports whether the key's allocator knows the demand predicted
-// for w's window here well enough that asking for more is not worth its
-// messages: other regions are capped (the last Stand's hint: they want
-// more than they stand at), so the pool is empty, what the regions give
-// back goes to them, and a grant could only take a hit from another
-// region that would have spent it (the regions admit the limit in all
-// either way); and the prediction is less than twice the demand the
-// allocator planned from plus standStep (more, and the region asks: its
-// demand rose, not just a window's noise; what it says in its StandAcks
-// moves its standing slice meanwhile). A region planned at 0 or a hit
-// thus stays quiet for a few hits: asking for them took a hit from a
-// region that would have spent it, four messages, and the grant often
-// came after the checks that wanted it (2-4 points of utilisation and
-// half the messages under 90/10 skew in 5 regions 200 ms apart).
+// wantMore returns the hits w's holder should ask for (0: none): see
+// lease.KeyHolder.WantMore, with this node's lead and lease round trip.
 // Requires e.mu.
-func (l *leases) known(e *holderEntry, w *holderWin, predicted int64) bool {
-	return e.hinted(w) && e.hintWanted > 0 && predicted < 2*(e.hintDemand+standStep(e.limit))
+func (l *leases) wantMore(e *holderEntry, w *holderWin, start, now time.Time) int64 {
+	return e.WantMore(w, now.Sub(start), time.Now(), l.lead(), time.Duration(l.rtt.Load())+2*leaseFlush)
 }
-
-// estimate returns the key's demand rate here (hits per ns) and the
-// demand the whole window will have at it, elapsed into the window: the
-// rate so far (counted from at least a quarter window, so that the first
-// checks of a window do not look like a flood), blended with the last
-// window's when there was one (half and half at the window's start, the
-// current window's alone from its middle on, so that demand that moved
-// away is forgotten). Requires e.mu.
-func (l *leases) estimate(e *holderEntry, w *holderWin, elapsed time.Duration) (rate float64, predicted int64) {
-	elapsed = min(max(elapsed, 0), e.window)
-	id := w.h.Window()
-	prev, known := e.wins[id-1], e.first < id
-	switch {
-	case w.demand < fewHits && known:
-		// Few hits: too few to tell a rate from, pooled with the last
-		// window's demand (0 if the key was not checked here in it), as
-		// if that window were observed too: one check early in a window
-		// of a key that sees one a window is not four.
-		var last int64
-		if prev != nil {
-			last = prev.demand
-		}
-		rate = float64(w.demand+last) / float64(elapsed+e.window)
-	default:
-		rate = float64(w.demand) / float64(max(elapsed, e.window/4))
-		if prev != nil && prev.demand > 0 {
-			old := max(0.5-float64(elapsed)/float64(e.window), 0)
-			rate = (1-old)*rate + old*float64(prev.demand)/float64(e.window)
-		}
-	}
-	predicted = w.demand + int64(rate*float64(e.window-elapsed))
-	return rate, predicted
-}
-
-// fewHits is the demand in a window below which estimate pools it with
-// the last window's.
-const fewHits = 4
 
 func (l *leases) message(e *holderEntry, kind sluicev1.LeaseKind, id int64) *sluicev1.LeaseMessage {
 	return &sluicev1.LeaseMessage{Kind: kind, Name: e.name, Key: e.key, WindowId: id,
-		WindowMs: e.window.Milliseconds(), Limit: e.limit, Region: l.s.region}
+		WindowMs: e.Window.Milliseconds(), Limit: e.Limit, Region: l.s.region}
 }
 
 // allocatorRegion returns the allocator region of the key of seed under
@@ -856,15 +691,15 @@ func (l *leases) ahead(now time.Time) {
 	l.hmu.Unlock()
 	for _, e := range entries {
 		e.mu.Lock()
-		if bw := e.wins[bucketLease]; bw != nil {
+		if bw := e.Wins[bucketLease]; bw != nil {
 			// A bucket key gone quiet reports a demand of 0 once, so
 			// that its share can go where it is needed.
 			var m *sluicev1.LeaseMessage
-			if !e.idleSent && time.Since(e.lastCheck) >= bucketPeriod(e.window) && bw.h.Slice() > 0 {
+			if !e.idleSent && time.Since(e.lastCheck) >= bucketPeriod(e.Window) && bw.H.Slice() > 0 {
 				e.idleSent = true
-				bw.asked, bw.askedAt = time.Now(), bw.h.Slice()
+				bw.Asked, bw.AskedAt = time.Now(), bw.H.Slice()
 				m = l.message(e, sluicev1.LeaseKind_LEASE_KIND_REQUEST, bucketLease)
-				m.Want, m.Slice = -bw.h.Slice(), bw.h.Slice()
+				m.Want, m.Slice = -bw.H.Slice(), bw.H.Slice()
 			}
 			quiet := e.idleSent
 			sk := ring.Key(nil, e.name, e.key)
@@ -880,11 +715,11 @@ func (l *leases) ahead(now time.Time) {
 			}
 			continue
 		}
-		id := windowID(now, e.window)
-		next := time.Unix(0, (id+1)*int64(e.window))
-		w := e.wins[id]
-		if w == nil || w.asked.IsZero() || w.demand == 0 {
-			if prev := e.wins[id-1]; prev == nil || prev.asked.IsZero() {
+		id := windowID(now, e.Window)
+		next := time.Unix(0, (id+1)*int64(e.Window))
+		w := e.Wins[id]
+		if w == nil || w.Asked.IsZero() || w.Demand == 0 {
+			if prev := e.Wins[id-1]; prev == nil || prev.Asked.IsZero() {
 				l.hmu.Lock()
 				delete(l.hot, e) // quiet for a window
 				l.hmu.Unlock()
@@ -892,23 +727,23 @@ func (l *leases) ahead(now time.Time) {
 			e.mu.Unlock()
 			continue
 		}
-		if e.nextWindowSent > id || next.Sub(now) > lead {
+		if e.NextWindowSent > id || next.Sub(now) > lead {
 			e.mu.Unlock()
 			continue
 		}
-		e.nextWindowSent = id + 1
+		e.NextWindowSent = id + 1
 		nw := l.win(e, id+1)
-		if l.capped(e, nw) {
+		if e.Capped(nw) {
 			e.mu.Unlock()
 			continue
 		}
-		_, predicted := l.estimate(e, w, now.Sub(time.Unix(0, id*int64(e.window))))
-		predicted = min(predicted, e.limit)
+		_, predicted := e.Estimate(w, now.Sub(time.Unix(0, id*int64(e.Window))))
+		predicted = min(predicted, e.Limit)
 		var m *sluicev1.LeaseMessage
-		if want := predicted - nw.h.Slice(); want > 0 && !l.known(e, nw, predicted) {
-			nw.asked, nw.askedAt, nw.askedFor = time.Now(), nw.h.Slice(), nw.h.Slice()+want
+		if want := predicted - nw.H.Slice(); want > 0 && !e.Known(nw, predicted) {
+			nw.Asked, nw.AskedAt, nw.AskedFor = time.Now(), nw.H.Slice(), nw.H.Slice()+want
 			m = l.message(e, sluicev1.LeaseKind_LEASE_KIND_REQUEST, id+1)
-			m.Want, m.Slice = want, nw.h.Slice()
+			m.Want, m.Slice = want, nw.H.Slice()
 		}
 		sk := ring.Key(nil, e.name, e.key)
 		e.mu.Unlock()
@@ -931,13 +766,13 @@ type giverSet struct {
 func (l *leases) giving(e *holderEntry, on bool) {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
-	g := l.givers[e.window]
+	g := l.givers[e.Window]
 	if g == nil {
 		if !on {
 			return
 		}
 		g = &giverSet{m: map[*holderEntry]struct{}{}}
-		l.givers[e.window] = g
+		l.givers[e.Window] = g
 	}
 	if on {
 		g.m[e] = struct{}{}
@@ -987,31 +822,32 @@ func (l *leases) giveBack(e *holderEntry, now time.Time) *sluicev1.LeaseMessage 
 	sk := ring.Key(nil, e.name, e.key)
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	id := windowID(now, e.window)
-	if id > e.hintThrough {
+	id := windowID(now, e.Window)
+	expired, gives := e.GivesBack(id)
+	if expired {
 		l.giving(e, false) // the stands ran out
 		return nil
 	}
-	if e.hintWanted <= 0 || e.hintDemand < 0 || !l.mine(sk) {
+	if !gives || !l.mine(sk) {
 		return nil
 	}
 	w := l.win(e, id)
-	if w.unsure || w.h.Slice() <= 0 {
+	if w.Unsure || w.H.Slice() <= 0 {
 		return nil
 	}
-	dc, err := l.s.store.ApplyBytes(sk, window.Check{Algorithm: window.FixedWindow, Limit: e.limit, Window: e.window}, now)
+	dc, err := l.s.store.ApplyBytes(sk, window.Check{Algorithm: window.FixedWindow, Limit: e.Limit, Window: e.Window}, now)
 	if err != nil {
 		return nil
 	}
-	start := time.Unix(0, id*int64(e.window))
-	consumed := max(e.limit-dc.Remaining, 0)
-	w.consumed = consumed
+	start := time.Unix(0, id*int64(e.Window))
+	consumed := max(e.Limit-dc.Remaining, 0)
+	w.Consumed = consumed
 	var rate float64
-	if w.demand > 0 || e.wins[id-1] != nil {
-		rate, _ = l.estimate(e, w, now.Sub(start))
+	if w.Demand > 0 || e.Wins[id-1] != nil {
+		rate, _ = e.Estimate(w, now.Sub(start))
 	}
-	left := max(start.Add(e.window).Sub(now), 0)
-	k, ok := w.h.GiveBack(consumed+int64(rate*float64(left)), consumed)
+	left := max(start.Add(e.Window).Sub(now), 0)
+	k, ok := w.H.GiveBack(consumed+int64(rate*float64(left)), consumed)
 	if !ok {
 		return nil
 	}
@@ -1120,7 +956,7 @@ func (l *leases) planStands(now, storeNow time.Time, lead time.Duration, emit fu
 				// above it, from rounding, moves with the noise.)
 				raised += max(min(t, int64(se.demand[r]))-se.st.At(r, from), 0)
 			}
-			raise := raised >= standStep(se.limit)
+			raise := raised >= lease.StandStep(se.limit)
 			se.planWanted(target, from)
 			for _, r := range l.s.regions.Regions() {
 				if se.st.Busy(r.Name) {
@@ -1128,7 +964,7 @@ func (l *leases) planStands(now, storeNow time.Time, lead time.Duration, emit fu
 				}
 				now1 := se.st.At(r.Name, from)
 				next := now1
-				if t, ok := target[r.Name]; ok && (abs64(t-now1) >= standStep(se.limit) || (raise && t != now1) || (t > now1 && se.hintFor(r.Name, now1).capped)) {
+				if t, ok := target[r.Name]; ok && (abs64(t-now1) >= lease.StandStep(se.limit) || (raise && t != now1) || (t > now1 && se.hintFor(r.Name, now1).capped)) {
 					// (A capped region is raised to its share by a hit too:
 					// it does not ask, so a hit the stands leave in the pool
 					// would be left there.)
@@ -1166,13 +1002,6 @@ func (l *leases) planStands(now, storeNow time.Time, lead time.Duration, emit fu
 		}
 	}
 }
-
-// standStep is how far a region's fair share must move from its standing
-// slice before a stand changes it (hits): a tenth of the limit, at least
-// two hits (a region whose demand is a hit or two a window would see its
-// standing slice change every window, two messages each time); what the
-// stands miss, the window's own grants and reclaims move.
-func standStep(limit int64) int64 { return max(2, limit/10) }
 
 func abs64(x int64) int64 {
 	if x < 0 {
@@ -1245,7 +1074,7 @@ func (se *standEntry) hintFor(reg string, slice int64) hint {
 		return hint{demand: -1}
 	}
 	d := int64(math.Round(se.demand[reg]))
-	capped := d >= se.limit || slice+standStep(se.limit) <= d
+	capped := d >= se.limit || slice+lease.StandStep(se.limit) <= d
 	return hint{demand: d, capped: capped, wanting: se.wanted[reg] > 0}
 }
 
@@ -1258,12 +1087,12 @@ func (se *standEntry) hintChanged(reg string, h hint) bool {
 		return false
 	}
 	old, ok := se.said[reg]
-	return !ok || old.capped != h.capped || old.wanting != h.wanting || abs64(min(old.demand, se.limit)-min(h.demand, se.limit)) >= standStep(se.limit)
+	return !ok || old.capped != h.capped || old.wanting != h.wanting || abs64(min(old.demand, se.limit)-min(h.demand, se.limit)) >= lease.StandStep(se.limit)
 }
 
 // feedStands adds what the ended window id of ae showed of each region's
 // demand (lease.Allocator.Demands) to its key's moving average (see
-// standAlpha). Requires l.amu.
+// lease.StandAlpha). Requires l.amu.
 func (l *leases) feedStands(sk string, id int64, ae *allocEntry) {
 	se := l.stands[sk]
 	if se == nil || se.limit != ae.limit || se.window != ae.window || id <= se.fed || ae.a.Learning() {
@@ -1293,7 +1122,7 @@ func (l *leases) feedStands(sk string, id int64, ae *allocEntry) {
 }
 
 // fold adds a sample x (hits per window) to region r's moving average of
-// demand: the mean of the samples while there are few, then standAlpha's
+// demand: the mean of the samples while there are few, then lease.StandAlpha's
 // weight.
 func (se *standEntry) fold(r string, x float64) {
 	if se.samples == nil {
@@ -1301,13 +1130,8 @@ func (se *standEntry) fold(r string, x float64) {
 	}
 	n := se.samples[r]
 	se.samples[r] = n + 1
-	se.demand[r] += max(standAlpha, 1/float64(n+1)) * (x - se.demand[r])
+	se.demand[r] += max(lease.StandAlpha, 1/float64(n+1)) * (x - se.demand[r])
 }
-
-// standAlpha is the weight of the window that ended in a key's moving
-// average of demand (the rest is the earlier windows'): Poisson demand of
-// a hit or two a window moved a half-weighted average by a hit a window.
-const standAlpha = 0.3
 
 // giveBackAhead is how long before a window ends its regions give back
 // what they will not use (late): what they free goes to the capped
@@ -1343,34 +1167,24 @@ func (l *leases) sweep(now time.Time) {
 		sh.mu.Lock()
 		for k, e := range sh.m {
 			e.mu.Lock()
-			id := windowID(now, e.window)
-			// The region's demand average: the windows that ended since
-			// the last sweep, 0 for those without a check here.
-			for wid := max(e.avgFed+1, id-8); wid < id && e.window > 0; wid++ {
-				var d int64
-				if hw := e.wins[wid]; hw != nil {
-					d = hw.demand
-				}
-				e.avgDemand += max(standAlpha, 1/float64(e.avgN+1)) * (float64(d) - e.avgDemand)
-				e.avgFed = wid
-				e.avgN++
-			}
-			for wid := range e.wins {
+			id := windowID(now, e.Window)
+			e.Fold(id) // the region's demand average: the windows that ended since the last sweep
+			for wid := range e.Wins {
 				// A bucket's holder is forgotten only when idle and back at
 				// its base: one that was lowered must stay lowered (made
 				// again, it would start at its base, above the allocator's
 				// record).
 				if wid != bucketLease && wid < id-1 {
-					hw := e.wins[wid]
+					hw := e.Wins[wid]
 					p := l.pool(e.name)
-					p.slice.Add(hw.h.Slice())
-					p.used.Add(min(hw.consumed, hw.h.Slice()))
+					p.slice.Add(hw.H.Slice())
+					p.used.Add(min(hw.Consumed, hw.H.Slice()))
 				}
-				if (wid != bucketLease && wid < id-1) || (wid == bucketLease && time.Since(e.touched) > bucketIdle && e.wins[wid].h.Slice() == e.wins[wid].h.Base()) {
-					delete(e.wins, wid)
+				if (wid != bucketLease && wid < id-1) || (wid == bucketLease && time.Since(e.touched) > bucketIdle && e.Wins[wid].H.Slice() == e.Wins[wid].H.Base()) {
+					delete(e.Wins, wid)
 				}
 			}
-			if e.stand.Forget(id-1) && len(e.wins) == 0 {
+			if e.Stand.Forget(id-1) && len(e.Wins) == 0 {
 				// A standing slice other than the base keeps the entry:
 				// made again, it would start at the base.
 				delete(sh.m, k)
@@ -1927,12 +1741,12 @@ func (l *leases) onGrant(sk []byte, m *sluicev1.LeaseMessage) {
 	e.mu.Lock()
 	e.touched = time.Now()
 	w := l.win(e, m.WindowId)
-	before := w.h.Slice()
+	before := w.H.Slice()
 	// A slice is never more than the limit, whatever a peer says.
-	if w.h.OnGrant(lease.Grant{Region: m.Region, Window: m.WindowId, Alloc: m.Allocator, Seq: m.Seq, Slice: min(m.Slice, e.limit)}) {
-		l.st.grantedHits.Add(w.h.Slice() - before)
+	if w.H.OnGrant(lease.Grant{Region: m.Region, Window: m.WindowId, Alloc: m.Allocator, Seq: m.Seq, Slice: min(m.Slice, e.Limit)}) {
+		l.st.grantedHits.Add(w.H.Slice() - before)
 		if m.WindowId == bucketLease {
-			l.rerate(sk, e, e.window, w.h, l.s.store.Now())
+			l.rerate(sk, e, e.Window, w.H, l.s.store.Now())
 		}
 	}
 	e.mu.Unlock()
@@ -1957,7 +1771,7 @@ func (l *leases) bucketUsed(sk []byte, e *holderEntry, w time.Duration, slice in
 		return slice
 	}
 	used := e.capacity - d.Remaining // hits of debt, rounded up
-	return min((used*e.limit+e.capacity-1)/e.capacity, e.limit)
+	return min((used*e.Limit+e.capacity-1)/e.capacity, e.Limit)
 }
 
 // rerate makes the region's bucket of the key drain at h's slice from now
@@ -1999,24 +1813,24 @@ func (l *leases) onLower(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMes
 		// A bucket's share keeps what its region admitted and has not
 		// yet drained (its debt, in slice units: the burst share that
 		// holds it), and its debt drains at the lowered rate from now on.
-		consumed = l.bucketUsed(sk, e, wd, w.h.Slice(), now)
-		defer l.rerate(sk, e, wd, w.h, now)
+		consumed = l.bucketUsed(sk, e, wd, w.H.Slice(), now)
+		defer l.rerate(sk, e, wd, w.H, now)
 	case m.WindowId == cur:
 		d, err := l.s.store.ApplyBytes(sk, window.Check{Algorithm: window.FixedWindow, Limit: m.Limit, Window: wd}, now)
 		if err != nil {
 			return nil
 		}
 		consumed = max(m.Limit-d.Remaining, 0)
-		w.consumed = consumed
+		w.Consumed = consumed
 	case m.WindowId < cur:
-		consumed = w.h.Slice() // over: nothing more is admitted in it, nothing can be freed
+		consumed = w.H.Slice() // over: nothing more is admitted in it, nothing can be freed
 	}
-	k, ok := w.h.OnLower(lease.Lower{Region: m.Region, Window: m.WindowId, Alloc: m.Allocator, Seq: m.Seq, Target: m.Target}, consumed)
+	k, ok := w.H.OnLower(lease.Lower{Region: m.Region, Window: m.WindowId, Alloc: m.Allocator, Seq: m.Seq, Target: m.Target}, consumed)
 	if !ok {
 		return nil
 	}
 	if m.Target != lease.ReportOnly {
-		w.askedFor = 0 // the allocator forgot what the region waited for
+		w.AskedFor = 0 // the allocator forgot what the region waited for
 	}
 	a := &sluicev1.LeaseMessage{Kind: sluicev1.LeaseKind_LEASE_KIND_ACK, Name: m.Name, Key: m.Key, WindowId: m.WindowId,
 		WindowMs: m.WindowMs, Limit: m.Limit, Region: m.Region, Allocator: k.Alloc, Seq: k.Seq, Slice: k.Slice, Consumed: k.Consumed}
@@ -2037,44 +1851,20 @@ func (l *leases) onStand(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMes
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.touched = time.Now()
-	k, ok := e.stand.OnStand(lease.Stand{Region: m.Region, Alloc: m.Allocator, Seq: m.Seq, From: m.WindowId, Through: m.Through,
-		Slice: min(max(m.Slice, 0), e.limit)})
+	k, ok := e.Stand.OnStand(lease.Stand{Region: m.Region, Alloc: m.Allocator, Seq: m.Seq, From: m.WindowId, Through: m.Through,
+		Slice: min(max(m.Slice, 0), e.Limit)})
 	if !ok {
 		return nil
 	}
-	if from := max(m.WindowId, k.Made+1); e.sureFrom == 0 || from < e.sureFrom {
+	if from := max(m.WindowId, k.Made+1); e.SureFrom == 0 || from < e.SureFrom {
 		// From there on the schedule is the allocator's: a window made
 		// then starts at its standing slice, not at 0.
-		e.sureFrom = from
+		e.SureFrom = from
 	}
-	from := max(m.WindowId, k.Made+1)
-	if e.hintDemand >= 0 && e.hintFrom < from && e.hintThrough >= from-1 {
-		// A renewal: the windows the last Stand set up to it (the
-		// current one, made at its slice) keep a hint, the newer one
-		// (without, the current window of a renewed key had none, and
-		// its region asked as if the allocator knew nothing: most of a
-		// skewed key's requests).
-		from = e.hintFrom
-	}
-	e.hintDemand, e.hintWanted, e.hintFrom, e.hintThrough = -1, max(m.Wanted, 0), from, m.Through
-	if d := m.DemandMilli; d >= 0 {
-		e.hintDemand = min((d+500)/1000, e.limit) // beyond the limit, wanting more changes nothing
-	}
-	l.giving(e, e.hintWanted > 0 && e.hintDemand >= 0)
+	l.giving(e, e.SetHint(max(m.WindowId, k.Made+1), m.Through, m.Wanted, m.DemandMilli))
 	return &sluicev1.LeaseMessage{Kind: sluicev1.LeaseKind_LEASE_KIND_STAND_ACK, Name: m.Name, Key: m.Key, WindowId: k.Made,
 		WindowMs: m.WindowMs, Limit: m.Limit, Region: m.Region, Allocator: k.Alloc, Seq: k.Seq,
-		DemandMilli: e.demandSaid()}
-}
-
-// demandSaid is the region's demand per window as a StandAck says it,
-// in thousandths of a hit: its moving average, once three windows were
-// folded in (the first, in which the entry was made, is partial); -1
-// before. Requires e.mu.
-func (e *holderEntry) demandSaid() int64 {
-	if e.avgN < 3 {
-		return -1
-	}
-	return int64(math.Round(e.avgDemand * 1000))
+		DemandMilli: e.DemandSaid()}
 }
 
 // onStandAck applies a region's acknowledgement of a standing slice.

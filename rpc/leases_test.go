@@ -14,7 +14,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/region"
-	"github.com/sluicehq/sluice/region/lease"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
@@ -206,7 +205,7 @@ func TestStandingSliceStatedAgainAfterARestart(t *testing.T) {
 	for time.Now().Before(deadline) {
 		e := l.entry(ring.Key(nil, rc.Name, rc.Key), rc.Name, rc.Key, time.Minute, limit)
 		e.mu.Lock()
-		sure := e.sureFrom
+		sure := e.SureFrom
 		e.mu.Unlock()
 		if sure != 0 {
 			break
@@ -432,45 +431,6 @@ func TestLeaseRefusesBadMessages(t *testing.T) {
 	}
 }
 
-// The demand estimate a request is sized by: a few hits early in a window
-// are pooled with the last window's demand (a key checked about once a
-// window does not look like four), a busy key's rate shows at once, and a
-// key with no history here falls back to the rate so far (over at least a
-// quarter window).
-func TestLeaseDemandEstimate(t *testing.T) {
-	const w = time.Second
-	l := &leases{}
-	mk := func(first int64, prev int64, hasPrev bool, demand int64) (*holderEntry, *holderWin) {
-		e := &holderEntry{window: w, limit: 100, first: first, wins: map[int64]*holderWin{}}
-		if hasPrev {
-			e.wins[9] = &holderWin{h: lease.NewHolder("a", 9, 1), demand: prev}
-		}
-		cur := &holderWin{h: lease.NewHolder("a", 10, 1), demand: demand}
-		e.wins[10] = cur
-		return e, cur
-	}
-	for _, c := range []struct {
-		name             string
-		first, prev      int64
-		hasPrev          bool
-		demand           int64
-		elapsed          time.Duration
-		minPred, maxPred int64
-	}{
-		{"once a window, one check at 100 ms", 9, 1, true, 1, 100 * time.Millisecond, 1, 2},
-		{"quiet last window, one check", 8, 0, false, 1, 100 * time.Millisecond, 1, 1},
-		{"no history: rate so far over a quarter window", 10, 0, false, 1, 100 * time.Millisecond, 4, 4},
-		{"busy key: 30 last window, 3 hits in 100 ms", 9, 30, true, 3, 100 * time.Millisecond, 20, 30},
-		{"demand moved here: 8 hits in 250 ms, none before", 9, 0, true, 8, 250 * time.Millisecond, 24, 32},
-	} {
-		e, cur := mk(c.first, c.prev, c.hasPrev, c.demand)
-		_, pred := l.estimate(e, cur, c.elapsed)
-		if pred < c.minPred || pred > c.maxPred {
-			t.Errorf("%s: predicted %d, want %d..%d", c.name, pred, c.minPred, c.maxPred)
-		}
-	}
-}
-
 // A key wanted beyond the limit in every region: once a window of it
 // ended, the allocator sets each region's standing slice at its fair
 // share and says (the Stand's hint) that its demand is above it, and
@@ -559,60 +519,6 @@ func TestContendedKeyGoesQuiet(t *testing.T) {
 		t.Errorf("the allocator set %d stands over %d windows, want the three regions' renewals at least", n, standReach(time.Minute)+1)
 	}
 	t.Logf("admitted %v; %d stands set", got, alloc.srv.Stats().LeaseStands)
-}
-
-// What makes a holder quiet (no lease request) in a key its allocator
-// said is contended: a region whose planned demand is the whole limit
-// asks for nothing wherever it stands (standing at the limit and
-// lowered for another region's request, asking back would only take
-// what that region asked for); one planned below its demand by
-// standStep is capped; an uncapped region, while others are capped,
-// asks only when its demand passes twice its planned demand and two
-// standSteps (a region planned at 0 that sees a hit or two took a hit
-// from a region that would have spent it, four messages, and often did
-// not spend it: 2-4 points of utilisation in 5 regions 200 ms apart).
-// Outside the windows the hint holds for, or not knowing its start, a
-// holder asks as usual.
-func TestContendedHolderRules(t *testing.T) {
-	const limit = 10 // standStep 2
-	l := &leases{}
-	for _, c := range []struct {
-		name                  string
-		base, slice           int64 // the window's standing slice, and its slice now
-		demand, wanted        int64 // the hint
-		from, through         int64 // the windows the hint holds for (the holder's is 10)
-		unsure                bool
-		predicted             int64
-		wantCapped, wantKnown bool
-	}{
-		{"at the limit, lowered, wanting it all", 10, 9, 10, 0, 10, 12, false, 10, true, false},
-		{"standing 3, demand 5", 3, 3, 5, 0, 10, 12, false, 5, true, false},
-		{"standing 3, demand 4", 3, 3, 4, 0, 10, 12, false, 5, false, false},
-		{"planned 0, others capped, a hit or three", 0, 0, 0, 9, 10, 12, false, 3, false, true},
-		{"planned 0, others capped, four", 0, 0, 0, 9, 10, 12, false, 4, false, false},
-		{"planned 2, others capped, seven", 2, 2, 2, 9, 10, 12, false, 7, false, true},
-		{"planned 2, others capped, eight", 2, 2, 2, 9, 10, 12, false, 8, false, false},
-		{"planned 0, nobody capped", 0, 0, 0, 0, 10, 12, false, 1, false, false},
-		{"window before the hint", 3, 3, 10, 9, 11, 12, false, 1, false, false},
-		{"window after the hint", 3, 3, 10, 9, 8, 9, false, 1, false, false},
-		{"unsure of its start", 3, 3, 10, 9, 10, 12, true, 1, false, false},
-	} {
-		h := lease.NewHolder("a", 10, c.base)
-		if c.slice < c.base {
-			if _, ok := h.OnLower(lease.Lower{Region: "a", Window: 10, Alloc: 1, Seq: 1, Target: c.slice}, 0); !ok {
-				t.Fatalf("%s: the holder refused a lower to %d", c.name, c.slice)
-			}
-		}
-		w := &holderWin{h: h, unsure: c.unsure}
-		e := &holderEntry{limit: limit, window: time.Second, wins: map[int64]*holderWin{10: w},
-			hintDemand: c.demand, hintWanted: c.wanted, hintFrom: c.from, hintThrough: c.through}
-		if got := l.capped(e, w); got != c.wantCapped {
-			t.Errorf("%s: capped %v, want %v", c.name, got, c.wantCapped)
-		}
-		if got := l.known(e, w, c.predicted); got != c.wantKnown {
-			t.Errorf("%s: known at %d predicted %v, want %v", c.name, c.predicted, got, c.wantKnown)
-		}
-	}
 }
 
 // A global limit changed mid-window (a limits file reloaded): the key's
