@@ -2,6 +2,7 @@ package lease
 
 import (
 	"math"
+	"math/rand/v2"
 	"time"
 )
 
@@ -115,7 +116,7 @@ func (k *KeyHolder) MakeWin(id int64, unsure bool) *WindowHolder {
 	}
 	w := &WindowHolder{H: NewHolder(k.Region, id, start)}
 	if unsure {
-		w.H.StartAt(0)
+		w.H.StartAfresh(rand.Uint64() | 1)
 		w.Unsure = true
 	}
 	k.Wins[id] = w

@@ -78,6 +78,7 @@ type Grant struct {
 	Alloc  uint64
 	Seq    uint64
 	Slice  int64
+	Nonce  uint64 // the nonce of the region's last request (0: none): see Holder.StartAfresh
 }
 
 // Lower asks a region to lower its slice for a window to at most Target
@@ -113,6 +114,7 @@ type Request struct {
 	Want     int64
 	Consumed int64
 	Slice    int64
+	Nonce    uint64 // the holder's nonce (0: none): see Holder.StartAfresh
 }
 
 // Allocator keeps one key's pool for one window: the limit minus the
@@ -126,7 +128,11 @@ type Allocator struct {
 	regions    []string         // sorted
 	record     map[string]int64 // region -> recorded slice (>= what it holds)
 	known      map[string]bool  // learning mode: the regions that reported
-	free       int64            // pool hits granted to nobody (0 while learning)
+	free       int64            // pool hits granted to nobody (0 while learning; below 0: see hold)
+	floor      map[string]int64 // region -> hits it counts for in the pool at least (Slide; nil: none)
+	said       map[string]int64 // region -> the slice its last request said it holds
+	nonce      map[string]uint64 // region -> the nonce of its last request
+	closed     bool             // Close: grants nothing more
 	seq        map[string]uint64
 	lowerAt    map[string]uint64  // region -> seq of the Lower awaiting its Ack (0: none)
 	target     map[string]int64   // region -> that Lower's target
@@ -155,7 +161,8 @@ func NewAllocator(id uint64, window, limit int64, bases map[string]int64, demand
 	a := &Allocator{id: id, window: window, limit: limit, record: map[string]int64{},
 		seq: map[string]uint64{}, lowerAt: map[string]uint64{}, target: map[string]int64{},
 		used: map[string]int64{}, demand: map[string]int64{}, prior: map[string]int64{}, waiting: map[string]int64{}, left: 1,
-		extra: map[string]int64{}, askedAt: map[string]float64{}, reportLeft: map[string]float64{}, heard: map[string]bool{}}
+		extra: map[string]int64{}, askedAt: map[string]float64{}, reportLeft: map[string]float64{}, heard: map[string]bool{},
+		said: map[string]int64{}, nonce: map[string]uint64{}}
 	for r, b := range bases {
 		if b < 0 {
 			return nil, fmt.Errorf("lease: base of %s: must be >= 0, got %d", r, b)
@@ -241,10 +248,51 @@ func (a *Allocator) Free() int64 { return max(a.free, 0) }
 // changed): nothing is granted then until what comes back covers it.
 func (a *Allocator) hold(r string, held int64) {
 	if !a.Learning() {
-		a.free += a.record[r] - held
+		a.free += a.counted(r) - max(held, a.floor[r])
 	}
 	a.record[r] = held
 }
+
+// counted returns what region r takes of the pool: its record, or its
+// floor when that is more (Slide).
+func (a *Allocator) counted(r string) int64 { return max(a.record[r], a.floor[r]) }
+
+// Slide makes the allocator one of a sliding window's (Cloudflare's
+// two-window counter: a region's estimate is its last window's count,
+// weighted by the part of that window still inside the sliding one, plus
+// its current count). Call it before any message. carry is, per region,
+// at most what it admitted in the window before (the former window's
+// records): in this window its estimate starts there, so its record
+// starts at least there. floors is, per region, what its holder of the
+// next window starts at without a message (its standing slice): what a
+// region admits in this window still counts in the next one, so a region
+// takes at least that of the pool, and a region holds no more than
+// max(record, floor) in either window. Granting a region up to its floor
+// then costs the pool nothing. So for every window id at every moment,
+// Σ max(record, floor) ≤ limit (or the pool is below 0 and grants
+// nothing), and the regions' estimates add up to at most the limit. The
+// allocator of the window before must grant nothing once this one exists
+// (Close), so that carry stays above what it admitted.
+func (a *Allocator) Slide(carry, floors map[string]int64) {
+	a.floor = map[string]int64{}
+	for _, r := range a.regions {
+		a.floor[r] = max(floors[r], 0)
+		if c := carry[r]; c > a.record[r] {
+			a.record[r] = c
+		}
+	}
+	if !a.Learning() {
+		a.free = a.limit
+		for _, r := range a.regions {
+			a.free -= a.counted(r)
+		}
+	}
+}
+
+// Close makes the allocator grant nothing more (a sliding window's,
+// once the next window's allocator exists: see Slide). Lowers, Acks and
+// reports are taken as before.
+func (a *Allocator) Close() { a.closed = true }
 
 // Record returns the allocator's record of region's slice.
 func (a *Allocator) Record(region string) int64 { return a.record[region] }
@@ -388,6 +436,7 @@ func (a *Allocator) OnRequest(r Request) (grants []Grant, lowers []Lower) {
 		// recorded at what it admitted.
 		a.hold(r.Region, held)
 	}
+	a.said[r.Region], a.nonce[r.Region] = r.Slice, r.Nonce
 	a.used[r.Region] = max(a.used[r.Region], r.Consumed)
 	a.demand[r.Region] = max(a.demand[r.Region], r.Slice+max(r.Want, 0), a.used[r.Region])
 	a.extra[r.Region] = max(r.Slice+max(r.Want, 0)-r.Consumed, 0)
@@ -414,19 +463,23 @@ func (a *Allocator) OnRequest(r Request) (grants []Grant, lowers []Lower) {
 // left in the pool while a region waits is capacity no one admits with. A region
 // whose Lower awaits its Ack gets nothing until it answered.
 func (a *Allocator) grantWaiting() []Grant {
-	if a.Learning() || a.free <= 0 {
+	if a.Learning() || a.closed || a.free < 0 {
 		return nil
 	}
 	raised := map[string]int64{}
 	give := func(r string, n int64) {
-		a.free -= n
+		before := a.counted(r)
 		a.record[r] += n // recorded before it is sent
+		a.free -= a.counted(r) - before
 		a.waiting[r] -= n
 		raised[r] += n
 	}
+	// room is what region r may be granted: the free pool, and what it
+	// counts for beyond its record (its floor: Slide).
+	room := func(r string) int64 { return a.free + a.counted(r) - a.record[r] }
 	fair := a.fairShares(math.Round)
 	for _, r := range a.regions {
-		if n := min(a.waiting[r], a.free, fair[r]-a.record[r]); n > 0 && a.lowerAt[r] == 0 {
+		if n := min(a.waiting[r], room(r), fair[r]-a.record[r]); n > 0 && a.lowerAt[r] == 0 {
 			give(r, n)
 		}
 	}
@@ -436,15 +489,21 @@ func (a *Allocator) grantWaiting() []Grant {
 	open := slices.Clone(a.regions)
 	slices.SortStableFunc(open, func(x, y string) int { return int(fair[y] - fair[x]) })
 	for _, r := range open {
-		if n := min(a.waiting[r], a.free); n > 0 && a.lowerAt[r] == 0 {
+		if n := min(a.waiting[r], room(r)); n > 0 && a.lowerAt[r] == 0 {
 			give(r, n)
 		}
 	}
 	var out []Grant
 	for _, r := range a.regions {
-		if raised[r] > 0 {
+		// A waiting region whose last request said it holds less than
+		// its record (its holder started below it: a sliding window's
+		// carry, a holder made afresh) is granted its record too: the
+		// record counts in the pool already.
+		behind := a.waiting[r] > 0 && a.said[r] < a.record[r] && a.lowerAt[r] == 0
+		if raised[r] > 0 || behind {
 			a.seq[r]++
-			out = append(out, Grant{Region: r, Window: a.window, Alloc: a.id, Seq: a.seq[r], Slice: a.record[r]})
+			a.said[r] = a.record[r]
+			out = append(out, Grant{Region: r, Window: a.window, Alloc: a.id, Seq: a.seq[r], Slice: a.record[r], Nonce: a.nonce[r]})
 		}
 	}
 	return out
@@ -502,7 +561,7 @@ func (a *Allocator) OnAck(k Ack) ([]Grant, []Lower) {
 		a.known = nil
 		a.free = a.limit // below 0 when the regions admitted more (see hold)
 		for _, r := range a.regions {
-			a.free -= a.record[r]
+			a.free -= a.counted(r)
 		}
 		if a.contended("") {
 			lowers = a.Rebalance()
@@ -547,7 +606,7 @@ func (a *Allocator) OnGiveBack(k Ack) (grants []Grant, ok bool) {
 // whose Lower awaits its Ack. It returns the Grants to send (absolute
 // slices, recorded before they are sent); none while learning.
 func (a *Allocator) Offer(hunger map[string]int64) []Grant {
-	if a.Learning() || a.free <= 0 {
+	if a.Learning() || a.closed || a.free <= 0 {
 		return nil
 	}
 	give := map[string]int64{}
@@ -574,9 +633,11 @@ func (a *Allocator) Offer(hunger map[string]int64) []Grant {
 	var out []Grant
 	for _, r := range a.regions {
 		if n := give[r]; n > 0 {
+			// Taken from free as if the floor were not there: never
+			// more than the pool had.
 			a.record[r] += n
 			a.seq[r]++
-			out = append(out, Grant{Region: r, Window: a.window, Alloc: a.id, Seq: a.seq[r], Slice: a.record[r]})
+			out = append(out, Grant{Region: r, Window: a.window, Alloc: a.id, Seq: a.seq[r], Slice: a.record[r], Nonce: a.nonce[r]})
 		}
 	}
 	return out
@@ -595,6 +656,7 @@ type Holder struct {
 	alloc  uint64 // the allocator that last wrote to it (0: none yet)
 	seq    uint64 // the newest of its sequence numbers applied
 	seen   []allocSeq
+	nonce  uint64 // made afresh: its requests' nonce, which its grants must carry (0: not afresh)
 }
 
 // allocSeq is the newest sequence number a holder applied of one
@@ -635,14 +697,18 @@ func NewHolder(region string, window, base int64) *Holder {
 	return &Holder{region: region, window: window, base: max(base, 0), slice: max(base, 0)}
 }
 
-// StartAt sets the slice of a holder that has applied no message yet to
-// slice (at most its base): for a region that may hold less than its base
-// already (the key moved to this holder's node after the allocator
-// lowered it), so that the holder never starts above the allocator's
-// record. Requests and grants raise it as usual.
-func (h *Holder) StartAt(slice int64) {
+// StartAfresh makes a holder that has applied no message yet start at 0:
+// one made afresh for a window an allocator may have written to already
+// (its node restarted, the key moved to it, the limit changed), which
+// may hold less than its base and has forgotten the sequence numbers it
+// applied. nonce (not 0, unique to this holder) goes with its requests;
+// it takes only the grants that carry it (answers to its own requests,
+// so never a grant sent before it was made, which a Lower it never saw
+// may have superseded) until a Lower or a report gives it an allocator's
+// sequence numbers. Requests and grants then raise it as usual.
+func (h *Holder) StartAfresh(nonce uint64) {
 	if h.alloc == 0 {
-		h.slice = min(max(slice, 0), h.base)
+		h.slice, h.nonce = 0, nonce
 	}
 }
 
@@ -657,16 +723,20 @@ func (h *Holder) Window() int64 { return h.window }
 
 // Request returns a request for want more hits, reporting its use.
 func (h *Holder) Request(want, consumed int64) Request {
-	return Request{Region: h.region, Window: h.window, Want: want, Consumed: consumed, Slice: h.slice}
+	return Request{Region: h.region, Window: h.window, Want: want, Consumed: consumed, Slice: h.slice, Nonce: h.nonce}
 }
 
 // OnGrant applies a grant and reports whether it raised the slice. A
 // grant of another allocator than the one that last wrote, an older or
-// duplicate grant (by sequence number), or one of another window or
-// region, changes nothing.
+// duplicate grant (by sequence number), one of another window or region,
+// or, to a holder made afresh that applied nothing yet, one without its
+// nonce, changes nothing.
 func (h *Holder) OnGrant(g Grant) bool {
 	if g.Window != h.window || g.Region != h.region || (h.alloc != 0 && g.Alloc != h.alloc) || g.Seq <= h.newest(g.Alloc) {
 		return false
+	}
+	if h.nonce != 0 && h.alloc == 0 && g.Nonce != h.nonce {
+		return false // made afresh, and not an answer to its request
 	}
 	h.apply(g.Alloc, g.Seq)
 	if g.Slice <= h.slice {

@@ -42,6 +42,8 @@ type sim struct {
 	// and grants as if it were alone.
 	old       *Allocator
 	restarted map[string]bool // regions whose holder was made afresh
+	seed      uint64
+	crashedAt int // the tick of the last crash or split (0: none)
 }
 
 // giveBack is a Holder.GiveBack on the bus (an Ack no Lower asked for).
@@ -53,7 +55,7 @@ func newSim(t *testing.T, seed uint64, limit int64, bases map[string]int64) *sim
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &sim{t: t, rng: rand.New(rand.NewPCG(seed, 99)), limit: limit, bases: bases, alloc: a,
+	s := &sim{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 99)), limit: limit, bases: bases, alloc: a,
 		holders: map[string]*Holder{}, consumed: map[string]int64{}, delay: 1, cut: map[string]bool{},
 		restarted: map[string]bool{}}
 	for _, r := range []string{"a", "b", "c"} {
@@ -71,6 +73,7 @@ func (s *sim) crash(id uint64) {
 		s.t.Fatal(err)
 	}
 	s.alloc = a
+	s.crashedAt = s.now
 	for _, l := range a.Pending() {
 		s.send(l.Region, l)
 	}
@@ -92,7 +95,7 @@ func (s *sim) split(id uint64) {
 // the window's count (consumed) stays.
 func (s *sim) restart(r string) {
 	h := NewHolder(r, 7, s.bases[r])
-	h.StartAt(0)
+	h.StartAfresh(s.rng.Uint64() | 1)
 	s.holders[r] = h
 	s.restarted[r] = true
 }
@@ -251,7 +254,7 @@ func (s *sim) check() {
 			s.t.Fatalf("tick %d: %s consumed %d over its slice %d", s.now, r, s.consumed[r], h.Slice())
 		}
 		if !s.alloc.Learning() && h.Slice() > s.alloc.Record(r) && s.consumed[r] < h.Slice() {
-			s.t.Fatalf("tick %d: %s holds %d, the allocator recorded %d", s.now, r, h.Slice(), s.alloc.Record(r))
+			s.t.Fatalf("seed %d, tick %d: %s holds %d, the allocator recorded %d (restarted %v, split %v, learning since %d)", s.seed, s.now, r, h.Slice(), s.alloc.Record(r), s.restarted[r], s.old != nil, s.crashedAt)
 		}
 	}
 	if consumed > s.limit || held > s.limit {
@@ -792,9 +795,15 @@ func TestTwoAllocatorsAtOnce(t *testing.T) {
 func TestAHolderMadeAfreshKeepsItsCount(t *testing.T) {
 	a, _ := NewAllocator(1, 1, 60, map[string]int64{"x": 20, "y": 20, "z": 20}, nil, false)
 	x := NewHolder("x", 1, 20)
-	x.StartAt(0) // made afresh; x admitted 20 before
-	if gs, _ := a.OnRequest(x.Request(10, 20)); len(gs) != 0 || a.Record("x") != 20 || a.Free() != 0 {
-		t.Fatalf("grants %v, x's record %d, free %d; want none, 20, 0", gs, a.Record("x"), a.Free())
+	x.StartAfresh(7) // made afresh; x admitted 20 before
+	gs, _ := a.OnRequest(x.Request(10, 20))
+	for _, g := range gs {
+		if g.Region != "x" || g.Slice > 20 {
+			t.Fatalf("grant %v: more than the 20 x admitted", g)
+		}
+	}
+	if a.Record("x") != 20 || a.Free() != 0 {
+		t.Fatalf("x's record %d, free %d; want 20, 0", a.Record("x"), a.Free())
 	}
 	// Learning: x reports a slice of 0 and 30 admitted (a limit lowered
 	// from 90 to 60 mid-window), y and z their bases.
@@ -803,7 +812,7 @@ func TestAHolderMadeAfreshKeepsItsCount(t *testing.T) {
 	for _, l := range b.Pending() {
 		h, consumed := NewHolder(l.Region, 1, 20), int64(0)
 		if l.Region == "x" {
-			h.StartAt(0)
+			h.StartAfresh(8)
 			consumed = 30
 		}
 		hs[l.Region] = h
@@ -815,7 +824,8 @@ func TestAHolderMadeAfreshKeepsItsCount(t *testing.T) {
 	}
 	// y gives 15 back: 10 of it covers what x admitted over the pool.
 	k, _ := hs["y"].GiveBack(5, 0)
-	gs, ok := b.OnGiveBack(k)
+	var ok bool
+	gs, ok = b.OnGiveBack(k)
 	if !ok || len(gs) != 0 || b.Free() != 5 {
 		t.Fatalf("give-back taken %v, grants %v, free %d; want 5 free", ok, gs, b.Free())
 	}
