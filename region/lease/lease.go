@@ -125,14 +125,14 @@ type Allocator struct {
 	id         uint64
 	window     int64
 	limit      int64
-	regions    []string         // sorted
-	record     map[string]int64 // region -> recorded slice (>= what it holds)
-	known      map[string]bool  // learning mode: the regions that reported
-	free       int64            // pool hits granted to nobody (0 while learning; below 0: see hold)
-	floor      map[string]int64 // region -> hits it counts for in the pool at least (Slide; nil: none)
-	said       map[string]int64 // region -> the slice its last request said it holds
+	regions    []string          // sorted
+	record     map[string]int64  // region -> recorded slice (>= what it holds)
+	known      map[string]bool   // learning mode: the regions that reported
+	free       int64             // pool hits granted to nobody (0 while learning; below 0: see hold)
+	floor      map[string]int64  // region -> hits it counts for in the pool at least (Slide; nil: none)
+	said       map[string]int64  // region -> the slice its last request said it holds
 	nonce      map[string]uint64 // region -> the nonce of its last request
-	closed     bool             // Close: grants nothing more
+	closed     bool              // Close: grants nothing more
 	seq        map[string]uint64
 	lowerAt    map[string]uint64  // region -> seq of the Lower awaiting its Ack (0: none)
 	target     map[string]int64   // region -> that Lower's target
