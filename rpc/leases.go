@@ -186,6 +186,7 @@ type allocKey struct {
 }
 
 type allocEntry struct {
+	sliding    bool // a sliding window's (see lease.Allocator.Slide)
 	name, key  string
 	window     time.Duration
 	limit      int64
@@ -246,11 +247,31 @@ func newLeases(s *Server, base float64) *leases {
 }
 
 // leased reports whether r's global slice follows demand by leases: a
-// fixed-window or bucket limit of scope global with several regions, and
-// a pool to lease (LeaseBase below 1; at 1 the bases are the whole limit,
-// and every algorithm keeps fixed slices).
+// limit of scope global with several regions, and a pool to lease
+// (LeaseBase below 1; at 1 the bases are the whole limit, and every
+// algorithm keeps fixed slices).
 func (s *Server) leased(r *request) bool {
-	return s.leases != nil && s.leases.base < 1 && r.scope == region.Global && (r.check.Algorithm == window.FixedWindow || isBucket(r.check.Algorithm))
+	return s.leases != nil && s.leases.base < 1 && r.scope == region.Global
+}
+
+// counted returns what the region admitted of e's key in the current
+// window as its window in the store says (a sliding window's: its
+// estimate, rounded up), peeked with algorithm a at the key's limit.
+func (l *leases) counted(sk []byte, e *holderEntry, a window.Algorithm, now time.Time) (int64, bool) {
+	d, err := l.s.store.ApplyBytes(sk, window.Check{Algorithm: a, Limit: e.Limit, Window: e.Window}, now)
+	if err != nil {
+		return 0, false
+	}
+	return max(e.Limit-d.Remaining, 0), true
+}
+
+// algorithmOf returns e's algorithm for a window's lease message m (its
+// checks', or the message's when no check came here yet). Requires e.mu.
+func algorithmOf(e *holderEntry, m *sluicev1.LeaseMessage) window.Algorithm {
+	if e.algorithm == window.SlidingWindow || m.GetSliding() {
+		return window.SlidingWindow
+	}
+	return window.FixedWindow
 }
 
 // burstShare is a bucket's burst share for a slice of slice hits of a
@@ -395,6 +416,7 @@ func (l *leases) decide(storeKey []byte, r *request, now time.Time) *sluicev1.De
 	id := windowID(now, c.Window)
 	start := time.Unix(0, id*int64(c.Window))
 	e.mu.Lock()
+	e.algorithm = c.Algorithm
 	w := l.win(e, id)
 	w.Demand += c.Hits
 	slice := w.H.Slice()
@@ -415,11 +437,18 @@ func (l *leases) decide(storeKey []byte, r *request, now time.Time) *sluicev1.De
 			w.Consumed = max(slice-pd.Remaining, 0)
 		}
 	}
-	if w.Unsure {
+	switch {
+	case c.Algorithm == window.SlidingWindow:
+		// What the region holds is its estimate (its last window's count
+		// still counts), which may pass the slice at a window's start.
+		if n, ok := l.counted(storeKey, e, c.Algorithm, now); ok {
+			w.Consumed = n
+		}
+	case w.Unsure:
 		// Made afresh over what the window may have admitted already
 		// (the store's count may pass the slice): requests say it.
-		if d, err := s.store.ApplyBytes(storeKey, window.Check{Algorithm: window.FixedWindow, Limit: e.Limit, Window: c.Window}, now); err == nil {
-			w.Consumed = max(w.Consumed, e.Limit-d.Remaining)
+		if n, ok := l.counted(storeKey, e, c.Algorithm, now); ok {
+			w.Consumed = max(w.Consumed, n)
 		}
 	}
 	pd.Slice = slice
@@ -514,9 +543,16 @@ func (l *leases) wantMore(e *holderEntry, w *holderWin, start, now time.Time) in
 	return e.WantMore(w, now.Sub(start), time.Now(), l.lead(), time.Duration(l.rtt.Load())+2*leaseFlush)
 }
 
+// message returns a lease message of e's key for window id from this
+// region: a sliding window's says so, and a request carries its holder's
+// nonce (made afresh: see lease.Holder.StartAfresh). Requires e.mu.
 func (l *leases) message(e *holderEntry, kind sluicev1.LeaseKind, id int64) *sluicev1.LeaseMessage {
-	return &sluicev1.LeaseMessage{Kind: kind, Name: e.name, Key: e.key, WindowId: id,
-		WindowMs: e.Window.Milliseconds(), Limit: e.Limit, Region: l.s.region}
+	m := &sluicev1.LeaseMessage{Kind: kind, Name: e.name, Key: e.key, WindowId: id,
+		WindowMs: e.Window.Milliseconds(), Limit: e.Limit, Region: l.s.region, Sliding: e.algorithm == window.SlidingWindow}
+	if w := e.Wins[id]; w != nil && kind == sluicev1.LeaseKind_LEASE_KIND_REQUEST {
+		m.Nonce = w.H.Nonce()
+	}
+	return m
 }
 
 // allocatorRegion returns the allocator region of the key of seed under
@@ -727,7 +763,9 @@ func (l *leases) ahead(now time.Time) {
 			e.mu.Unlock()
 			continue
 		}
-		if e.NextWindowSent > id || next.Sub(now) > lead {
+		if e.NextWindowSent > id || next.Sub(now) > lead || e.algorithm == window.SlidingWindow {
+			// A sliding window's next allocator closes this window's
+			// (lease.Allocator.Slide): it is asked in its window only.
 			e.mu.Unlock()
 			continue
 		}
@@ -828,19 +866,18 @@ func (l *leases) giveBack(e *holderEntry, now time.Time) *sluicev1.LeaseMessage 
 		l.giving(e, false) // the stands ran out
 		return nil
 	}
-	if !gives || !l.mine(sk) {
+	if !gives || e.algorithm == window.SlidingWindow || !l.mine(sk) {
 		return nil
 	}
 	w := l.win(e, id)
 	if w.Unsure || w.H.Slice() <= 0 {
 		return nil
 	}
-	dc, err := l.s.store.ApplyBytes(sk, window.Check{Algorithm: window.FixedWindow, Limit: e.Limit, Window: e.Window}, now)
-	if err != nil {
+	consumed, ok := l.counted(sk, e, window.FixedWindow, now)
+	if !ok {
 		return nil
 	}
 	start := time.Unix(0, id*int64(e.Window))
-	consumed := max(e.Limit-dc.Remaining, 0)
 	w.Consumed = consumed
 	var rate float64
 	if w.Demand > 0 || e.Wins[id-1] != nil {
@@ -1234,7 +1271,7 @@ func (ae *allocEntry) setLeft(now time.Time) {
 
 func (ae *allocEntry) base(kind sluicev1.LeaseKind, reg string) *sluicev1.LeaseMessage {
 	return &sluicev1.LeaseMessage{Kind: kind, Name: ae.name, Key: ae.key, WindowId: ae.a.Window(),
-		WindowMs: ae.window.Milliseconds(), Limit: ae.limit, Region: reg, Allocator: ae.a.ID()}
+		WindowMs: ae.window.Milliseconds(), Limit: ae.limit, Region: reg, Allocator: ae.a.ID(), Sliding: ae.sliding}
 }
 
 func (ae *allocEntry) lowerMessage(lw lease.Lower) *sluicev1.LeaseMessage {
@@ -1245,7 +1282,7 @@ func (ae *allocEntry) lowerMessage(lw lease.Lower) *sluicev1.LeaseMessage {
 
 func (ae *allocEntry) grantMessage(g lease.Grant) *sluicev1.LeaseMessage {
 	m := ae.base(sluicev1.LeaseKind_LEASE_KIND_GRANT, g.Region)
-	m.Seq, m.Slice = g.Seq, g.Slice
+	m.Seq, m.Slice, m.Nonce = g.Seq, g.Slice, g.Nonce
 	return m
 }
 
@@ -1515,7 +1552,7 @@ func (l *leases) alloc(sk []byte, m *sluicev1.LeaseMessage, create bool) *allocE
 	learning := ae != nil || m.WindowId == bucketLease || l.learning(m.WindowId, w, seed)
 	starts := l.bases(m.Limit, seed)
 	var demand map[string]int64
-	if m.WindowId != bucketLease {
+	if m.WindowId != bucketLease && !m.Sliding {
 		// A fixed window starts at the regions' standing slices, and
 		// from their demand in the last window (Allocator.Demands); with
 		// no last window here, from the demand the stands learnt (none:
@@ -1541,11 +1578,38 @@ func (l *leases) alloc(sk []byte, m *sluicev1.LeaseMessage, create bool) *allocE
 			}
 		}
 	}
+	if m.Sliding && m.WindowId != bucketLease {
+		// A sliding window's regions start at their bases (no stands:
+		// a standing slice raised from a window on would let a region
+		// admit while another's count of the window before, lowered,
+		// still counts), from the last window's demand.
+		demand = map[string]int64{}
+		if prev := l.allocs[allocKey{string(sk), m.WindowId - 1}]; prev != nil && prev.limit == m.Limit && !prev.a.Learning() {
+			demand = prev.a.Demands()
+		}
+	}
 	a, err := lease.NewAllocator(l.inc|(l.ids.Add(1)&0xffffffff), m.WindowId, m.Limit, starts, demand, learning)
 	if err != nil {
 		return nil
 	}
-	ae = &allocEntry{name: m.Name, key: m.Key, window: w, limit: m.Limit, a: a, touched: time.Now(), view: v}
+	if m.Sliding && m.WindowId != bucketLease {
+		// Each region's count of the window before still counts in this
+		// one: its records there start this window's, and it grants no
+		// more; and what a region admits here counts in the next window,
+		// which its holder starts at its base (the floors).
+		carry := map[string]int64{}
+		if prev := l.allocs[allocKey{string(sk), m.WindowId - 1}]; prev != nil && prev.limit == m.Limit {
+			prev.a.Close()
+			for _, r := range l.s.regions.Regions() {
+				carry[r.Name] = prev.a.Record(r.Name)
+			}
+		}
+		// With no allocator of the window before here, none granted in it
+		// (or this one learns: the regions' reports say their estimates),
+		// and the regions held their bases, which the records start at.
+		a.Slide(carry, starts)
+	}
+	ae = &allocEntry{name: m.Name, key: m.Key, window: w, limit: m.Limit, a: a, touched: time.Now(), view: v, sliding: m.Sliding && m.WindowId != bucketLease}
 	l.allocs[k] = ae
 	return ae
 }
@@ -1595,7 +1659,7 @@ func (l *leases) onRequest(sk []byte, m *sluicev1.LeaseMessage) []*sluicev1.Leas
 		ae.sent = time.Now()
 		lowers = append(lowers, ae.a.Pending()...) // learning mode's reports
 	}
-	gs, ls := ae.a.OnRequest(lease.Request{Region: m.Region, Window: m.WindowId, Want: m.Want, Consumed: m.Consumed, Slice: m.Slice})
+	gs, ls := ae.a.OnRequest(lease.Request{Region: m.Region, Window: m.WindowId, Want: m.Want, Consumed: m.Consumed, Slice: m.Slice, Nonce: m.Nonce})
 	lowers = append(lowers, ls...)
 	var restate *sluicev1.LeaseMessage
 	if m.Unsure && m.WindowId != bucketLease {
@@ -1743,7 +1807,7 @@ func (l *leases) onGrant(sk []byte, m *sluicev1.LeaseMessage) {
 	w := l.win(e, m.WindowId)
 	before := w.H.Slice()
 	// A slice is never more than the limit, whatever a peer says.
-	if w.H.OnGrant(lease.Grant{Region: m.Region, Window: m.WindowId, Alloc: m.Allocator, Seq: m.Seq, Slice: min(m.Slice, e.Limit)}) {
+	if w.H.OnGrant(lease.Grant{Region: m.Region, Window: m.WindowId, Alloc: m.Allocator, Seq: m.Seq, Slice: min(m.Slice, e.Limit), Nonce: m.Nonce}) {
 		l.st.grantedHits.Add(w.H.Slice() - before)
 		if m.WindowId == bucketLease {
 			l.rerate(sk, e, e.Window, w.H, l.s.store.Now())
@@ -1816,11 +1880,11 @@ func (l *leases) onLower(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMes
 		consumed = l.bucketUsed(sk, e, wd, w.H.Slice(), now)
 		defer l.rerate(sk, e, wd, w.H, now)
 	case m.WindowId == cur:
-		d, err := l.s.store.ApplyBytes(sk, window.Check{Algorithm: window.FixedWindow, Limit: m.Limit, Window: wd}, now)
-		if err != nil {
+		n, ok := l.counted(sk, e, algorithmOf(e, m), now)
+		if !ok {
 			return nil
 		}
-		consumed = max(m.Limit-d.Remaining, 0)
+		consumed = n
 		w.Consumed = consumed
 	case m.WindowId < cur:
 		consumed = w.H.Slice() // over: nothing more is admitted in it, nothing can be freed

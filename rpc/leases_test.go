@@ -3,6 +3,7 @@ package rpc
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -552,4 +553,81 @@ func TestLimitChangedMidWindow(t *testing.T) {
 		t.Errorf("after the limit went from 30 to 90 with %d admitted, %d in all (%v); want 80 to 90", before, total, after)
 	}
 	t.Logf("raised: %d before, then %v", before, after)
+}
+
+// A global sliding-window limit's slices follow demand too: a key used in
+// one region admits there what one sliding counter of the limit less the
+// other regions' bases would (60 with bases of 10: a counter of 40, where
+// fixed slices gave 20; checked at each quarter of a window, that is 40,
+// 30, 32, 32 a window, the count of the window before still counting as
+// the window goes on); and flooded in every region, the regions' sliding
+// estimate (the last window's count weighted by what is left of the
+// current one, plus the current count) never passes the limit, checked
+// at each quarter of four windows; nor when the demand moves to another
+// region at a window's start, where the first region's count of the
+// window before still counts (without the carry, the new region was
+// granted the whole pool at once).
+func TestLeasedSlidingWindow(t *testing.T) {
+	clock := windowClock()
+	byRegion := startLeaseRegions(t, clock)
+	const limit = 60
+	w := time.Minute
+	// Start at a window's start.
+	clock.Advance(w - time.Duration(clock.Now().UnixNano()%int64(w)))
+	for _, c := range []struct {
+		key     string
+		regions []string
+		moveTo  string // from the second window on, the demand is here alone
+	}{{"sliding-one", []string{"a"}, ""}, {"sliding-all", []string{"a", "b", "c"}, ""}, {"sliding-moved", []string{"a"}, "b"}} {
+		rc := &sluicev1.RateLimitCheck{Name: "api", Key: c.key, Limit: limit, WindowMs: w.Milliseconds(),
+			Algorithm: sluicev1.Algorithm_ALGORITHM_SLIDING_WINDOW}
+		counts := map[int64]int{} // window id -> admitted in it
+		var perWindow []int
+		for i := range 4 {
+			id := clock.Now().UnixNano() / int64(w)
+			regions := c.regions
+			if i > 0 && c.moveTo != "" {
+				regions = []string{c.moveTo}
+			}
+			for q := range 4 {
+				for _, r := range regions {
+					counts[id] += leaseCheckUntil(t, byRegion[r], rc, limit, 150*time.Millisecond)
+				}
+				f := float64(q) / 4 // how far into the window the checks came
+				est := float64(counts[id-1])*(1-f) + float64(counts[id])
+				if est > limit {
+					t.Fatalf("%s: window %d at %.2f: estimate %.1f (last %d, now %d), over the limit %d",
+						c.key, id, f, est, counts[id-1], counts[id], limit)
+				}
+				clock.Advance(w / 4)
+			}
+			perWindow = append(perWindow, counts[id])
+		}
+		t.Logf("%s: admitted per window %v", c.key, perWindow)
+		if c.moveTo != "" && perWindow[3] < 30 {
+			// Within the window the demand moved in, the first region's
+			// count is held for it until it reports lower (conservative);
+			// two windows later the slices followed.
+			t.Errorf("%s: the fourth window admitted %d in %s, want 30 or more: %v", c.key, perWindow[3], c.moveTo, perWindow)
+		}
+		if len(c.regions) == 1 && c.moveTo == "" {
+			// One sliding counter of 40, checked at each quarter.
+			var want []int
+			last := 0
+			for range 4 {
+				n := 0
+				for q := range 4 {
+					n = max(n, int(math.Floor(40-float64(last)*(1-float64(q)/4))))
+				}
+				want = append(want, n)
+				last = n
+			}
+			for i, n := range perWindow {
+				if n < want[i]-2 || n > want[i] {
+					t.Errorf("%s: window %d admitted %d, want %d (a sliding counter of the limit less the others' bases): %v, want %v",
+						c.key, i+1, n, want[i], perWindow, want)
+				}
+			}
+		}
+	}
 }

@@ -59,15 +59,16 @@ func countAllowed(t *testing.T, nodes []*inprocNode, rc *sluicev1.RateLimitCheck
 	return allowed, ds
 }
 
-// A global limit of an algorithm other than the fixed window (whose
-// slices follow demand by leases, see leases_test.go) is split into fixed
-// slices: each region admits its slice of a key (region.Share), decided
-// by the key's owner in the region, and the regions together admit
-// exactly the limit, never more. Answers say the scope, the region, the
-// slice, the full limit, and slice_exhausted on a denial.
+// With leases off (LeaseBase 1: the bases are the whole limit; by
+// default slices follow demand, see leases_test.go), a global limit is
+// split into fixed slices: each region admits its slice of a key
+// (region.Share), decided by the key's owner in the region, and the
+// regions together admit exactly the limit, never more. Answers say the
+// scope, the region, the slice, the full limit, and slice_exhausted on a
+// denial.
 func TestGlobalLimitSplitsIntoSlices(t *testing.T) {
 	clock := windowClock()
-	byRegion := startRegions(t, "a=2,b=1,c=1", 2, NodeConfig{Clock: clock})
+	byRegion := startRegions(t, "a=2,b=1,c=1", 2, NodeConfig{Clock: clock, LeaseBase: 1})
 	regions, _ := region.Parse("a=2,b=1,c=1")
 	for _, key := range []string{"user:1", "user:2", "user:3"} {
 		rc := &sluicev1.RateLimitCheck{Name: "api", Key: key, Limit: 10, WindowMs: 60_000, Algorithm: sluicev1.Algorithm_ALGORITHM_SLIDING_WINDOW}
@@ -181,13 +182,13 @@ limits:
 	}
 }
 
-// A limit smaller than the regions it is split among leaves some regions
+// With leases off, a limit smaller than the regions it is split among leaves some regions
 // a slice of 0: their checks are denied at once, never allowed there
 // (retry_after -1), slice_exhausted; the regions together still admit the
 // limit, no more.
 func TestZeroSliceIsDeniedAtOnce(t *testing.T) {
 	clock := windowClock()
-	byRegion := startRegions(t, "a,b,c", 1, NodeConfig{Clock: clock})
+	byRegion := startRegions(t, "a,b,c", 1, NodeConfig{Clock: clock, LeaseBase: 1})
 	rc := &sluicev1.RateLimitCheck{Name: "api", Key: "tiny", Limit: 1, WindowMs: 60_000, Algorithm: sluicev1.Algorithm_ALGORITHM_SLIDING_WINDOW}
 	total, zero := 0, 0
 	for _, r := range []string{"a", "b", "c"} {
@@ -346,12 +347,12 @@ func TestRegionsWithTLSBecomeReady(t *testing.T) {
 }
 
 // A window algorithm's burst (which it ignores) is not split: a sliding
-// window (whose slices are fixed; a fixed window's are leased) with burst
-// 1 in three regions admits the whole limit in all (it once split the
-// burst into 1, 0, 0 and denied two regions every check).
+// window with fixed slices (leases off) with burst 1 in three regions
+// admits the whole limit in all (it once split the burst into 1, 0, 0 and
+// denied two regions every check).
 func TestWindowBurstIsNotSliced(t *testing.T) {
 	clock := windowClock()
-	byRegion := startRegions(t, "a,b,c", 1, NodeConfig{Clock: clock})
+	byRegion := startRegions(t, "a,b,c", 1, NodeConfig{Clock: clock, LeaseBase: 1})
 	rc := &sluicev1.RateLimitCheck{Name: "api", Key: "k", Limit: 90, Burst: 1, WindowMs: 60_000, Algorithm: sluicev1.Algorithm_ALGORITHM_SLIDING_WINDOW}
 	total := 0
 	for _, r := range []string{"a", "b", "c"} {

@@ -413,14 +413,13 @@ func TestCheckScope(t *testing.T) {
 	}
 	n, err := rpc.StartNode(rpc.NodeConfig{
 		Name: "us-1", Region: "us", Regions: regions, GRPCAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
-		Profile: cluster.Local, Logger: slog.New(slog.DiscardHandler), LeaveTimeout: time.Second,
+		Profile: cluster.Local, Logger: slog.New(slog.DiscardHandler), LeaveTimeout: time.Second, LeaseBase: 1,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = n.Close(context.Background()) })
-	// A sliding window: its slices are fixed (a fixed window's follow
-	// leases, and with eu down nobody leases).
+	// Leases off (LeaseBase 1): fixed slices, 2 of 4 in each region.
 	code, out, errOut := sluice(t, "check", "--addr", n.GRPCAddr(), "--name", "api", "--key", "k", "--limit", "4", "--count", "3", "--algorithm", "sliding_window")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if code != 0 || len(lines) != 3 || !strings.Contains(lines[0], "scope=global region=us slice=2") ||

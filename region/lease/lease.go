@@ -712,6 +712,10 @@ func (h *Holder) StartAfresh(nonce uint64) {
 	}
 }
 
+// Nonce returns the nonce of a holder made afresh (0: not one): see
+// StartAfresh.
+func (h *Holder) Nonce() uint64 { return h.nonce }
+
 // Base returns the holder's base (what it owns with no message).
 func (h *Holder) Base() int64 { return h.base }
 

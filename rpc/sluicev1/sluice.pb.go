@@ -1712,7 +1712,18 @@ type LeaseMessage struct {
 	// Stand: the hits the other regions want beyond their standing slices
 	// (0: none; a region gives back what it will not use only when this is
 	// above 0).
-	Wanted        int64 `protobuf:"varint,17,opt,name=wanted,proto3" json:"wanted,omitempty"`
+	Wanted int64 `protobuf:"varint,17,opt,name=wanted,proto3" json:"wanted,omitempty"`
+	// The limit is a sliding window's (Cloudflare's two-window counter): a
+	// region's count in one window still counts in the next, so a window's
+	// allocator starts from the former one's records, closes it, and counts
+	// each region at least at its next window's start. Request, Ack:
+	// consumed is the region's estimate, rounded up.
+	Sliding bool `protobuf:"varint,18,opt,name=sliding,proto3" json:"sliding,omitempty"`
+	// Request: the nonce of a holder made afresh in the window (0: none);
+	// Grant: the nonce of the region's last request. A holder made afresh
+	// takes only grants that carry its nonce until an allocator's Lower
+	// or report reached it.
+	Nonce         uint64 `protobuf:"varint,19,opt,name=nonce,proto3" json:"nonce,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1862,6 +1873,20 @@ func (x *LeaseMessage) GetDemandMilli() int64 {
 func (x *LeaseMessage) GetWanted() int64 {
 	if x != nil {
 		return x.Wanted
+	}
+	return 0
+}
+
+func (x *LeaseMessage) GetSliding() bool {
+	if x != nil {
+		return x.Sliding
+	}
+	return false
+}
+
+func (x *LeaseMessage) GetNonce() uint64 {
+	if x != nil {
+		return x.Nonce
 	}
 	return 0
 }
@@ -2074,7 +2099,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12+\n" +
 	"\x06states\x18\x02 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\x12'\n" +
 	"\x0fsender_instance\x18\x03 \x01(\tR\x0esenderInstance\"\x13\n" +
-	"\x11ReplicateResponse\"\xc1\x03\n" +
+	"\x11ReplicateResponse\"\xf1\x03\n" +
 	"\fLeaseMessage\x12(\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x14.sluice.v1.LeaseKindR\x04kind\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
@@ -2093,7 +2118,9 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\athrough\x18\x0e \x01(\x03R\athrough\x12\x16\n" +
 	"\x06unsure\x18\x0f \x01(\bR\x06unsure\x12!\n" +
 	"\fdemand_milli\x18\x10 \x01(\x03R\vdemandMilli\x12\x16\n" +
-	"\x06wanted\x18\x11 \x01(\x03R\x06wanted\"[\n" +
+	"\x06wanted\x18\x11 \x01(\x03R\x06wanted\x12\x18\n" +
+	"\asliding\x18\x12 \x01(\bR\asliding\x12\x14\n" +
+	"\x05nonce\x18\x13 \x01(\x04R\x05nonce\"[\n" +
 	"\fLeaseRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x123\n" +
 	"\bmessages\x18\x02 \x03(\v2\x17.sluice.v1.LeaseMessageR\bmessages\"D\n" +

@@ -1191,6 +1191,25 @@ func (m *LeaseMessage) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if m.Nonce != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.Nonce))
+		i--
+		dAtA[i] = 0x1
+		i--
+		dAtA[i] = 0x98
+	}
+	if m.Sliding {
+		i--
+		if m.Sliding {
+			dAtA[i] = 1
+		} else {
+			dAtA[i] = 0
+		}
+		i--
+		dAtA[i] = 0x1
+		i--
+		dAtA[i] = 0x90
+	}
 	if m.Wanted != 0 {
 		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.Wanted))
 		i--
@@ -1906,6 +1925,12 @@ func (m *LeaseMessage) SizeVT() (n int) {
 	}
 	if m.Wanted != 0 {
 		n += 2 + protohelpers.SizeOfVarint(uint64(m.Wanted))
+	}
+	if m.Sliding {
+		n += 3
+	}
+	if m.Nonce != 0 {
+		n += 2 + protohelpers.SizeOfVarint(uint64(m.Nonce))
 	}
 	n += len(m.unknownFields)
 	return n
@@ -5184,6 +5209,45 @@ func (m *LeaseMessage) UnmarshalVT(dAtA []byte) error {
 				b := dAtA[iNdEx]
 				iNdEx++
 				m.Wanted |= int64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+		case 18:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field Sliding", wireType)
+			}
+			var v int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				v |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			m.Sliding = bool(v != 0)
+		case 19:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field Nonce", wireType)
+			}
+			m.Nonce = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.Nonce |= uint64(b&0x7F) << shift
 				if b < 0x80 {
 					break
 				}

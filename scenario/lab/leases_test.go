@@ -272,8 +272,9 @@ func TestLeasesAllocatorCrash(t *testing.T) {
 // The full matrix of issue 20's done-when, for BENCHMARKS.md (make
 // bench-leases): 3 and 5 regions, round trips of 50 and 200 ms, every
 // scenario on SLUICE_LEASE_SEEDS random seeds (default 2); then token and
-// leaky buckets under steady, skewed, one-region and cut load, 3 regions
-// 100 ms apart. Set SLUICE_LEASE_MATRIX=1 to run it (about 22 minutes a seed).
+// leaky buckets under steady, skewed, one-region and cut load, and
+// sliding windows under every scenario, 3 regions 100 ms apart. Set
+// SLUICE_LEASE_MATRIX=1 to run it (about 26 minutes a seed).
 func TestLeaseMatrix(t *testing.T) {
 	if os.Getenv("SLUICE_LEASE_MATRIX") == "" {
 		t.Skip("set SLUICE_LEASE_MATRIX=1 (make bench-leases)")
@@ -356,6 +357,32 @@ func TestLeaseMatrix(t *testing.T) {
 				rows = append(rows, fmt.Sprintf("3  100ms  %5d  %-10s %-12s over %d  util %.3f  from-w2 %.3f  msgs/key-region/s %.2f (from w%d %.2f)  worst p99 %.2f ms  errors %d",
 					p.Seed, s.Name, alg, r.over, r.util, r.utilLater, r.perKeyRegionSec, lateWindow(t), r.lateMsgs, r.p99, r.errors))
 			}
+		}
+	}
+	// Sliding windows: 3 regions 100 ms apart, every scenario
+	// (SLUICE_LEASE_SLIDING=1 runs them alone, with SLUICE_LEASE_ONLY
+	// narrowing them too).
+	sliding := os.Getenv("SLUICE_LEASE_SLIDING") != ""
+	for i := 0; i < seeds && (only == "" || sliding); i++ {
+		p := scenario.DefaultParams()
+		p.Seed, p.Windows, p.Algorithm = rand.Uint64()%100000, windows, "sliding_window"
+		if v := os.Getenv("SLUICE_LEASE_SEED"); v != "" {
+			p.Seed = testSeed()
+		}
+		for _, s := range scenario.Leases(p) {
+			if only != "" && s.Name != only {
+				continue
+			}
+			r := runLeasesWarm(t, s, 1, 10*time.Millisecond, warm, nil)
+			if r.over != 0 {
+				t.Errorf("sliding_window, seed %d, %s: over-admission %d", p.Seed, s.Name, r.over)
+			}
+			follow := ""
+			if r.utilFollow >= 0 {
+				follow = fmt.Sprintf("  2-after-move %.3f", r.utilFollow)
+			}
+			rows = append(rows, fmt.Sprintf("3  100ms  %5d  %-10s %-14s over %d  util %.3f  from-w2 %.3f%s  msgs/key-region/s %.2f (from w%d %.2f)  worst p99 %.2f ms  errors %d",
+				p.Seed, s.Name, "sliding_window", r.over, r.util, r.utilLater, follow, r.perKeyRegionSec, lateWindow(t), r.lateMsgs, r.p99, r.errors))
 		}
 	}
 	t.Logf("regions rtt seed scenario:\n%s", strings.Join(rows, "\n"))
