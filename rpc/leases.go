@@ -23,8 +23,11 @@ import (
 	"github.com/sluicehq/sluice/window"
 )
 
-// Leases (issue 20; the README, "Regions"): a global fixed-window limit's
-// slices follow demand. Each region's owner of a key admits up to its
+// Leases (issue 20; the README, "Regions"): a global limit's slices
+// follow demand (fixed windows as below; buckets: a share of the rate and
+// burst, one lease with no window; sliding windows: per window as fixed
+// ones, without standing slices, each window's allocator starting from
+// the last one's records: lease.Allocator.Slide). Each region's owner of a key admits up to its
 // slice of the key's current window (package region/lease's Holder): its
 // standing slice for the window (a base share it owns without any
 // message, DefaultLeaseBase of the limit split by region weight, unless
@@ -165,6 +168,7 @@ type holderEntry struct {
 	*lease.KeyHolder
 	name, key string
 	seed      uint64
+	sliding   bool // a sliding window's: no standing slices, its consumed is its estimate
 	// Buckets (one lease, window id bucketLease): the bucket's capacity
 	// (burst) and algorithm from the last check (0 before one), when a
 	// check last came (wall clock), and the demand of the current and
@@ -265,10 +269,10 @@ func (l *leases) counted(sk []byte, e *holderEntry, a window.Algorithm, now time
 	return max(e.Limit-d.Remaining, 0), true
 }
 
-// algorithmOf returns e's algorithm for a window's lease message m (its
-// checks', or the message's when no check came here yet). Requires e.mu.
-func algorithmOf(e *holderEntry, m *sluicev1.LeaseMessage) window.Algorithm {
-	if e.algorithm == window.SlidingWindow || m.GetSliding() {
+// algorithmOf returns the window algorithm of e's key (its lease
+// messages and checks say whether it is a sliding window's).
+func algorithmOf(e *holderEntry) window.Algorithm {
+	if e.sliding {
 		return window.SlidingWindow
 	}
 	return window.FixedWindow
@@ -317,10 +321,11 @@ func bucketPeriod(w time.Duration) time.Duration { return max(w, time.Second) }
 const bucketIdle = 10 * time.Minute
 
 // entry returns the holders of a key checked with limit over windows of
-// w, made afresh when there are none or the check's limit or window
-// differs from theirs (the limit changed: see replaced).
-func (l *leases) entry(storeKey []byte, name, key string, w time.Duration, limit int64) *holderEntry {
-	e, _ := l.entryFor(storeKey, name, key, w, limit, true)
+// w (a sliding window's or not), made afresh when there are none or the
+// check's limit, window or kind of window differs from theirs (the limit
+// changed: see replaced).
+func (l *leases) entry(storeKey []byte, name, key string, w time.Duration, limit int64, sliding bool) *holderEntry {
+	e, _ := l.entryFor(storeKey, name, key, w, limit, sliding, true)
 	return e
 }
 
@@ -329,19 +334,23 @@ func (l *leases) entry(storeKey []byte, name, key string, w time.Duration, limit
 // message's (a message of the key's old limit, or of its new one before
 // a check here brought it: it is ignored, and resent).
 func (l *leases) entryOf(storeKey []byte, m *sluicev1.LeaseMessage) *holderEntry {
-	e, _ := l.entryFor(storeKey, m.Name, m.Key, time.Duration(m.WindowMs)*time.Millisecond, m.Limit, false)
+	e, ok := l.entryFor(storeKey, m.Name, m.Key, time.Duration(m.WindowMs)*time.Millisecond, m.Limit, m.Sliding, false)
+	if !ok {
+		return nil
+	}
 	return e
 }
 
-func (l *leases) entryFor(storeKey []byte, name, key string, w time.Duration, limit int64, replace bool) (*holderEntry, bool) {
+func (l *leases) entryFor(storeKey []byte, name, key string, w time.Duration, limit int64, sliding, replace bool) (*holderEntry, bool) {
 	sh := &l.shards[xxhash.Sum64(storeKey)%leaseShards]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.m[string(storeKey)]
-	if e != nil && (e.Window != w || e.Limit != limit) && !replace {
-		return nil, false
+	differs := e != nil && (e.Window != w || e.Limit != limit || e.sliding != sliding)
+	if differs && !replace {
+		return e, false
 	}
-	if e == nil || e.Window != w || e.Limit != limit {
+	if e == nil || differs {
 		// New, or the limit's numbers changed: start afresh. The old
 		// holders' grants lapse; the key's count in the store stays, so
 		// the window of the change starts at 0 (replaced, see unsure)
@@ -352,7 +361,7 @@ func (l *leases) entryFor(storeKey []byte, name, key string, w time.Duration, li
 			replaced = windowID(l.s.store.Now(), w)
 		}
 		seed := region.SeedOf(name, key)
-		e = &holderEntry{name: name, key: key, seed: seed,
+		e = &holderEntry{name: name, key: key, seed: seed, sliding: sliding,
 			KeyHolder: lease.NewKeyHolder(l.s.region, w, limit, l.baseOf(limit, l.s.region, seed), windowID(l.s.store.Now(), w), replaced)}
 		sh.m[string(storeKey)] = e
 	}
@@ -412,11 +421,10 @@ func (l *leases) decide(storeKey []byte, r *request, now time.Time) *sluicev1.De
 	}
 	s := l.s
 	c := r.check
-	e := l.entry(storeKey, r.name, r.key, c.Window, r.full)
+	e := l.entry(storeKey, r.name, r.key, c.Window, r.full, c.Algorithm == window.SlidingWindow)
 	id := windowID(now, c.Window)
 	start := time.Unix(0, id*int64(c.Window))
 	e.mu.Lock()
-	e.algorithm = c.Algorithm
 	w := l.win(e, id)
 	w.Demand += c.Hits
 	slice := w.H.Slice()
@@ -489,7 +497,7 @@ func (l *leases) decided(storeKey []byte, e *holderEntry, req *sluicev1.LeaseMes
 func (l *leases) decideBucket(storeKey []byte, r *request, now time.Time) *sluicev1.Decision {
 	s := l.s
 	c := r.check
-	e := l.entry(storeKey, r.name, r.key, c.Window, r.full)
+	e := l.entry(storeKey, r.name, r.key, c.Window, r.full, false)
 	wall := time.Now()
 	e.mu.Lock()
 	capacity := r.fullBurst
@@ -548,7 +556,7 @@ func (l *leases) wantMore(e *holderEntry, w *holderWin, start, now time.Time) in
 // nonce (made afresh: see lease.Holder.StartAfresh). Requires e.mu.
 func (l *leases) message(e *holderEntry, kind sluicev1.LeaseKind, id int64) *sluicev1.LeaseMessage {
 	m := &sluicev1.LeaseMessage{Kind: kind, Name: e.name, Key: e.key, WindowId: id,
-		WindowMs: e.Window.Milliseconds(), Limit: e.Limit, Region: l.s.region, Sliding: e.algorithm == window.SlidingWindow}
+		WindowMs: e.Window.Milliseconds(), Limit: e.Limit, Region: l.s.region, Sliding: e.sliding}
 	if w := e.Wins[id]; w != nil && kind == sluicev1.LeaseKind_LEASE_KIND_REQUEST {
 		m.Nonce = w.H.Nonce()
 	}
@@ -763,7 +771,7 @@ func (l *leases) ahead(now time.Time) {
 			e.mu.Unlock()
 			continue
 		}
-		if e.NextWindowSent > id || next.Sub(now) > lead || e.algorithm == window.SlidingWindow {
+		if e.NextWindowSent > id || next.Sub(now) > lead || e.sliding {
 			// A sliding window's next allocator closes this window's
 			// (lease.Allocator.Slide): it is asked in its window only.
 			e.mu.Unlock()
@@ -866,7 +874,7 @@ func (l *leases) giveBack(e *holderEntry, now time.Time) *sluicev1.LeaseMessage 
 		l.giving(e, false) // the stands ran out
 		return nil
 	}
-	if !gives || e.algorithm == window.SlidingWindow || !l.mine(sk) {
+	if !gives || e.sliding || !l.mine(sk) {
 		return nil
 	}
 	w := l.win(e, id)
@@ -1596,7 +1604,9 @@ func (l *leases) alloc(sk []byte, m *sluicev1.LeaseMessage, create bool) *allocE
 		// Each region's count of the window before still counts in this
 		// one: its records there start this window's, and it grants no
 		// more; and what a region admits here counts in the next window,
-		// which its holder starts at its base (the floors).
+		// which its holder starts at its base (the floors). Standing
+		// slices of the key (made while it was a fixed window's) go.
+		delete(l.stands, string(sk))
 		carry := map[string]int64{}
 		if prev := l.allocs[allocKey{string(sk), m.WindowId - 1}]; prev != nil && prev.limit == m.Limit {
 			prev.a.Close()
@@ -1705,7 +1715,7 @@ func (l *leases) onAck(sk []byte, m *sluicev1.LeaseMessage) {
 	l.amu.Lock()
 	ae.setLeft(l.s.store.Now())
 	before := ae.a.Record(m.Region)
-	gs, ls := ae.a.OnAck(lease.Ack{Region: m.Region, Window: m.WindowId, Alloc: m.Allocator, Seq: m.Seq, Slice: m.Slice, Consumed: m.Consumed})
+	gs, ls := ae.a.OnAck(lease.Ack{Region: m.Region, Window: m.WindowId, Alloc: m.Allocator, Seq: m.Seq, Slice: m.Slice, Consumed: m.Consumed, Follows: m.Follows})
 	if after := ae.a.Record(m.Region); after < before && !ae.a.Learning() {
 		l.st.givenBack.Add(before - after)
 	}
@@ -1862,13 +1872,23 @@ func (l *leases) onLower(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMes
 		return nil
 	}
 	wd := time.Duration(m.WindowMs) * time.Millisecond
-	e := l.entryOf(sk, m)
-	if e == nil {
+	e, ok := l.entryFor(sk, m.Name, m.Key, wd, m.Limit, m.Sliding, false)
+	if !ok {
+		if m.Target == lease.ReportOnly && m.WindowId != bucketLease {
+			return l.reportOther(sk, e, m)
+		}
 		return nil
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.touched = time.Now()
+	if e.sliding && m.WindowId > windowID(l.s.store.Now(), wd) {
+		// A sliding window's region still in the window before (its
+		// clock behind the allocator's): what it admits there still
+		// counts in this one and may still grow, so it answers once it
+		// is in the window (the allocator sends the Lower again).
+		return nil
+	}
 	w := l.win(e, m.WindowId)
 	now := l.s.store.Now()
 	var consumed int64
@@ -1880,7 +1900,7 @@ func (l *leases) onLower(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMes
 		consumed = l.bucketUsed(sk, e, wd, w.H.Slice(), now)
 		defer l.rerate(sk, e, wd, w.H, now)
 	case m.WindowId == cur:
-		n, ok := l.counted(sk, e, algorithmOf(e, m), now)
+		n, ok := l.counted(sk, e, algorithmOf(e), now)
 		if !ok {
 			return nil
 		}
@@ -1897,8 +1917,39 @@ func (l *leases) onLower(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMes
 		w.AskedFor = 0 // the allocator forgot what the region waited for
 	}
 	a := &sluicev1.LeaseMessage{Kind: sluicev1.LeaseKind_LEASE_KIND_ACK, Name: m.Name, Key: m.Key, WindowId: m.WindowId,
-		WindowMs: m.WindowMs, Limit: m.Limit, Region: m.Region, Allocator: k.Alloc, Seq: k.Seq, Slice: k.Slice, Consumed: k.Consumed}
+		WindowMs: m.WindowMs, Limit: m.Limit, Region: m.Region, Allocator: k.Alloc, Seq: k.Seq, Slice: k.Slice, Consumed: k.Consumed,
+		Follows: k.Follows}
 	return a
+}
+
+// reportOther answers a learning allocator's report for a key whose
+// holders here are of another limit, window or kind (no check here has
+// brought the allocator's yet), so that the allocator's pool opens: what
+// the region may still admit in the window, as its holders stand (its
+// slice there, or its start, or what it admitted, whichever is more),
+// without taking them over. Nil when there is nothing to say.
+func (l *leases) reportOther(sk []byte, e *holderEntry, m *sluicev1.LeaseMessage) *sluicev1.LeaseMessage {
+	if e == nil {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := l.s.store.Now()
+	var held, consumed int64
+	if cur := windowID(now, e.Window); e.Window == time.Duration(m.WindowMs)*time.Millisecond && m.WindowId <= cur {
+		var ok bool
+		if consumed, ok = l.counted(sk, e, algorithmOf(e), now); !ok {
+			return nil
+		}
+	}
+	if w := e.Wins[m.WindowId]; w != nil {
+		held = w.H.Slice()
+	} else {
+		held = e.Stand.Start(m.WindowId)
+	}
+	held = max(held, consumed)
+	return &sluicev1.LeaseMessage{Kind: sluicev1.LeaseKind_LEASE_KIND_ACK, Name: m.Name, Key: m.Key, WindowId: m.WindowId,
+		WindowMs: m.WindowMs, Limit: m.Limit, Region: m.Region, Allocator: m.Allocator, Seq: m.Seq, Slice: held, Consumed: consumed}
 }
 
 // onStand applies a standing slice to this region's holders of the key's
@@ -1909,8 +1960,8 @@ func (l *leases) onStand(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMes
 		return nil
 	}
 	e := l.entryOf(sk, m)
-	if e == nil {
-		return nil
+	if e == nil || e.sliding {
+		return nil // a sliding window's regions have no standing slices
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()

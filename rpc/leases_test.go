@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/region"
+	"github.com/sluicehq/sluice/region/lease"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
@@ -204,7 +205,7 @@ func TestStandingSliceStatedAgainAfterARestart(t *testing.T) {
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
-		e := l.entry(ring.Key(nil, rc.Name, rc.Key), rc.Name, rc.Key, time.Minute, limit)
+		e := l.entry(ring.Key(nil, rc.Name, rc.Key), rc.Name, rc.Key, time.Minute, limit, false)
 		e.mu.Lock()
 		sure := e.SureFrom
 		e.mu.Unlock()
@@ -629,5 +630,48 @@ func TestLeasedSlidingWindow(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// A holder answers Lowers as its window and its key's limit allow: a
+// sliding window's region still in the window before the Lower's (its
+// clock behind the allocator's) does not answer yet (what it admits there
+// still counts in the Lower's window, and may still grow: found by
+// review, where an Ack of 0 let the allocator grant that count again);
+// and a learning allocator's report for a limit no check here has
+// brought yet is answered from the holders of the old limit (what the
+// region may still admit), without replacing them, so that the new
+// limit's pool opens.
+func TestLowerAnsweredByWindowAndLimit(t *testing.T) {
+	clock := windowClock()
+	byRegion := startLeaseRegions(t, clock)
+	l := byRegion["a"][0].srv.leases
+	cur := windowID(clock.Now(), time.Minute)
+	slide := &sluicev1.RateLimitCheck{Name: "api", Key: "behind", Limit: 30, WindowMs: 60_000, Algorithm: sluicev1.Algorithm_ALGORITHM_SLIDING_WINDOW}
+	if n := leaseCheckUntil(t, byRegion["a"], slide, 7, 3*time.Second); n != 7 {
+		t.Fatalf("admitted %d of 7", n)
+	}
+	sk := ring.Key(nil, slide.Name, slide.Key)
+	lower := &sluicev1.LeaseMessage{Kind: sluicev1.LeaseKind_LEASE_KIND_LOWER, Name: slide.Name, Key: slide.Key, WindowMs: 60_000,
+		Limit: 30, Region: "a", Allocator: 77, Seq: 1, Target: 0, Sliding: true}
+	ahead := proto.CloneOf(lower)
+	ahead.WindowId = cur + 1
+	if k := l.onLower(sk, ahead); k != nil {
+		t.Errorf("a Lower of the next window answered %v; want none until the region is in it", k)
+	}
+	now := proto.CloneOf(lower)
+	now.WindowId = cur
+	if k := l.onLower(sk, now); k == nil || k.Consumed != 7 || k.Slice != 7 {
+		t.Errorf("a Lower of the current window answered %v; want slice 7, consumed 7 (the estimate)", k)
+	}
+	// The limit is 60 at the allocator, not yet here.
+	report := proto.CloneOf(now)
+	report.Limit, report.Target, report.Seq = 60, lease.ReportOnly, 1
+	k := l.onLower(sk, report)
+	if k == nil || k.Limit != 60 || k.Consumed != 7 || k.Slice < 7 {
+		t.Fatalf("a report of limit 60 to holders of 30 answered %v; want its 7 admitted", k)
+	}
+	if e := l.entry(sk, slide.Name, slide.Key, time.Minute, 30, true); e.Limit != 30 {
+		t.Errorf("the report replaced the holders: limit %d", e.Limit)
 	}
 }

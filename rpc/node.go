@@ -49,8 +49,8 @@ type NodeConfig struct {
 	// whose list differs are refused (cluster.ErrRegions). nil: one
 	// region, as before. (Optional)
 	Regions *region.Config
-	// LeaseBase is the fraction (0 < f <= 1) of a global fixed-window
-	// limit the regions own as bases, split by weight; the rest is the
+	// LeaseBase is the fraction (0 < f <= 1) of a global limit (any
+	// algorithm) the regions own as bases, split by weight; the rest is the
 	// pool the key's allocator leases to the regions by demand; 1 turns
 	// leases off (fixed slices for every algorithm). 0: DefaultLeaseBase
 	// (0.5). (Optional)

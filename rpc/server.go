@@ -120,7 +120,7 @@ type ServerConfig struct {
 	// sender field is checked against the ring alone. (Optional)
 	PeerIdentity func(ctx context.Context) (string, bool)
 
-	// LeaseBase is the fraction of a global fixed-window limit the regions
+	// LeaseBase is the fraction of a global limit the regions
 	// own as bases (see NodeConfig.LeaseBase). 0: DefaultLeaseBase.
 	// (Optional)
 	LeaseBase float64
@@ -145,7 +145,7 @@ type Server struct {
 	// while the home region could not be reached (policy local); nil
 	// without several regions. See awayDecide.
 	awayWindows *window.Store
-	// leases move global fixed-window limits' capacity between regions
+	// leases move global limits' capacity between regions
 	// (see leases.go); nil without several regions.
 	leases         *leases
 	forwardTimeout time.Duration

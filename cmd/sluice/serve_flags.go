@@ -163,7 +163,7 @@ func serveFlags(host string) []serveFlag {
 			to:    func(c *rpc.NodeConfig, v string) { c.Regions, _ = region.Parse(v) },
 			valid: func(v string) error { _, err := region.Parse(v); return err }},
 		&stringFlag{name: "lease-base", def: "0.5",
-			usage: "with --regions: the part (0 < f <= 1) of a global fixed-window limit the regions own as bases, split by weight (what a region cut off can always admit); the rest is leased to the regions by demand; 1: no leases, fixed slices",
+			usage: "with --regions: the part (0 < f <= 1) of a global limit the regions own as bases, split by weight (what a region cut off can always admit); the rest is leased to the regions by demand; 1: no leases, fixed slices",
 			to:    func(c *rpc.NodeConfig, v string) { c.LeaseBase, _ = strconv.ParseFloat(v, 64) },
 			valid: func(v string) error {
 				f, err := strconv.ParseFloat(v, 64)

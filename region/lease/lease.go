@@ -103,6 +103,9 @@ type Ack struct {
 	Seq      uint64
 	Slice    int64
 	Consumed int64
+	// Follows is the allocator the holder takes grants from when it is
+	// not the Lower's (0: it is the Lower's): see Allocator.OnAck.
+	Follows uint64
 }
 
 // Request asks the allocator for Want more hits for a window; Consumed
@@ -289,6 +292,24 @@ func (a *Allocator) Slide(carry, floors map[string]int64) {
 	}
 }
 
+// Relearn puts the allocator in learning mode again (as NewAllocator's
+// learning): it grants nothing until every region reported what it
+// holds; it returns the reports (Lowers with target ReportOnly) to send.
+// Nothing while learning already.
+func (a *Allocator) Relearn() []Lower {
+	if a.Learning() {
+		return nil
+	}
+	a.known = map[string]bool{}
+	a.free = 0
+	var out []Lower
+	for _, r := range a.regions {
+		a.record[r] = a.limit // unknown: the most it can hold
+		out = append(out, a.lower(r, ReportOnly))
+	}
+	return out
+}
+
 // Close makes the allocator grant nothing more (a sliding window's,
 // once the next window's allocator exists: see Slide). Lowers, Acks and
 // reports are taken as before.
@@ -338,8 +359,8 @@ func (a *Allocator) Reclaim() []Lower {
 // rebalance lowers the regions that hold more than their fair share (by
 // round) and what they used; waiting regions only when all is set.
 func (a *Allocator) rebalance(round func(float64) float64, all bool) []Lower {
-	if a.Learning() {
-		return nil
+	if a.Learning() || a.closed {
+		return nil // a closed allocator could grant nothing a lower frees
 	}
 	fair := a.fairShares(round)
 	var out []Lower
@@ -552,6 +573,15 @@ func (a *Allocator) OnAck(k Ack) ([]Grant, []Lower) {
 	a.reportLeft[k.Region] = max(a.left, 1e-3)
 	a.used[k.Region] = max(a.used[k.Region], k.Consumed)
 	a.hold(k.Region, max(k.Slice, k.Consumed, 0))
+	if k.Follows != 0 && k.Follows != a.id && !a.Learning() {
+		// The region takes grants from another allocator (one that
+		// learnt after this one: two ran at once), whose grants this
+		// one's records do not know: learn again, from every region, as
+		// an allocator that takes over; the reports take the holders
+		// back. (Without, a holder left with an allocator that then
+		// stopped took none of this one's grants again.)
+		return nil, a.Relearn()
+	}
 	var lowers []Lower
 	if a.Learning() {
 		a.known[k.Region] = true
@@ -701,11 +731,11 @@ func NewHolder(region string, window, base int64) *Holder {
 // one made afresh for a window an allocator may have written to already
 // (its node restarted, the key moved to it, the limit changed), which
 // may hold less than its base and has forgotten the sequence numbers it
-// applied. nonce (not 0, unique to this holder) goes with its requests;
-// it takes only the grants that carry it (answers to its own requests,
-// so never a grant sent before it was made, which a Lower it never saw
-// may have superseded) until a Lower or a report gives it an allocator's
-// sequence numbers. Requests and grants then raise it as usual.
+// applied. nonce (not 0, unique to this holder) goes with its requests,
+// and it takes only the grants that carry it: answers to its own
+// requests, so never a grant sent before it was made (which a Lower it
+// never saw may have superseded), even after a duplicate of an old Lower
+// gave it an allocator. Requests and grants then raise it as usual.
 func (h *Holder) StartAfresh(nonce uint64) {
 	if h.alloc == 0 {
 		h.slice, h.nonce = 0, nonce
@@ -739,8 +769,8 @@ func (h *Holder) OnGrant(g Grant) bool {
 	if g.Window != h.window || g.Region != h.region || (h.alloc != 0 && g.Alloc != h.alloc) || g.Seq <= h.newest(g.Alloc) {
 		return false
 	}
-	if h.nonce != 0 && h.alloc == 0 && g.Nonce != h.nonce {
-		return false // made afresh, and not an answer to its request
+	if h.nonce != 0 && g.Nonce != h.nonce {
+		return false // made afresh, and not an answer to one of its requests
 	}
 	h.apply(g.Alloc, g.Seq)
 	if g.Slice <= h.slice {
@@ -785,13 +815,15 @@ func (h *Holder) OnLower(l Lower, consumed int64) (Ack, bool) {
 	if l.Window != h.window || l.Region != h.region || l.Seq < h.newest(l.Alloc) {
 		return Ack{}, false
 	}
+	var follows uint64
 	if h.alloc == 0 || l.Alloc == h.alloc || l.Target == ReportOnly {
 		h.apply(l.Alloc, l.Seq)
 	} else {
 		h.saw(l.Alloc, l.Seq)
+		follows = h.alloc
 	}
 	if l.Target != ReportOnly {
 		h.slice = max(min(h.slice, l.Target), consumed)
 	}
-	return Ack{Region: h.region, Window: h.window, Alloc: l.Alloc, Seq: l.Seq, Slice: max(h.slice, consumed), Consumed: consumed}, true
+	return Ack{Region: h.region, Window: h.window, Alloc: l.Alloc, Seq: l.Seq, Slice: max(h.slice, consumed), Consumed: consumed, Follows: follows}, true
 }

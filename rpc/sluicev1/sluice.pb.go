@@ -1723,7 +1723,11 @@ type LeaseMessage struct {
 	// Grant: the nonce of the region's last request. A holder made afresh
 	// takes only grants that carry its nonce until an allocator's Lower
 	// or report reached it.
-	Nonce         uint64 `protobuf:"varint,19,opt,name=nonce,proto3" json:"nonce,omitempty"`
+	Nonce uint64 `protobuf:"varint,19,opt,name=nonce,proto3" json:"nonce,omitempty"`
+	// Ack: the allocator the region's holder takes grants from, when it is
+	// not the one whose Lower this answers (0: it is): two allocators ran
+	// at once, and this one learns again.
+	Follows       uint64 `protobuf:"varint,20,opt,name=follows,proto3" json:"follows,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1887,6 +1891,13 @@ func (x *LeaseMessage) GetSliding() bool {
 func (x *LeaseMessage) GetNonce() uint64 {
 	if x != nil {
 		return x.Nonce
+	}
+	return 0
+}
+
+func (x *LeaseMessage) GetFollows() uint64 {
+	if x != nil {
+		return x.Follows
 	}
 	return 0
 }
@@ -2099,7 +2110,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12+\n" +
 	"\x06states\x18\x02 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\x12'\n" +
 	"\x0fsender_instance\x18\x03 \x01(\tR\x0esenderInstance\"\x13\n" +
-	"\x11ReplicateResponse\"\xf1\x03\n" +
+	"\x11ReplicateResponse\"\x8b\x04\n" +
 	"\fLeaseMessage\x12(\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x14.sluice.v1.LeaseKindR\x04kind\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
@@ -2120,7 +2131,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\fdemand_milli\x18\x10 \x01(\x03R\vdemandMilli\x12\x16\n" +
 	"\x06wanted\x18\x11 \x01(\x03R\x06wanted\x12\x18\n" +
 	"\asliding\x18\x12 \x01(\bR\asliding\x12\x14\n" +
-	"\x05nonce\x18\x13 \x01(\x04R\x05nonce\"[\n" +
+	"\x05nonce\x18\x13 \x01(\x04R\x05nonce\x12\x18\n" +
+	"\afollows\x18\x14 \x01(\x04R\afollows\"[\n" +
 	"\fLeaseRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x123\n" +
 	"\bmessages\x18\x02 \x03(\v2\x17.sluice.v1.LeaseMessageR\bmessages\"D\n" +

@@ -1191,6 +1191,13 @@ func (m *LeaseMessage) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if m.Follows != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.Follows))
+		i--
+		dAtA[i] = 0x1
+		i--
+		dAtA[i] = 0xa0
+	}
 	if m.Nonce != 0 {
 		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.Nonce))
 		i--
@@ -1931,6 +1938,9 @@ func (m *LeaseMessage) SizeVT() (n int) {
 	}
 	if m.Nonce != 0 {
 		n += 2 + protohelpers.SizeOfVarint(uint64(m.Nonce))
+	}
+	if m.Follows != 0 {
+		n += 2 + protohelpers.SizeOfVarint(uint64(m.Follows))
 	}
 	n += len(m.unknownFields)
 	return n
@@ -5248,6 +5258,25 @@ func (m *LeaseMessage) UnmarshalVT(dAtA []byte) error {
 				b := dAtA[iNdEx]
 				iNdEx++
 				m.Nonce |= uint64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+		case 20:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field Follows", wireType)
+			}
+			m.Follows = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.Follows |= uint64(b&0x7F) << shift
 				if b < 0x80 {
 					break
 				}

@@ -80,7 +80,14 @@ func runLeasesWarm(t *testing.T, s *scenario.Scenario, nodes int, jitter time.Du
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	l, err := Start(ctx, Config{Plan: p, NodesPerRegion: nodes, Jitter: jitter})
+	cfg := Config{Plan: p, NodesPerRegion: nodes, Jitter: jitter}
+	if v := os.Getenv("SLUICE_LEASE_BASE"); v != "" {
+		// The nodes' LeaseBase (1: leases off, fixed slices), to compare.
+		if _, err := fmt.Sscan(v, &cfg.LeaseBase); err != nil || cfg.LeaseBase <= 0 || cfg.LeaseBase > 1 {
+			t.Fatalf("SLUICE_LEASE_BASE=%q: want 0 < f <= 1", v)
+		}
+	}
+	l, err := Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,6 +324,10 @@ func TestLeaseMatrix(t *testing.T) {
 	}
 	// SLUICE_LEASE_COLD=1 starts the load at once (allocators learning).
 	warm := os.Getenv("SLUICE_LEASE_COLD") == ""
+	sliding := os.Getenv("SLUICE_LEASE_SLIDING") != ""
+	if sliding {
+		regionsList = nil // the sliding windows' rows alone
+	}
 	var rows []string
 	for _, regions := range regionsList {
 		for _, rtt := range rtts {
@@ -345,7 +356,7 @@ func TestLeaseMatrix(t *testing.T) {
 		}
 	}
 	// Buckets: 3 regions 100 ms apart.
-	for i := 0; i < seeds && only == ""; i++ {
+	for i := 0; i < seeds && only == "" && !sliding; i++ {
 		for _, alg := range []string{"token_bucket", "leaky_bucket"} {
 			p := scenario.DefaultParams()
 			p.Seed, p.Windows, p.Algorithm = rand.Uint64()%100000, 6, alg
@@ -362,7 +373,6 @@ func TestLeaseMatrix(t *testing.T) {
 	// Sliding windows: 3 regions 100 ms apart, every scenario
 	// (SLUICE_LEASE_SLIDING=1 runs them alone, with SLUICE_LEASE_ONLY
 	// narrowing them too).
-	sliding := os.Getenv("SLUICE_LEASE_SLIDING") != ""
 	for i := 0; i < seeds && (only == "" || sliding); i++ {
 		p := scenario.DefaultParams()
 		p.Seed, p.Windows, p.Algorithm = rand.Uint64()%100000, windows, "sliding_window"
