@@ -89,8 +89,8 @@ fuzz: ## run every fuzz target for FUZZTIME each (a duration, 10s by default, or
 
 .PHONY: bench-leases
 SEEDS ?= 2
-bench-leases: ## issue 20's figures: every lease scenario on in-process clusters of 3 and 5 regions, 50 and 200 ms apart, SEEDS random seeds each, started past the allocators' learning horizon (about 22 min a seed)
-	SLUICE_LEASE_MATRIX=1 SLUICE_LEASE_SEEDS=$(SEEDS) $(GO) test ./scenario/lab -run TestLeaseMatrix -count=1 -v -timeout 60m | grep -E '^\s+(3|5)  |over-admission [1-9]|FAIL|ok'
+bench-leases: ## issue 20's figures: every lease scenario on in-process clusters of 3 and 5 regions, 50 and 200 ms apart, SEEDS random seeds each, then buckets and sliding windows on 3 regions 100 ms apart, started past the allocators' learning horizon (about 27 min a seed)
+	SLUICE_LEASE_MATRIX=1 SLUICE_LEASE_SEEDS=$(SEEDS) $(GO) test ./scenario/lab -run TestLeaseMatrix -count=1 -v -timeout 90m 2>&1 | tee bench-leases.log | grep -E '^\s+(3|5)  |row: |over-admission [1-9]|FAIL|ok'
 
 .PHONY: bench-regions
 bench-regions: build ## issue 19's figures: scenarios on in-process clusters of 3 regions 100 ms apart (about 6 min)

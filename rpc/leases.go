@@ -203,30 +203,17 @@ type allocEntry struct {
 }
 
 // standEntry is a key's standing slices where this node is the key's
-// allocator (fixed windows): package region/lease's Stands, and each
-// region's demand as the windows that ended showed it.
+// allocator (fixed windows): package region/lease's KeyStands (the
+// Stands, each region's demand as the windows that ended showed it, the
+// hints said), with what the node needs beside it.
 type standEntry struct {
+	*lease.KeyStands
 	name, key string
 	window    time.Duration
-	limit     int64
 	seed      uint64
-	st        *lease.Stands
-	demand    map[string]float64 // region -> hits per window, a moving average (nil: no window seen yet)
-	fed       int64              // the newest window fed into demand
-	samples   map[string]int     // region -> samples folded into demand
-	wanted    map[string]int64   // region -> hits the other regions want beyond their targets, as last planned
-	said      map[string]hint    // region -> what its last Stand said of demand and contention
-	sent      time.Time          // when its pending stands were last sent, wall clock
-	touched   time.Time          // when a per-window allocator was last made for it, wall clock
-	view      *view              // the view it was last found to be the key's allocator under
-}
-
-// hint is what a Stand says beside the standing slice (see hinted): the
-// region's demand the allocator planned from, whether it stands below it
-// (capped) and whether other regions want more than they stand at.
-type hint struct {
-	demand          int64
-	capped, wanting bool
+	sent      time.Time // when its pending stands were last sent, wall clock
+	touched   time.Time // when a per-window allocator was last made for it, wall clock
+	view      *view     // the view it was last found to be the key's allocator under
 }
 
 func newLeases(s *Server, base float64) *leases {
@@ -980,67 +967,13 @@ func (l *leases) planStands(now, storeNow time.Time, lead time.Duration, emit fu
 		if ae := l.allocs[allocKey{sk, cur - 1}]; ae != nil {
 			l.feedStands(sk, cur-1, ae) // the window that just ended
 		}
-		reach := standReach(se.window)
-		from := se.firstPlannable(cur)
-		through := cur + reach
-		if from <= through {
-			var target map[string]int64
-			if se.demand != nil {
-				target = lease.FairStands(se.limit, se.demand)
-			}
-			bases := l.bases(se.limit, se.seed)
-			// A region's stand moves when its fair share moved by
-			// standStep. All move to their shares, by less too, when in
-			// all they raise regions by standStep or more (one region's
-			// share, or a hit each of several: with five regions of a hit
-			// each, a region wanting the limit gets their hits; two light
-			// regions a hit below their shares would ask every window).
-			var raised int64
-			for r, t := range target {
-				// (Only up to the whole hits of its demand: a share a hit
-				// above it, from rounding, moves with the noise.)
-				raised += max(min(t, int64(se.demand[r]))-se.st.At(r, from), 0)
-			}
-			raise := raised >= lease.StandStep(se.limit)
-			se.planWanted(target, from)
-			for _, r := range l.s.regions.Regions() {
-				if se.st.Busy(r.Name) {
-					continue
-				}
-				now1 := se.st.At(r.Name, from)
-				next := now1
-				if t, ok := target[r.Name]; ok && (abs64(t-now1) >= lease.StandStep(se.limit) || (raise && t != now1) || (t > now1 && se.hintFor(r.Name, now1).capped)) {
-					// (A capped region is raised to its share by a hit too:
-					// it does not ask, so a hit the stands leave in the pool
-					// would be left there.)
-					next = t
-				}
-				last, _ := se.st.Through(r.Name)
-				h := se.hintFor(r.Name, next)
-				// A standing slice other than the base, or one whose hint
-				// makes its region quiet (capped) or give back (wanting),
-				// is renewed; one whose hint changed is sent at once.
-				renew := (next != bases[r.Name] || h.capped || h.wanting) && last-cur < reach/2
-				if next == now1 && !renew && !se.hintChanged(r.Name, h) {
-					continue
-				}
-				st, ok := se.st.Set(r.Name, from, through, next)
-				if !ok && last >= from && !renew {
-					// Reaching further would raise windows the others'
-					// standing slices do not reach yet (they start at
-					// their bases there): move it over its present reach,
-					// and renew it once theirs were.
-					st, ok = se.st.Set(r.Name, from, last, next)
-				}
-				if ok {
-					l.st.stands.Add(1)
-					se.sent = now
-					emit(r.Name, []byte(sk), se.standMessage(st))
-				}
-			}
+		for _, st := range se.Plan(cur, standReach(se.window), l.regionNames(), l.bases(se.Limit, se.seed)) {
+			l.st.stands.Add(1)
+			se.sent = now
+			emit(st.Region, []byte(sk), se.standMessage(st))
 		}
 		if now.Sub(se.sent) >= lead {
-			for _, st := range se.st.Pending() {
+			for _, st := range se.St.Pending() {
 				se.sent = now
 				emit(st.Region, []byte(sk), se.standMessage(st))
 			}
@@ -1048,134 +981,31 @@ func (l *leases) planStands(now, storeNow time.Time, lead time.Duration, emit fu
 	}
 }
 
-func abs64(x int64) int64 {
-	if x < 0 {
-		return -x
-	}
-	return x
-}
-
-// firstPlannable returns the first window a stand may set when cur is
-// the current window: the one after it, at or after the stands' floor,
-// after the newest window a per-window allocator was made for.
-func (se *standEntry) firstPlannable(cur int64) int64 {
-	return max(cur+1, se.st.Floor(), se.st.LastMade()+1)
-}
-
-// standMessage returns st as a message, with its hint (see hintFor),
-// noting the hint as said to its region.
+// standMessage returns st as a message, with its hint (lease.KeyStands.Tell).
 func (se *standEntry) standMessage(st lease.Stand) *sluicev1.LeaseMessage {
-	h := se.hintFor(st.Region, st.Slice)
-	if se.said == nil {
-		se.said = map[string]hint{}
-	}
-	se.said[st.Region] = h
+	demand, wanted := se.Tell(st)
 	return &sluicev1.LeaseMessage{Kind: sluicev1.LeaseKind_LEASE_KIND_STAND, Name: se.name, Key: se.key, WindowId: st.From,
-		Through: st.Through, WindowMs: se.window.Milliseconds(), Limit: se.limit, Region: st.Region, Allocator: st.Alloc,
-		Seq: st.Seq, Slice: st.Slice, DemandMilli: se.demandMilli(st.Region), Wanted: se.wanted[st.Region]}
-}
-
-// demandMilli is region reg's demand per window the stands are planned
-// from, in thousandths of a hit (-1: none learnt yet).
-func (se *standEntry) demandMilli(reg string) int64 {
-	if se.demand == nil {
-		return -1
-	}
-	return int64(math.Round(se.demand[reg] * 1000))
-}
-
-// planWanted notes, for each region, the hits the other regions want
-// beyond what they will stand at (their fair share, target, or what
-// they stand at from window from when they have none), by the demand
-// the stands are planned from.
-func (se *standEntry) planWanted(target map[string]int64, from int64) {
-	se.wanted = map[string]int64{}
-	if se.demand == nil {
-		return
-	}
-	hungry := map[string]int64{}
-	var all int64
-	for r, d := range se.demand {
-		t, ok := target[r]
-		if !ok {
-			t = se.st.At(r, from)
-		}
-		if n := int64(math.Round(d)) - t; n > 0 && se.hintFor(r, t).capped {
-			hungry[r] = n
-			all += n
-		}
-	}
-	for r := range se.demand {
-		se.wanted[r] = all - hungry[r]
-	}
-}
-
-// hintFor returns what a Stand setting region reg at slice says: the
-// demand the allocator planned it from (-1 before it learnt any),
-// whether slice is below it, and whether other regions want more than
-// they stand at.
-func (se *standEntry) hintFor(reg string, slice int64) hint {
-	if se.demand == nil {
-		return hint{demand: -1}
-	}
-	d := int64(math.Round(se.demand[reg]))
-	capped := d >= se.limit || slice+lease.StandStep(se.limit) <= d
-	return hint{demand: d, capped: capped, wanting: se.wanted[reg] > 0}
-}
-
-// hintChanged reports whether h differs from what the region was last
-// told enough to change what it does: it becomes capped or not, wanting
-// or not, or its demand moved by standStep (it asks above the demand it
-// was told by that much).
-func (se *standEntry) hintChanged(reg string, h hint) bool {
-	if h.demand < 0 {
-		return false
-	}
-	old, ok := se.said[reg]
-	return !ok || old.capped != h.capped || old.wanting != h.wanting || abs64(min(old.demand, se.limit)-min(h.demand, se.limit)) >= lease.StandStep(se.limit)
+		Through: st.Through, WindowMs: se.window.Milliseconds(), Limit: se.Limit, Region: st.Region, Allocator: st.Alloc,
+		Seq: st.Seq, Slice: st.Slice, DemandMilli: demand, Wanted: wanted}
 }
 
 // feedStands adds what the ended window id of ae showed of each region's
-// demand (lease.Allocator.Demands) to its key's moving average (see
-// lease.StandAlpha). Requires l.amu.
+// demand to its key's moving average (lease.KeyStands.Feed). Requires
+// l.amu.
 func (l *leases) feedStands(sk string, id int64, ae *allocEntry) {
-	se := l.stands[sk]
-	if se == nil || se.limit != ae.limit || se.window != ae.window || id <= se.fed || ae.a.Learning() {
-		return
+	if se := l.stands[sk]; se != nil && se.Limit == ae.limit && se.window == ae.window {
+		se.Feed(id, ae.a)
 	}
-	d := ae.a.Demands()
-	first := se.demand == nil
-	if first {
-		se.demand = map[string]float64{}
-	}
-	for r, n := range d {
-		switch {
-		case ae.a.Asked(r):
-			se.fold(r, float64(n))
-		case first:
-			// Not asking in the key's first window: what it holds, or what
-			// it reported (it may have spent it without a word; an idle
-			// region says so in its StandAcks, and gives back meanwhile).
-			// After that, a region that did not ask in a window says
-			// nothing reliable of its demand (it spent its standing slice,
-			// or is quiet because capped, or gave back what it guessed it
-			// would not use): its StandAcks say it.
-			se.fold(r, float64(n))
-		}
-	}
-	se.fed = id
 }
 
-// fold adds a sample x (hits per window) to region r's moving average of
-// demand: the mean of the samples while there are few, then lease.StandAlpha's
-// weight.
-func (se *standEntry) fold(r string, x float64) {
-	if se.samples == nil {
-		se.samples = map[string]int{}
+// regionNames returns the configured regions' names, in order.
+func (l *leases) regionNames() []string {
+	regs := l.s.regions.Regions()
+	out := make([]string, len(regs))
+	for i, r := range regs {
+		out[i] = r.Name
 	}
-	n := se.samples[r]
-	se.samples[r] = n + 1
-	se.demand[r] += max(lease.StandAlpha, 1/float64(n+1)) * (x - se.demand[r])
+	return out
 }
 
 // giveBackAhead is how long before a window ends its regions give back
@@ -1256,7 +1086,7 @@ func (l *leases) sweep(now time.Time) {
 		// Forgotten when every region is back at its base for good and
 		// no window was allocated for a while: made again, it knows all
 		// it needs (nothing it set runs any more).
-		if se.st.Forget(windowID(now, se.window)-1) && time.Since(se.touched) > standIdle(se.window) {
+		if se.St.Forget(windowID(now, se.window)-1) && time.Since(se.touched) > standIdle(se.window) {
 			delete(l.stands, sk)
 		}
 	}
@@ -1500,12 +1330,12 @@ func (l *leases) isAllocator(v *view, seed uint64, sk []byte) bool {
 // may set none yet, or there are no stands). Requires l.amu.
 func (l *leases) restate(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMessage {
 	se := l.stands[string(sk)]
-	if se == nil || se.limit != m.Limit || se.window != time.Duration(m.WindowMs)*time.Millisecond || se.st.Busy(m.Region) {
+	if se == nil || se.Limit != m.Limit || se.window != time.Duration(m.WindowMs)*time.Millisecond || se.St.Busy(m.Region) {
 		return nil
 	}
-	from := se.firstPlannable(windowID(l.s.store.Now(), se.window))
-	last, _ := se.st.Through(m.Region)
-	st, ok := se.st.Set(m.Region, from, max(last, from), se.st.At(m.Region, from))
+	from := se.FirstPlannable(windowID(l.s.store.Now(), se.window))
+	last, _ := se.St.Through(m.Region)
+	st, ok := se.St.Set(m.Region, from, max(last, from), se.St.At(m.Region, from))
 	if !ok {
 		return nil
 	}
@@ -1568,10 +1398,10 @@ func (l *leases) alloc(sk []byte, m *sluicev1.LeaseMessage, create bool) *allocE
 		// not ask).
 		demand = map[string]int64{}
 		if se := l.standsOf(sk, m, seed, v); se != nil {
-			starts = se.st.Starts(m.WindowId)
-			se.st.Made(m.WindowId)
+			starts = se.St.Starts(m.WindowId)
+			se.St.Made(m.WindowId)
 			se.touched = time.Now()
-			for r, d := range se.demand {
+			for r, d := range se.Demand {
 				demand[r] = int64(math.Round(d))
 			}
 		}
@@ -1634,7 +1464,7 @@ func (l *leases) alloc(sk []byte, m *sluicev1.LeaseMessage, create bool) *allocE
 func (l *leases) standsOf(sk []byte, m *sluicev1.LeaseMessage, seed uint64, v *view) *standEntry {
 	w := time.Duration(m.WindowMs) * time.Millisecond
 	se := l.stands[string(sk)]
-	if se != nil && se.limit == m.Limit && se.window == w {
+	if se != nil && se.Limit == m.Limit && se.window == w {
 		return se
 	}
 	cur := windowID(l.s.store.Now(), w)
@@ -1651,7 +1481,7 @@ func (l *leases) standsOf(sk []byte, m *sluicev1.LeaseMessage, seed uint64, v *v
 	if err != nil {
 		return nil // the bases never add up to more than the limit (baseOf)
 	}
-	se = &standEntry{name: m.Name, key: m.Key, window: w, limit: m.Limit, seed: seed, st: st, touched: time.Now(), view: v}
+	se = &standEntry{KeyStands: lease.NewKeyStands(m.Limit, st), name: m.Name, key: m.Key, window: w, seed: seed, touched: time.Now(), view: v}
 	l.stands[string(sk)] = se
 	return se
 }
@@ -1784,21 +1614,14 @@ func (l *leases) onGiveBack(sk []byte, m *sluicev1.LeaseMessage) {
 
 // hunger returns the hits each capped region but except wants beyond
 // what ae records it holds, by the demand the key's standing slices were
-// planned from (none when there are none). Requires l.amu.
+// planned from (lease.KeyStands.Hunger; none when there are none).
+// Requires l.amu.
 func (l *leases) hunger(sk []byte, ae *allocEntry, except string) map[string]int64 {
 	se := l.stands[string(sk)]
-	if se == nil || se.limit != ae.limit || se.window != ae.window {
+	if se == nil || se.Limit != ae.limit || se.window != ae.window {
 		return nil
 	}
-	out := map[string]int64{}
-	for r, d := range se.demand {
-		// Only the capped: a region quiet for want of more, sure to spend
-		// it (one that asks is granted by the waiting it asked for).
-		if n := int64(math.Round(d)) - ae.a.Record(r); r != except && n > 0 && se.hintFor(r, se.st.At(r, ae.a.Window())).capped {
-			out[r] = n
-		}
-	}
-	return out
+	return se.Hunger(ae.a, except)
 }
 
 // mine reports whether this node owns the key of sk in its region.
@@ -1987,21 +1810,10 @@ func (l *leases) onStandAck(sk []byte, m *sluicev1.LeaseMessage) {
 	l.amu.Lock()
 	defer l.amu.Unlock()
 	se := l.stands[string(sk)]
-	if se == nil || se.limit != m.Limit || se.window != time.Duration(m.WindowMs)*time.Millisecond || !l.stillStands(string(sk), se) {
+	if se == nil || se.Limit != m.Limit || se.window != time.Duration(m.WindowMs)*time.Millisecond || !l.stillStands(string(sk), se) {
 		return
 	}
-	ok := se.st.OnAck(lease.StandAck{Region: m.Region, Alloc: m.Allocator, Seq: m.Seq, Made: m.WindowId})
-	if ok && se.demand != nil &&
-		m.DemandMilli >= 0 && m.DemandMilli <= 1000*window.MaxLimit {
-		// The region's own average of its demand, which counts every
-		// check it had (what the windows' messages say is a guess from
-		// the moment they went): it replaces the allocator's.
-		se.demand[m.Region] = float64(m.DemandMilli) / 1000
-		if se.samples == nil {
-			se.samples = map[string]int{}
-		}
-		se.samples[m.Region] = max(se.samples[m.Region], 4)
-	}
+	se.OnStandAck(lease.StandAck{Region: m.Region, Alloc: m.Allocator, Seq: m.Seq, Made: m.WindowId}, m.DemandMilli, 1000*window.MaxLimit)
 }
 
 // Lease implements PeerService.Lease: it applies a peer's lease messages

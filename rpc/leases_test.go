@@ -245,8 +245,8 @@ func standInRegionA(t *testing.T, byRegion map[string][]*inprocNode, clock *wind
 			l.amu.Lock()
 			done := false
 			for _, se := range l.stands {
-				th, slice := se.st.Through("a")
-				done = len(se.st.Pending()) == 0 && slice > int64(limit/2) && th > windowID(clock.Now(), time.Minute)
+				th, slice := se.St.Through("a")
+				done = len(se.St.Pending()) == 0 && slice > int64(limit/2) && th > windowID(clock.Now(), time.Minute)
 			}
 			l.amu.Unlock()
 			if done {
@@ -463,10 +463,11 @@ func TestContendedKeyGoesQuiet(t *testing.T) {
 			l := n.srv.leases
 			l.amu.Lock()
 			for _, se := range l.stands {
-				done := len(se.st.Pending()) == 0
+				done := len(se.St.Pending()) == 0
 				for _, reg := range []string{"a", "b", "c"} {
-					_, slice := se.st.Through(reg)
-					done = done && se.said[reg].capped && slice >= limit/3-1 && slice <= limit/3+1
+					_, slice := se.St.Through(reg)
+					h, _ := se.Said(reg)
+					done = done && h.Capped && slice >= limit/3-1 && slice <= limit/3+1
 				}
 				if done {
 					alloc = n

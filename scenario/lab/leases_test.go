@@ -329,6 +329,12 @@ func TestLeaseMatrix(t *testing.T) {
 		regionsList = nil // the sliding windows' rows alone
 	}
 	var rows []string
+	// Each row is logged as it is made too, so that a run stopped by a
+	// failure keeps the rows before it.
+	row := func(r string) {
+		rows = append(rows, r)
+		t.Logf("row: %s", r)
+	}
 	for _, regions := range regionsList {
 		for _, rtt := range rtts {
 			for range seeds {
@@ -349,7 +355,7 @@ func TestLeaseMatrix(t *testing.T) {
 					if r.utilFollow >= 0 {
 						follow = fmt.Sprintf("  2-after-move %.3f", r.utilFollow)
 					}
-					rows = append(rows, fmt.Sprintf("%d  %4s  %5d  %-10s over %d  util %.3f  from-w2 %.3f%s  msgs/key-region/s %.2f (from w%d %.2f)  worst p99 %.2f ms  errors %d",
+					row(fmt.Sprintf("%d  %4s  %5d  %-10s over %d  util %.3f  from-w2 %.3f%s  msgs/key-region/s %.2f (from w%d %.2f)  worst p99 %.2f ms  errors %d",
 						regions, rtt, p.Seed, s.Name, r.over, r.util, r.utilLater, follow, r.perKeyRegionSec, lateWindow(t), r.lateMsgs, r.p99, r.errors))
 				}
 			}
@@ -365,7 +371,7 @@ func TestLeaseMatrix(t *testing.T) {
 				if r.over != 0 {
 					t.Errorf("%s, seed %d, %s: over-admission %d", alg, p.Seed, s.Name, r.over)
 				}
-				rows = append(rows, fmt.Sprintf("3  100ms  %5d  %-10s %-12s over %d  util %.3f  from-w2 %.3f  msgs/key-region/s %.2f (from w%d %.2f)  worst p99 %.2f ms  errors %d",
+				row(fmt.Sprintf("3  100ms  %5d  %-10s %-12s over %d  util %.3f  from-w2 %.3f  msgs/key-region/s %.2f (from w%d %.2f)  worst p99 %.2f ms  errors %d",
 					p.Seed, s.Name, alg, r.over, r.util, r.utilLater, r.perKeyRegionSec, lateWindow(t), r.lateMsgs, r.p99, r.errors))
 			}
 		}
@@ -391,7 +397,7 @@ func TestLeaseMatrix(t *testing.T) {
 			if r.utilFollow >= 0 {
 				follow = fmt.Sprintf("  2-after-move %.3f", r.utilFollow)
 			}
-			rows = append(rows, fmt.Sprintf("3  100ms  %5d  %-10s %-14s over %d  util %.3f  from-w2 %.3f%s  msgs/key-region/s %.2f (from w%d %.2f)  worst p99 %.2f ms  errors %d",
+			row(fmt.Sprintf("3  100ms  %5d  %-10s %-14s over %d  util %.3f  from-w2 %.3f%s  msgs/key-region/s %.2f (from w%d %.2f)  worst p99 %.2f ms  errors %d",
 				p.Seed, s.Name, "sliding_window", r.over, r.util, r.utilLater, follow, r.perKeyRegionSec, lateWindow(t), r.lateMsgs, r.p99, r.errors))
 		}
 	}
