@@ -446,15 +446,22 @@ func (a *Allocator) OnRequest(r Request) (grants []Grant, lowers []Lower) {
 		return nil, nil // not a region of the key
 	}
 	a.heard[r.Region] = true
-	if held := max(r.Slice, r.Consumed); r.Slice >= 0 && (held > a.record[r.Region] || a.seq[r.Region] == 0 && held < a.record[r.Region]) {
+	switch held := max(r.Slice, r.Consumed); {
+	case r.Consumed > a.record[r.Region]:
+		// A region that admitted more than its record (a holder made
+		// afresh over a window that had admitted already, under another
+		// limit or another allocator; a sliding window's estimate) is
+		// recorded at what it admitted. (Not at a slice above the
+		// record: only a request sent before a Lower's Ack says one, its
+		// old slice, and raising the record to it would leave the hits
+		// in no one's hands until the region spoke again.)
+		a.hold(r.Region, r.Consumed)
+	case a.seq[r.Region] == 0 && r.Slice >= 0 && held < a.record[r.Region]:
 		// The allocator sent the region nothing in the window, so only
 		// its grants can raise the region's slice: the record comes down
 		// to what the region says it holds (a standing slice raised after
 		// the region had made the window's holder, which started lower),
-		// never below what it admitted. And a region that admitted more
-		// than its record (a holder made afresh over a window that had
-		// admitted already, under another limit or another allocator) is
-		// recorded at what it admitted.
+		// never below what it admitted.
 		a.hold(r.Region, held)
 	}
 	a.said[r.Region], a.nonce[r.Region] = r.Slice, r.Nonce

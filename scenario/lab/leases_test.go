@@ -325,8 +325,9 @@ func TestLeaseMatrix(t *testing.T) {
 	// SLUICE_LEASE_COLD=1 starts the load at once (allocators learning).
 	warm := os.Getenv("SLUICE_LEASE_COLD") == ""
 	sliding := os.Getenv("SLUICE_LEASE_SLIDING") != ""
-	if sliding {
-		regionsList = nil // the sliding windows' rows alone
+	buckets := os.Getenv("SLUICE_LEASE_BUCKETS") != ""
+	if sliding || buckets {
+		regionsList = nil // the sliding windows' or the buckets' rows alone
 	}
 	var rows []string
 	// Each row is logged as it is made too, so that a run stopped by a
@@ -362,11 +363,19 @@ func TestLeaseMatrix(t *testing.T) {
 		}
 	}
 	// Buckets: 3 regions 100 ms apart.
-	for i := 0; i < seeds && only == "" && !sliding; i++ {
+	// (SLUICE_LEASE_BUCKETS=1 runs them alone, with SLUICE_LEASE_ONLY and
+	// SLUICE_LEASE_SEED narrowing them too.)
+	for i := 0; i < seeds && (only == "" && !sliding || buckets); i++ {
 		for _, alg := range []string{"token_bucket", "leaky_bucket"} {
 			p := scenario.DefaultParams()
 			p.Seed, p.Windows, p.Algorithm = rand.Uint64()%100000, 6, alg
+			if v := os.Getenv("SLUICE_LEASE_SEED"); v != "" {
+				p.Seed = testSeed()
+			}
 			for _, s := range []*scenario.Scenario{scenario.Steady(p), scenario.Skew(p), scenario.OneRegion(p), scenario.Partition(p)} {
+				if only != "" && s.Name != only {
+					continue
+				}
 				r := runLeasesWarm(t, s, 1, 10*time.Millisecond, warm, nil)
 				if r.over != 0 {
 					t.Errorf("%s, seed %d, %s: over-admission %d", alg, p.Seed, s.Name, r.over)
@@ -379,7 +388,7 @@ func TestLeaseMatrix(t *testing.T) {
 	// Sliding windows: 3 regions 100 ms apart, every scenario
 	// (SLUICE_LEASE_SLIDING=1 runs them alone, with SLUICE_LEASE_ONLY
 	// narrowing them too).
-	for i := 0; i < seeds && (only == "" || sliding); i++ {
+	for i := 0; i < seeds && (only == "" && !buckets || sliding); i++ {
 		p := scenario.DefaultParams()
 		p.Seed, p.Windows, p.Algorithm = rand.Uint64()%100000, windows, "sliding_window"
 		if v := os.Getenv("SLUICE_LEASE_SEED"); v != "" {
