@@ -111,14 +111,7 @@ func (s *slidingSim) deliver() {
 	}
 }
 
-func (s *slidingSim) sendAll(gs []Grant, ls []Lower) {
-	for _, g := range gs {
-		s.send(g)
-	}
-	for _, l := range ls {
-		s.send(l)
-	}
-}
+func (s *slidingSim) sendAll(gs []Grant, ls []Lower) { sendEach(s.send, gs, ls) }
 
 // check asserts the sliding bound: the regions' estimates add up to at
 // most the limit.

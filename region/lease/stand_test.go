@@ -150,12 +150,15 @@ func (s *standSim) deliver(v any) {
 	}
 }
 
-func (s *standSim) sendAll(gs []Grant, ls []Lower) {
+func (s *standSim) sendAll(gs []Grant, ls []Lower) { sendEach(s.send, gs, ls) }
+
+// sendEach puts an allocator's grants, then its lowers, on a bus by send.
+func sendEach(send func(any), gs []Grant, ls []Lower) {
 	for _, g := range gs {
-		s.send(g)
+		send(g)
 	}
 	for _, l := range ls {
-		s.send(l)
+		send(l)
 	}
 }
 

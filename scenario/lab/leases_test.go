@@ -336,6 +336,26 @@ func TestLeaseMatrix(t *testing.T) {
 		rows = append(rows, r)
 		t.Logf("row: %s", r)
 	}
+	// leaseRows runs every lease scenario of p (narrowed by only), a row
+	// each: where (regions and round trip), then the seed, the scenario
+	// and alg (an algorithm column, or "").
+	leaseRows := func(p scenario.Params, where, alg, what string) {
+		for _, s := range scenario.Leases(p) {
+			if only != "" && s.Name != only {
+				continue
+			}
+			r := runLeasesWarm(t, s, 1, 10*time.Millisecond, warm, nil)
+			if r.over != 0 {
+				t.Errorf("%s, seed %d, %s: over-admission %d", what, p.Seed, s.Name, r.over)
+			}
+			follow := ""
+			if r.utilFollow >= 0 {
+				follow = fmt.Sprintf("  2-after-move %.3f", r.utilFollow)
+			}
+			row(fmt.Sprintf("%s  %5d  %-10s %sover %d  util %.3f  from-w2 %.3f%s  msgs/key-region/s %.2f (from w%d %.2f)  worst p99 %.2f ms  errors %d",
+				where, p.Seed, s.Name, alg, r.over, r.util, r.utilLater, follow, r.perKeyRegionSec, lateWindow(t), r.lateMsgs, r.p99, r.errors))
+		}
+	}
 	for _, regions := range regionsList {
 		for _, rtt := range rtts {
 			for range seeds {
@@ -344,21 +364,7 @@ func TestLeaseMatrix(t *testing.T) {
 				if v := os.Getenv("SLUICE_LEASE_SEED"); v != "" {
 					p.Seed = testSeed()
 				}
-				for _, s := range scenario.Leases(p) {
-					if only != "" && s.Name != only {
-						continue
-					}
-					r := runLeasesWarm(t, s, 1, 10*time.Millisecond, warm, nil)
-					if r.over != 0 {
-						t.Errorf("%d regions, %s, seed %d, %s: over-admission %d", regions, rtt, p.Seed, s.Name, r.over)
-					}
-					follow := ""
-					if r.utilFollow >= 0 {
-						follow = fmt.Sprintf("  2-after-move %.3f", r.utilFollow)
-					}
-					row(fmt.Sprintf("%d  %4s  %5d  %-10s over %d  util %.3f  from-w2 %.3f%s  msgs/key-region/s %.2f (from w%d %.2f)  worst p99 %.2f ms  errors %d",
-						regions, rtt, p.Seed, s.Name, r.over, r.util, r.utilLater, follow, r.perKeyRegionSec, lateWindow(t), r.lateMsgs, r.p99, r.errors))
-				}
+				leaseRows(p, fmt.Sprintf("%d  %4s", regions, rtt), "", fmt.Sprintf("%d regions, %s", regions, rtt))
 			}
 		}
 	}
@@ -394,21 +400,7 @@ func TestLeaseMatrix(t *testing.T) {
 		if v := os.Getenv("SLUICE_LEASE_SEED"); v != "" {
 			p.Seed = testSeed()
 		}
-		for _, s := range scenario.Leases(p) {
-			if only != "" && s.Name != only {
-				continue
-			}
-			r := runLeasesWarm(t, s, 1, 10*time.Millisecond, warm, nil)
-			if r.over != 0 {
-				t.Errorf("sliding_window, seed %d, %s: over-admission %d", p.Seed, s.Name, r.over)
-			}
-			follow := ""
-			if r.utilFollow >= 0 {
-				follow = fmt.Sprintf("  2-after-move %.3f", r.utilFollow)
-			}
-			row(fmt.Sprintf("3  100ms  %5d  %-10s %-14s over %d  util %.3f  from-w2 %.3f%s  msgs/key-region/s %.2f (from w%d %.2f)  worst p99 %.2f ms  errors %d",
-				p.Seed, s.Name, "sliding_window", r.over, r.util, r.utilLater, follow, r.perKeyRegionSec, lateWindow(t), r.lateMsgs, r.p99, r.errors))
-		}
+		leaseRows(p, "3  100ms", fmt.Sprintf("%-14s ", p.Algorithm), p.Algorithm)
 	}
 	t.Logf("regions rtt seed scenario:\n%s", strings.Join(rows, "\n"))
 }
