@@ -474,7 +474,9 @@ func limitStatus(it item, allowed bool, remaining int64, now time.Time) *rlsv3.R
 }
 
 // untilReset returns the time from now to the end of the fixed window of
-// length w (aligned to the Unix epoch) that holds now.
+// length w (aligned to the Unix epoch) that holds now, rounded up to
+// whole seconds for windows of a second or more (the peer's
+// unit - now % unit, in seconds).
 func untilReset(now time.Time, w time.Duration) time.Duration {
 	if w <= 0 {
 		return 0
@@ -483,7 +485,14 @@ func untilReset(now time.Time, w time.Duration) time.Duration {
 	if into < 0 { // before 1970
 		into += int64(w)
 	}
-	return w - time.Duration(into)
+	// Whole seconds, rounded up, as envoyproxy/ratelimit's
+	// unit - now % unit: Envoy's X-RateLimit-Reset takes the seconds, so
+	// half a second into a per-second window reads 1, not 0.
+	left := w - time.Duration(into)
+	if w >= time.Second {
+		left = min((left+time.Second-1)/time.Second*time.Second, w)
+	}
+	return left
 }
 
 // String returns the plan kind's name, for logs and tests.

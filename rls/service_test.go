@@ -494,3 +494,33 @@ func TestServiceErrors(t *testing.T) {
 		t.Fatal("unexpected")
 	}
 }
+
+// duration_until_reset is whole seconds, rounded up, as
+// envoyproxy/ratelimit's unit - now % unit: Envoy's X-RateLimit-Reset
+// reads its seconds, so a per-second limit half a second in says 1 (to
+// the nanosecond it said 0.5 s, read as 0), and a minute limit 12.3 s in
+// says 48 (it said 47.7 s, read as 47, one less than the peer's).
+func TestDurationUntilResetIsWholeSeconds(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		unit   time.Duration
+		into   time.Duration
+		d      *ratelimitv3.RateLimitDescriptor
+		wantIn time.Duration
+	}{
+		{"a minute, at its start", time.Minute, 0, desc("path", "/checkout"), time.Minute},
+		{"a minute, 12.3 s in", time.Minute, 12300 * time.Millisecond, desc("path", "/checkout"), 48 * time.Second},
+		{"a minute, 59.9 s in", time.Minute, 59900 * time.Millisecond, desc("path", "/checkout"), time.Second},
+		{"a second, half in", time.Second, 500 * time.Millisecond, desc("key_1", "value_1", "user", "bkthomps"), time.Second},
+		{"a second, at its start", time.Second, 0, desc("key_1", "value_1", "user", "bkthomps"), time.Second},
+	} {
+		s, ch := newService(t)
+		// Move the clock to c.into past the start of a window of c.unit.
+		into := time.Duration(ch.clock.Now().UnixNano() % int64(c.unit))
+		ch.clock.Advance(c.unit - into + c.into)
+		r := call(t, s, "shop", 1, c.d)
+		if got := got(r.Statuses[0]).reset; got != c.wantIn {
+			t.Errorf("%s: duration_until_reset %s, want %s", c.name, got, c.wantIn)
+		}
+	}
+}
