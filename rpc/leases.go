@@ -416,6 +416,7 @@ func (l *leases) decide(storeKey []byte, r *request, now time.Time) *sluicev1.De
 	w.Demand += c.Hits
 	slice := w.H.Slice()
 	var pd *sluicev1.Decision
+	exact := false // w.Consumed is what the store's answer says the region holds
 	if c.Hits > 0 && c.Hits > slice {
 		// More than the whole slice now: denied until a grant comes
 		// (the store would answer "never", which is not so).
@@ -430,20 +431,17 @@ func (l *leases) decide(storeKey []byte, r *request, now time.Time) *sluicev1.De
 		}
 		if slice > 0 && pd.Error == "" {
 			w.Consumed = max(slice-pd.Remaining, 0)
+			exact = pd.Remaining > 0
 		}
 	}
-	switch {
-	case c.Algorithm == window.SlidingWindow:
-		// What the region holds is its estimate (its last window's count
-		// still counts), which may pass the slice at a window's start.
+	if !exact && (c.Algorithm == window.SlidingWindow || w.Unsure) {
+		// The answer says what the region holds only below its slice. A
+		// sliding window's estimate (its last window's count still
+		// counts) and the count of a holder made afresh over what the
+		// window admitted may pass it: read it at the key's limit (one
+		// more store operation, only then).
 		if n, ok := l.counted(storeKey, e, c.Algorithm, now); ok {
 			w.Consumed = n
-		}
-	case w.Unsure:
-		// Made afresh over what the window may have admitted already
-		// (the store's count may pass the slice): requests say it.
-		if n, ok := l.counted(storeKey, e, c.Algorithm, now); ok {
-			w.Consumed = max(w.Consumed, n)
 		}
 	}
 	pd.Slice = slice
