@@ -17,6 +17,7 @@ import (
 	"github.com/goccy/go-yaml"
 	"github.com/goccy/go-yaml/ast"
 	"github.com/goccy/go-yaml/parser"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 )
@@ -75,6 +76,20 @@ type Rule struct {
 	Unlimited bool
 	// ShadowMode rules are counted as usual, but their answer is always OK.
 	ShadowMode bool
+	// QuotaMode rules (the descriptor's quota_mode) are quota descriptors:
+	// one over its limit is answered OVER_LIMIT in its status, but refuses
+	// the request only when all the request's quota descriptors are over
+	// (as envoyproxy/ratelimit).
+	QuotaMode bool
+	// Metadata is the descriptor's metadata (the rule file's metadata
+	// key), returned in the response's dynamic_metadata when the request
+	// passes this rule and dynamic metadata is on ([Options]); nil when
+	// the file gives none.
+	Metadata *structpb.Struct
+	// DetailedMetric and ValueToMetric are the descriptor's settings of
+	// the same names. They are kept for the config dump only: sluice's
+	// statistics have one series per rule, never one per value.
+	DetailedMetric, ValueToMetric bool
 	// File is the rule file the rule is in.
 	File string
 	// Line is the 1-based line of the rule's descriptor in File.
@@ -121,6 +136,7 @@ func (e *ConfigError) Error() string {
 type Config struct {
 	domains map[string]*node
 	files   []string
+	rules   []*Rule // every rule, in load order
 	// onOwner is each domain's on_owner_unavailable (absent: unspecified).
 	onOwner map[string]sluicev1.OwnerUnavailablePolicy
 	// scope is each domain's scope (absent: unspecified).
@@ -177,6 +193,7 @@ type node struct {
 	wildcard       bool // value holds a '*'
 	shareThreshold bool
 	rule           *Rule
+	file           string
 	line           int
 	id             string // this descriptor's part of the check name
 
@@ -220,7 +237,9 @@ type yamlDescriptor struct {
 	RateLimit   *yamlRateLimit   `yaml:"rate_limit"`
 	Descriptors []yamlDescriptor `yaml:"descriptors"`
 	ShadowMode  yamlBool         `yaml:"shadow_mode"`
-	// Metrics-only settings of envoyproxy/ratelimit: accepted, no effect.
+	QuotaMode   yamlBool         `yaml:"quota_mode"`
+	// Metrics-only settings of envoyproxy/ratelimit: kept for the dump;
+	// sluice's statistics have one series per rule.
 	DetailedMetric yamlBool       `yaml:"detailed_metric"`
 	ValueToMetric  yamlBool       `yaml:"value_to_metric"`
 	Metadata       map[string]any `yaml:"metadata"`
@@ -276,12 +295,31 @@ type yamlReplaces struct {
 	Name string `yaml:"name"`
 }
 
+// LoadOptions are the settings of loading rule files. The zero value
+// loads as envoyproxy/ratelimit does by default.
+type LoadOptions struct {
+	// MergeDomains lets several files hold the same domain: their
+	// descriptors are merged into one tree (envoyproxy/ratelimit's
+	// MERGE_DOMAIN_CONFIG). A descriptor that two files both give is
+	// still an error, and so are two different on_owner_unavailable or
+	// scope values of one domain. Off: a domain in a second file is an
+	// error.
+	MergeDomains bool
+}
+
+// Load reads the rule files at path as [LoadOptions.Load] does with the
+// zero LoadOptions.
+func Load(path string) (*Config, error) { return LoadOptions{}.Load(path) }
+
 // Load reads the rule files at path: one file, or every *.yaml and *.yml
 // file directly in a directory (sorted by name; names starting with "."
-// are skipped, so a Kubernetes ConfigMap volume works). Each file holds
-// one domain; a domain may not appear twice. Any error is a *ConfigError
-// naming the file and, where it has one, the line; nothing is loaded then.
-func Load(path string) (*Config, error) {
+// are skipped, so a Kubernetes ConfigMap volume works). A directory with
+// no rule file loads as a Config with no domains (every request OK), as
+// in envoyproxy/ratelimit, so that rules can be added while a node runs.
+// Each file holds one domain; a domain may not appear twice unless
+// o.MergeDomains. Any error is a *ConfigError naming the file and, where
+// it has one, the line; nothing is loaded then.
+func (o LoadOptions) Load(path string) (*Config, error) {
 	if path == "" {
 		return nil, &ConfigError{File: "--rls-config", Msg: "empty path"}
 	}
@@ -298,7 +336,7 @@ func Load(path string) (*Config, error) {
 		files = files[:0]
 		for _, e := range entries {
 			name := e.Name()
-			if strings.HasPrefix(name, ".") || !(strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml")) {
+			if !IsRuleFile(name) {
 				continue
 			}
 			full := filepath.Join(path, name)
@@ -307,11 +345,8 @@ func Load(path string) (*Config, error) {
 			}
 			files = append(files, full)
 		}
-		if len(files) == 0 {
-			return nil, &ConfigError{File: path, Msg: "no *.yaml or *.yml files in the directory"}
-		}
 	}
-	b := newBuilder()
+	b := newBuilder(o)
 	for _, f := range files {
 		data, err := os.ReadFile(f)
 		if err != nil {
@@ -324,6 +359,12 @@ func Load(path string) (*Config, error) {
 	return b.cfg, nil
 }
 
+// IsRuleFile reports whether a directory entry called name is read as a
+// rule file: it ends in .yaml or .yml and does not start with ".".
+func IsRuleFile(name string) bool {
+	return !strings.HasPrefix(name, ".") && (strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml"))
+}
+
 // errMsg strips the path from a *fs.PathError, which ConfigError names.
 func errMsg(err error) string {
 	var pe *fs.PathError
@@ -333,10 +374,14 @@ func errMsg(err error) string {
 	return err.Error()
 }
 
+// Parse loads rule files given as (name, contents) pairs as
+// [LoadOptions.Parse] does with the zero LoadOptions.
+func Parse(files ...File) (*Config, error) { return LoadOptions{}.Parse(files...) }
+
 // Parse loads rule files given as (name, contents) pairs, in order, as
-// [Load] does; name is used in errors only.
-func Parse(files ...File) (*Config, error) {
-	b := newBuilder()
+// [LoadOptions.Load] does; name is used in errors only.
+func (o LoadOptions) Parse(files ...File) (*Config, error) {
+	b := newBuilder(o)
 	for _, f := range files {
 		if err := b.add(f.Name, f.Data); err != nil {
 			return nil, err
@@ -352,12 +397,13 @@ type File struct {
 }
 
 type builder struct {
+	opts        LoadOptions
 	cfg         *Config
 	domainFiles map[string]string
 }
 
-func newBuilder() *builder {
-	return &builder{cfg: &Config{domains: map[string]*node{}, onOwner: map[string]sluicev1.OwnerUnavailablePolicy{}, scope: map[string]sluicev1.Scope{}}, domainFiles: map[string]string{}}
+func newBuilder(o LoadOptions) *builder {
+	return &builder{opts: o, cfg: &Config{domains: map[string]*node{}, onOwner: map[string]sluicev1.OwnerUnavailablePolicy{}, scope: map[string]sluicev1.Scope{}}, domainFiles: map[string]string{}}
 }
 
 // add parses one file into b.cfg.
@@ -395,14 +441,18 @@ func (b *builder) add(file string, data []byte) (err error) {
 	if root.Domain == "" {
 		return l.errorf(nil, "domain", "required (a config file cannot have an empty domain)")
 	}
-	if prev, ok := b.domainFiles[root.Domain]; ok {
-		return l.errorf(ypath{"domain"}, "domain", "duplicate domain %q (also in %s)", root.Domain, prev)
+	prev, merging := b.domainFiles[root.Domain]
+	if merging && !b.opts.MergeDomains {
+		return l.errorf(ypath{"domain"}, "domain", "duplicate domain %q (also in %s; set --rls-merge-domain-config to merge a domain's files)", root.Domain, prev)
 	}
 	var policy sluicev1.OwnerUnavailablePolicy
 	if v := root.OnOwnerUnavailable; v != nil {
 		var ok bool
 		if policy, ok = ownerPolicies[*v]; !ok {
 			return l.errorf(ypath{"on_owner_unavailable"}, "on_owner_unavailable", "want local, allow or deny, got %q", *v)
+		}
+		if was, set := b.cfg.onOwner[root.Domain]; merging && set && was != policy {
+			return l.errorf(ypath{"on_owner_unavailable"}, "on_owner_unavailable", "%q differs from the value of domain %q in %s", *v, root.Domain, prev)
 		}
 	}
 	var scope sluicev1.Scope
@@ -411,12 +461,23 @@ func (b *builder) add(file string, data []byte) (err error) {
 		if scope, ok = scopes[*v]; !ok {
 			return l.errorf(ypath{"scope"}, "scope", "want global, regional or exact, got %q", *v)
 		}
+		if was, set := b.cfg.scope[root.Domain]; merging && set && was != scope {
+			return l.errorf(ypath{"scope"}, "scope", "%q differs from the value of domain %q in %s", *v, root.Domain, prev)
+		}
 	}
-	dom := &node{id: "rls " + strconv.Quote(root.Domain)}
+	dom := b.cfg.domains[root.Domain]
+	if dom == nil {
+		dom = &node{id: "rls " + strconv.Quote(root.Domain)}
+	}
+	// A merge loads into the domain's tree in place: on an error the
+	// whole load fails, so no half-merged tree is ever served.
 	if err := l.loadLevel(dom, root.Domain, root.Domain, ypath{"descriptors"}, "descriptors", root.Descriptors); err != nil {
 		return err
 	}
-	b.domainFiles[root.Domain] = file
+	b.cfg.rules = append(b.cfg.rules, l.rules...)
+	if !merging {
+		b.domainFiles[root.Domain] = file
+	}
 	b.cfg.domains[root.Domain] = dom
 	if policy != sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_UNSPECIFIED {
 		b.cfg.onOwner[root.Domain] = policy
@@ -430,9 +491,10 @@ func (b *builder) add(file string, data []byte) (err error) {
 
 // fileLoader turns one file's descriptors into nodes, locating errors.
 type fileLoader struct {
-	file string
-	data []byte
-	ast  *ast.File // parsed on the first lookup of a line
+	file  string
+	data  []byte
+	ast   *ast.File // parsed on the first lookup of a line
+	rules []*Rule   // the file's rules, in file order
 }
 
 // ypath is a YAML path from the document root: strings are mapping keys,
@@ -496,7 +558,7 @@ func (l *fileLoader) loadLevel(parent *node, domain, fullKey string, p ypath, fi
 			return l.errorf(dp, df+".key", "required (a descriptor has an empty key)")
 		}
 		n := &node{key: d.Key, value: d.Value, wildcard: strings.Contains(d.Value, "*"),
-			shareThreshold: bool(d.ShareThreshold), line: line}
+			shareThreshold: bool(d.ShareThreshold), file: l.file, line: line}
 		finalKey := d.Key
 		n.id = parent.id + " " + strconv.Quote(d.Key)
 		if d.Value != "" {
@@ -521,7 +583,11 @@ func (l *fileLoader) loadLevel(parent *node, domain, fullKey string, p ypath, fi
 			dup = parent.exact[pair{d.Key, d.Value}]
 		}
 		if dup != nil {
-			return l.errorf(dp, df, "duplicate descriptor composite key '%s.%s' (first at line %d)", fullKey, finalKey, dup.line)
+			where := fmt.Sprintf("line %d", dup.line)
+			if dup.file != l.file {
+				where = fmt.Sprintf("%s:%d", dup.file, dup.line)
+			}
+			return l.errorf(dp, df, "duplicate descriptor composite key '%s.%s' (first at %s)", fullKey, finalKey, where)
 		}
 		if d.RateLimit != nil {
 			r, err := l.loadRule(d.RateLimit, dp.with("rate_limit"), df+".rate_limit")
@@ -529,6 +595,15 @@ func (l *fileLoader) loadLevel(parent *node, domain, fullKey string, p ypath, fi
 				return err
 			}
 			r.Domain, r.FullKey, r.ShadowMode, r.File, r.Line = domain, fullKey+"."+finalKey, bool(d.ShadowMode), l.file, line
+			r.QuotaMode, r.DetailedMetric, r.ValueToMetric = bool(d.QuotaMode), bool(d.DetailedMetric), bool(d.ValueToMetric)
+			if len(d.Metadata) > 0 {
+				md, err := structpb.NewStruct(d.Metadata)
+				if err != nil {
+					return l.errorf(dp.with("metadata"), df+".metadata", "cannot be returned as Envoy metadata: %v", err)
+				}
+				r.Metadata = md
+			}
+			l.rules = append(l.rules, r)
 			r.checkName = n.id
 			if len(r.checkName) > maxNameBytes {
 				sum := sha256.Sum256([]byte(n.id))
@@ -596,4 +671,42 @@ func (l *fileLoader) loadRule(y *yamlRateLimit, p ypath, field string) (*Rule, e
 		r.Replaces = append(r.Replaces, rep.Name)
 	}
 	return r, nil
+}
+
+// Rules returns every loaded rule, in load order (file by file, each in
+// file order).
+func (c *Config) Rules() []*Rule {
+	if c == nil {
+		return nil
+	}
+	return append([]*Rule(nil), c.rules...)
+}
+
+// Dump returns the loaded rules as envoyproxy/ratelimit's /rlconfig
+// writes them, one line a rule, sorted by full key:
+//
+//	rl.foo_bar: unit=MINUTE requests_per_unit=3, shadow_mode: false, quota_mode: false
+//
+// followed, where they apply, by sluice's additions to the line:
+// unit_multiplier=N (N > 1), unlimited, name=NAME, and the file and line
+// the rule is at ("@ rules/rl.yaml:12").
+func (c *Config) Dump() string {
+	rules := c.Rules()
+	sort.SliceStable(rules, func(i, j int) bool { return rules[i].FullKey < rules[j].FullKey })
+	var b strings.Builder
+	for _, r := range rules {
+		fmt.Fprintf(&b, "%s: unit=%s requests_per_unit=%d, shadow_mode: %t, quota_mode: %t",
+			r.FullKey, r.Unit, r.RequestsPerUnit, r.ShadowMode, r.QuotaMode)
+		if r.UnitMultiplier > 1 {
+			fmt.Fprintf(&b, ", unit_multiplier=%d", r.UnitMultiplier)
+		}
+		if r.Unlimited {
+			b.WriteString(", unlimited")
+		}
+		if r.Name != "" {
+			fmt.Fprintf(&b, ", name=%s", r.Name)
+		}
+		fmt.Fprintf(&b, " @ %s:%d\n", r.File, r.Line)
+	}
+	return b.String()
 }

@@ -1,16 +1,20 @@
 package rls
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
@@ -18,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/rpc/sluicev1"
@@ -25,6 +30,10 @@ import (
 
 // ServiceName is the full gRPC name of the service [Service] implements.
 const ServiceName = "envoy.service.ratelimit.v3.RateLimitService"
+
+// HealthName is the service name gRPC health answers for as
+// envoyproxy/ratelimit's does ("ratelimit"), next to ServiceName.
+const HealthName = "ratelimit"
 
 // MaxDescriptors is the most descriptors one request may carry (a sluice
 // Check batch holds at most 1000 checks).
@@ -42,7 +51,37 @@ type Clock interface {
 	Now() time.Time
 }
 
-// Options configures a [Service]. The zero value is ready to use.
+// HeaderNames are the names of the response headers a [Service] asks
+// Envoy to add (envoyproxy/ratelimit's LIMIT_LIMIT_HEADER,
+// LIMIT_REMAINING_HEADER and LIMIT_RESET_HEADER); an empty name takes its
+// default.
+type HeaderNames struct {
+	// Limit carries the requests_per_unit of the descriptor closest to
+	// its limit. Default "RateLimit-Limit".
+	Limit string
+	// Remaining carries its hits remaining. Default "RateLimit-Remaining".
+	Remaining string
+	// Reset carries the whole seconds until its window resets. Default
+	// "RateLimit-Reset".
+	Reset string
+}
+
+// Default header names, as envoyproxy/ratelimit's (draft-ietf-httpapi-
+// ratelimit-headers).
+const (
+	DefaultLimitHeader     = "RateLimit-Limit"
+	DefaultRemainingHeader = "RateLimit-Remaining"
+	DefaultResetHeader     = "RateLimit-Reset"
+)
+
+// DefaultNearLimitRatio is the share of a rule's limit past which hits
+// count as near the limit in [RuleStats] (envoyproxy/ratelimit's
+// NEAR_LIMIT_RATIO default).
+const DefaultNearLimitRatio = 0.8
+
+// Options configures a [Service]. The zero value answers as sluice does
+// by default; each other setting is named after the envoyproxy/ratelimit
+// setting it gives (see docs/envoy.md's migration table).
 type Options struct {
 	// Clock gives the time from which duration_until_reset is computed
 	// (the end of the current fixed window). Default the system clock.
@@ -50,6 +89,37 @@ type Options struct {
 	// Logger receives warnings (e.g. a partial charge). Default
 	// slog.Default().
 	Logger *slog.Logger
+	// ShadowMode answers every request OK, counted as usual: its
+	// descriptors' statuses still say OVER_LIMIT, and Stats.ShadowOK
+	// counts the requests it let through (SHADOW_MODE).
+	ShadowMode bool
+	// QuotaMode makes every limited descriptor a quota descriptor, as a
+	// rule's quota_mode does for its own (QUOTA_MODE): a request is then
+	// refused only when all its quota descriptors are over their limits.
+	QuotaMode bool
+	// DynamicMetadata returns the response's dynamic_metadata: the
+	// domain, the request's descriptors and hits_addend, and the merged
+	// metadata of the rules the request passed
+	// (RESPONSE_DYNAMIC_METADATA).
+	DynamicMetadata bool
+	// Headers, when not nil, asks Envoy to add the RateLimit-* headers of
+	// the descriptor closest to its limit to the response
+	// (LIMIT_RESPONSE_HEADERS_ENABLED).
+	Headers *HeaderNames
+	// IncrementWhenOverLimit counts as envoyproxy/ratelimit does by
+	// default (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT unset): each
+	// descriptor is counted on its own, refused hits included, so a
+	// request refused by one descriptor still spends the others, a count
+	// may pass its limit, and a peek (hits_addend 0) is OK while the count
+	// is at most the limit (the token-quota pattern: peek on the request
+	// path, charge on the response path). Off (sluice's default): a
+	// request is charged all or nothing, refused hits count nothing, and a
+	// peek is OK only while one more hit would pass.
+	IncrementWhenOverLimit bool
+	// NearLimitRatio is the share of a limit past which [RuleStats] count
+	// hits as near the limit (NEAR_LIMIT_RATIO); 0 means
+	// DefaultNearLimitRatio.
+	NearLimitRatio float64
 }
 
 // Stats counts what a [Service] answered since it started.
@@ -58,6 +128,8 @@ type Stats struct {
 	Requests int64
 	// OverLimit is the number answered OVER_LIMIT.
 	OverLimit int64
+	// ShadowOK is the number answered OK only because of Options.ShadowMode.
+	ShadowOK int64
 	// PartialCharges counts requests refused while at least one of their
 	// descriptors stayed charged: answered allowed, not refunded, in the
 	// call whose other check refused the request. A request's limited
@@ -65,21 +137,63 @@ type Stats struct {
 	// this is 0 unless a node answers a check degraded (its owner
 	// unreachable, policy local: such a check is not given back) or does
 	// not give back what a refused request consumed (nodes before sluice's
-	// all-or-nothing requests).
+	// all-or-nothing requests). With Options.IncrementWhenOverLimit a
+	// refused request spends its other descriptors by design, and is not
+	// counted here.
 	PartialCharges int64
+	// ConfigLoads and ConfigLoadErrors count the rule loads of the
+	// [Source] the Service follows: applied, and refused (the rules in
+	// force stay). Both 0 without a Source.
+	ConfigLoads, ConfigLoadErrors int64
+	// Domains is the number of domains of the rules in force.
+	Domains int
+}
+
+// RuleStat is what one rule counted, in hits, as envoyproxy/ratelimit's
+// per-rule statistics (ratelimit.service.rate_limit.<key>.*). Its series
+// are one per rule, never one per descriptor value.
+type RuleStat struct {
+	// Domain is the rule's domain.
+	Domain string
+	// Rule is the rule's full key, e.g. "rl.foo_bar" ("<domain>.(override)"
+	// for the limits that requests carry themselves).
+	Rule string
+	// TotalHits is every hit asked of the rule (total_hits).
+	TotalHits int64
+	// OverLimit is the hits beyond the limit (over_limit).
+	OverLimit int64
+	// NearLimit is the hits within the limit but past NearLimitRatio of it
+	// (near_limit).
+	NearLimit int64
+	// WithinLimit is the hits within the limit (within_limit).
+	WithinLimit int64
+	// ShadowMode is the hits beyond the limit of a shadow_mode rule, let
+	// through (shadow_mode).
+	ShadowMode int64
+}
+
+// ruleCounters are one rule's RuleStat counters.
+type ruleCounters struct {
+	domain, rule                         string
+	total, over, near, within, shadowHit atomic.Int64
 }
 
 // Service implements Envoy's RLS v3 RateLimitService on a [Config] and a
-// [Checker]. It is safe for concurrent use.
+// [Checker]. It is safe for concurrent use; its rules can be replaced
+// while it answers ([Service.SetConfig], [Service.Follow]).
 type Service struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
-	cfg     *Config
+	cfg     atomic.Pointer[Config]
+	src     atomic.Pointer[Source]
 	checker Checker
 	clock   Clock
 	log     *slog.Logger
+	opts    Options
+	headers HeaderNames
 
-	requests, overLimit, partial atomic.Int64
+	requests, overLimit, partial, shadowOK atomic.Int64
+	rules                                  sync.Map // domain + "\x00" + full key -> *ruleCounters
 }
 
 var _ rlsv3.RateLimitServiceServer = (*Service)(nil)
@@ -97,7 +211,16 @@ func NewService(cfg *Config, checker Checker, opts Options) *Service {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &Service{cfg: cfg, checker: checker, clock: opts.Clock, log: opts.Logger}
+	if opts.NearLimitRatio <= 0 {
+		opts.NearLimitRatio = DefaultNearLimitRatio
+	}
+	s := &Service{checker: checker, clock: opts.Clock, log: opts.Logger, opts: opts}
+	if h := opts.Headers; h != nil {
+		s.headers = HeaderNames{Limit: cmp.Or(h.Limit, DefaultLimitHeader),
+			Remaining: cmp.Or(h.Remaining, DefaultRemainingHeader), Reset: cmp.Or(h.Reset, DefaultResetHeader)}
+	}
+	s.cfg.Store(cfg)
+	return s
 }
 
 type systemClock struct{}
@@ -107,9 +230,99 @@ func (systemClock) Now() time.Time { return time.Now() }
 // Register registers s on a gRPC server as ServiceName.
 func (s *Service) Register(r grpc.ServiceRegistrar) { rlsv3.RegisterRateLimitServiceServer(r, s) }
 
+// Config returns the rules in force.
+func (s *Service) Config() *Config { return s.cfg.Load() }
+
+// SetConfig puts cfg (nil: no domains) in force for the requests that
+// start after it returns; a request already answering keeps the rules it
+// started with. Counts carry over: a rule that keeps its domain, path and
+// numbers keeps counting the same keys.
+func (s *Service) SetConfig(cfg *Config) {
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	s.cfg.Store(cfg)
+}
+
+// Follow puts src's rules in force now and after each of its reloads, and
+// reports its load counts in [Service.Stats].
+func (s *Service) Follow(src *Source) {
+	s.src.Store(src)
+	src.onLoad(s.SetConfig)
+}
+
 // Stats returns the counters so far.
 func (s *Service) Stats() Stats {
-	return Stats{Requests: s.requests.Load(), OverLimit: s.overLimit.Load(), PartialCharges: s.partial.Load()}
+	st := Stats{Requests: s.requests.Load(), OverLimit: s.overLimit.Load(), PartialCharges: s.partial.Load(),
+		ShadowOK: s.shadowOK.Load(), Domains: len(s.Config().domains)}
+	if src := s.src.Load(); src != nil {
+		st.ConfigLoads, st.ConfigLoadErrors = src.loads.Load(), src.failures.Load()
+	}
+	return st
+}
+
+// RuleStats returns what each rule counted so far, sorted by domain and
+// rule; a rule that no request has matched yet is not listed.
+func (s *Service) RuleStats() []RuleStat {
+	var out []RuleStat
+	s.rules.Range(func(_, v any) bool {
+		c := v.(*ruleCounters)
+		out = append(out, RuleStat{Domain: c.domain, Rule: c.rule, TotalHits: c.total.Load(), OverLimit: c.over.Load(),
+			NearLimit: c.near.Load(), WithinLimit: c.within.Load(), ShadowMode: c.shadowHit.Load()})
+		return true
+	})
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Domain != out[j].Domain {
+			return out[i].Domain < out[j].Domain
+		}
+		return out[i].Rule < out[j].Rule
+	})
+	return out
+}
+
+// counters returns r's counters, made on first use.
+func (s *Service) counters(r *Rule) *ruleCounters {
+	full := r.FullKey
+	if full == "" {
+		full = r.Domain + ".(override)"
+	}
+	k := r.Domain + "\x00" + full
+	if c, ok := s.rules.Load(k); ok {
+		return c.(*ruleCounters)
+	}
+	c, _ := s.rules.LoadOrStore(k, &ruleCounters{domain: r.Domain, rule: full})
+	return c.(*ruleCounters)
+}
+
+// count adds one descriptor's hits to its rule's statistics, as
+// envoyproxy/ratelimit's base limiter does: before is the rule's count
+// for the key before the hits, after = before + hits (whether or not they
+// were counted), limit its requests_per_unit.
+func (s *Service) count(r *Rule, hits, before, limit int64, shadow bool) {
+	c := s.counters(r)
+	after := before + hits
+	c.total.Add(hits)
+	near := int64(math.Floor(float64(limit) * s.opts.NearLimitRatio))
+	if after > limit {
+		over := hits
+		if before < limit {
+			over = after - limit
+			c.near.Add(limit - max(near, before))
+		}
+		c.over.Add(over)
+		if shadow {
+			c.shadowHit.Add(over)
+		}
+		return
+	}
+	c.within.Add(hits)
+	if after > near {
+		if before >= near {
+			c.near.Add(hits)
+		} else {
+			c.near.Add(after - near)
+		}
+	}
 }
 
 // kind is what a descriptor turned into.
@@ -132,6 +345,7 @@ type item struct {
 	window time.Duration
 	policy sluicev1.OwnerUnavailablePolicy // the domain's on_owner_unavailable
 	scope  sluicev1.Scope                  // the domain's scope
+	quota  bool                            // a quota descriptor
 }
 
 // ShouldRateLimit answers one status per descriptor, in request order,
@@ -158,37 +372,159 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	case len(descs) > MaxDescriptors:
 		return nil, status.Errorf(codes.InvalidArgument, "descriptors: at most %d, got %d", MaxDescriptors, len(descs))
 	}
-	plan, err := s.plan(req)
+	cfg := s.cfg.Load()
+	plan, err := s.plan(cfg, req)
 	if err != nil {
 		return nil, err
 	}
-	statuses, err := s.decide(ctx, plan)
+	var statuses []*rlsv3.RateLimitResponse_DescriptorStatus
+	if s.opts.IncrementWhenOverLimit {
+		statuses, err = s.decideEach(ctx, plan)
+	} else {
+		statuses, err = s.decide(ctx, plan)
+	}
 	if err != nil {
 		return nil, err
 	}
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: statuses}
-	for _, st := range statuses {
-		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
-			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-		}
+	if refuses(plan, statuses) {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	if s.opts.Headers != nil {
+		resp.ResponseHeadersToAdd = s.limitHeaders(plan, statuses)
+	}
+	if s.opts.DynamicMetadata {
+		resp.DynamicMetadata = dynamicMetadata(req, plan, statuses)
 	}
 	s.requests.Add(1)
-	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+	switch {
+	case resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT && s.opts.ShadowMode:
+		resp.OverallCode = rlsv3.RateLimitResponse_OK
+		s.shadowOK.Add(1)
+	case resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT:
 		s.overLimit.Add(1)
 	}
 	return resp, nil
 }
 
+// refuses reports whether a request whose descriptors got statuses is
+// refused: a descriptor that is not a quota descriptor is over its limit,
+// or it has quota descriptors and all of them are (as
+// envoyproxy/ratelimit). A shadow_mode descriptor's status is never
+// OVER_LIMIT.
+func refuses(plan []item, statuses []*rlsv3.RateLimitResponse_DescriptorStatus) bool {
+	quotas, overQuotas := 0, 0
+	for i, st := range statuses {
+		over := st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT
+		switch {
+		case plan[i].quota:
+			quotas++
+			if over {
+				overQuotas++
+			}
+		case over:
+			return true
+		}
+	}
+	return quotas > 0 && overQuotas == quotas
+}
+
+// limitHeaders returns the RateLimit-* headers of the descriptor closest
+// to its limit, chosen as envoyproxy/ratelimit does: the one with the
+// fewest hits remaining, or the last one over its limit that is not a
+// quota descriptor; none when no descriptor has a limit.
+func (s *Service) limitHeaders(plan []item, statuses []*rlsv3.RateLimitResponse_DescriptorStatus) []*corev3.HeaderValue {
+	var pick *rlsv3.RateLimitResponse_DescriptorStatus
+	least := uint32(math.MaxUint32)
+	for i, st := range statuses {
+		if plan[i].kind == kindUnlimited || st.GetCurrentLimit() == nil {
+			continue
+		}
+		if st.GetLimitRemaining() < least {
+			pick, least = st, st.GetLimitRemaining()
+		}
+		if st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT && !plan[i].quota {
+			pick, least = st, 0
+		}
+	}
+	if pick == nil {
+		return nil
+	}
+	return []*corev3.HeaderValue{
+		{Key: s.headers.Limit, Value: strconv.FormatUint(uint64(pick.GetCurrentLimit().GetRequestsPerUnit()), 10)},
+		{Key: s.headers.Remaining, Value: strconv.FormatUint(uint64(pick.GetLimitRemaining()), 10)},
+		{Key: s.headers.Reset, Value: strconv.FormatInt(pick.GetDurationUntilReset().GetSeconds(), 10)},
+	}
+}
+
+// dynamicMetadata returns the response's dynamic_metadata as
+// envoyproxy/ratelimit builds it: {"domain", "descriptors": [{"entries":
+// ["key=value", ...], "limit" (an override, as text), "hitsAddend"}],
+// "hitsAddend" (when the request sets it), "metadata": the rule metadata
+// of the descriptors that passed, merged (the first value of a key wins;
+// two structs merge)}.
+func dynamicMetadata(req *rlsv3.RateLimitRequest, plan []item, statuses []*rlsv3.RateLimitResponse_DescriptorStatus) *structpb.Struct {
+	fields := map[string]*structpb.Value{"domain": structpb.NewStringValue(req.GetDomain())}
+	descs := make([]*structpb.Value, 0, len(req.GetDescriptors()))
+	for _, d := range req.GetDescriptors() {
+		entries := make([]*structpb.Value, 0, len(d.GetEntries()))
+		for _, e := range d.GetEntries() {
+			entries = append(entries, structpb.NewStringValue(e.GetKey()+"="+e.GetValue()))
+		}
+		df := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: entries})}
+		if l := d.GetLimit(); l != nil {
+			df["limit"] = structpb.NewStringValue(l.String())
+		}
+		if h := d.GetHitsAddend(); h != nil {
+			df["hitsAddend"] = structpb.NewNumberValue(float64(h.GetValue()))
+		}
+		descs = append(descs, structpb.NewStructValue(&structpb.Struct{Fields: df}))
+	}
+	fields["descriptors"] = structpb.NewListValue(&structpb.ListValue{Values: descs})
+	if h := req.GetHitsAddend(); h != 0 {
+		fields["hitsAddend"] = structpb.NewNumberValue(float64(h))
+	}
+	passed := &structpb.Struct{Fields: map[string]*structpb.Value{}}
+	for i, st := range statuses {
+		if plan[i].kind == kindUnlimited || st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT {
+			continue
+		}
+		if r := plan[i].rule; r != nil && r.Metadata != nil {
+			mergeMetadata(passed, r.Metadata)
+		}
+	}
+	if len(passed.GetFields()) > 0 {
+		fields["metadata"] = structpb.NewStructValue(passed)
+	}
+	return &structpb.Struct{Fields: fields}
+}
+
+// mergeMetadata adds src's fields to dst's: a key dst lacks is added (a
+// copy), two structs under one key merge, any other value of a key dst
+// has stays.
+func mergeMetadata(dst, src *structpb.Struct) {
+	for k, v := range src.GetFields() {
+		have, ok := dst.Fields[k]
+		if !ok {
+			dst.Fields[k] = proto.CloneOf(v)
+			continue
+		}
+		if hs, vs := have.GetStructValue(), v.GetStructValue(); hs != nil && vs != nil {
+			mergeMetadata(hs, vs)
+		}
+	}
+}
+
 // plan matches every descriptor of req and applies replaces.
-func (s *Service) plan(req *rlsv3.RateLimitRequest) ([]item, error) {
+func (s *Service) plan(cfg *Config, req *rlsv3.RateLimitRequest) ([]item, error) {
 	descs := req.GetDescriptors()
 	reqHits := int64(req.GetHitsAddend())
 	if reqHits == 0 {
 		reqHits = 1
 	}
-	_, knownDomain := s.cfg.domains[req.GetDomain()]
-	policy := s.cfg.OnOwnerUnavailable(req.GetDomain())
-	scope := s.cfg.Scope(req.GetDomain())
+	_, knownDomain := cfg.domains[req.GetDomain()]
+	policy := cfg.OnOwnerUnavailable(req.GetDomain())
+	scope := cfg.Scope(req.GetDomain())
 	plan := make([]item, len(descs))
 	replacing := map[string]bool{}
 	for i, d := range descs {
@@ -207,7 +543,7 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest) ([]item, error) {
 			if err != nil {
 				return nil, err
 			}
-			it.policy, it.scope = policy, scope
+			it.policy, it.scope, it.quota = policy, scope, s.opts.QuotaMode
 			plan[i] = it
 			continue
 		}
@@ -215,7 +551,7 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest) ([]item, error) {
 		for j, e := range d.GetEntries() {
 			entries[j] = Entry{Key: e.GetKey(), Value: e.GetValue()}
 		}
-		m, ok := s.cfg.Match(req.GetDomain(), entries)
+		m, ok := cfg.Match(req.GetDomain(), entries)
 		if !ok {
 			continue
 		}
@@ -226,7 +562,7 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest) ([]item, error) {
 		case m.Rule.Unlimited:
 			plan[i] = item{kind: kindUnlimited, rule: m.Rule}
 		case m.Rule.RequestsPerUnit == 0:
-			plan[i] = item{kind: kindZero, rule: m.Rule, window: m.Rule.Window}
+			plan[i] = item{kind: kindZero, rule: m.Rule, name: m.Name, key: m.Key, hits: hits, window: m.Rule.Window, policy: policy, scope: scope}
 		default:
 			plan[i] = item{kind: kindCheck, rule: m.Rule, name: m.Name, key: m.Key, hits: hits, window: m.Rule.Window, policy: policy, scope: scope}
 		}
@@ -234,6 +570,11 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest) ([]item, error) {
 	for i, it := range plan {
 		if (it.kind == kindCheck || it.kind == kindZero) && it.rule.Name != "" && replacing[it.rule.Name] {
 			plan[i] = item{kind: kindNone}
+		}
+		// As envoyproxy/ratelimit: with QUOTA_MODE even a descriptor
+		// that matched no rule is a quota descriptor (one that passes).
+		if plan[i].kind != kindUnlimited {
+			plan[i].quota = s.opts.QuotaMode || (plan[i].rule != nil && plan[i].rule.QuotaMode)
 		}
 	}
 	return plan, nil
@@ -273,7 +614,7 @@ func overrideItem(domain string, i int, d *ratelimitv3.RateLimitDescriptor, hits
 		name = "rls" + hashed(name)
 	}
 	if r.RequestsPerUnit == 0 {
-		return item{kind: kindZero, rule: r, window: w}, nil
+		return item{kind: kindZero, rule: r, name: name, key: k, hits: hits, window: w}, nil
 	}
 	return item{kind: kindCheck, rule: r, name: name, key: k, hits: hits, window: w}, nil
 }
@@ -284,19 +625,27 @@ func overrideItem(domain string, i int, d *ratelimitv3.RateLimitDescriptor, hits
 // consumes: the nodes decide a request's checks all or nothing (when one
 // is denied, the others that were allowed are given back and answered
 // refunded), so no descriptor is charged for a refused request, with no
-// peek before the charge for a concurrent request to race. Shadow
-// descriptors never refuse the request, and a denial among other checks
-// would un-count them, so each goes in a call of its own after the
+// peek before the charge for a concurrent request to race. A quota
+// descriptor over its limit refuses the request only when all the
+// request's quota descriptors are: when only quota descriptors were
+// denied and some other quota descriptor is not over, the call is made
+// again without the denied ones (which stay OVER_LIMIT and uncharged).
+// Shadow descriptors never refuse the request, and a denial among other
+// checks would un-count them, so each goes in a call of its own after the
 // enforcing call has admitted the request (all at once), and is only
-// peeked at when the request is refused. A rule of requests_per_unit 0
-// refuses the request before anything is counted: the other descriptors
-// are then peeked at, in one call.
+// peeked at when it is refused. A rule of requests_per_unit 0 that is not
+// a quota descriptor refuses the request before anything is counted: the
+// other descriptors are then peeked at, in one call.
 func (s *Service) decide(ctx context.Context, plan []item) ([]*rlsv3.RateLimitResponse_DescriptorStatus, error) {
 	now := s.clock.Now()
 	out := make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(plan))
 	var enforce, shadow []int
 	blocked := false // a rule of requests_per_unit 0 refuses the request
+	quotas, overQuotas := 0, 0
 	for i, it := range plan {
+		if it.quota {
+			quotas++
+		}
 		switch it.kind {
 		case kindNone:
 			out[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
@@ -304,7 +653,14 @@ func (s *Service) decide(ctx context.Context, plan []item) ([]*rlsv3.RateLimitRe
 			out[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
 		case kindZero:
 			out[i] = limitStatus(it, false, 0, now)
-			blocked = blocked || !it.rule.ShadowMode
+			s.count(it.rule, it.hits, 0, 0, it.rule.ShadowMode)
+			switch {
+			case it.rule.ShadowMode:
+			case it.quota:
+				overQuotas++
+			default:
+				blocked = true
+			}
 		case kindCheck:
 			if it.rule.ShadowMode {
 				shadow = append(shadow, i)
@@ -313,11 +669,14 @@ func (s *Service) decide(ctx context.Context, plan []item) ([]*rlsv3.RateLimitRe
 			}
 		}
 	}
+	if !blocked && quotas > 0 && overQuotas == quotas {
+		blocked = true // every quota descriptor is a rule of 0
+	}
 	if blocked {
 		return out, s.peek(ctx, plan, append(enforce, shadow...), now, out)
 	}
 	refused := false
-	if len(enforce) > 0 {
+	for len(enforce) > 0 {
 		ds, err := s.check(ctx, plan, enforce, false)
 		if err != nil {
 			return nil, err
@@ -326,10 +685,19 @@ func (s *Service) decide(ctx context.Context, plan []item) ([]*rlsv3.RateLimitRe
 		// values, sent twice) pass or fail together: the request needed
 		// room for all their hits.
 		denied := map[string]bool{}
+		deniedRate, deniedQuota := false, map[int]bool{}
 		for j, i := range enforce {
 			if !ds[j].GetAllowed() && !ds[j].GetRefunded() {
 				denied[checkKey(plan[i])] = true
-				refused = true
+			}
+		}
+		for _, i := range enforce {
+			if denied[checkKey(plan[i])] {
+				if plan[i].quota {
+					deniedQuota[i] = true
+				} else {
+					deniedRate = true
+				}
 			}
 		}
 		charged := false
@@ -338,10 +706,22 @@ func (s *Service) decide(ctx context.Context, plan []item) ([]*rlsv3.RateLimitRe
 			charged = charged || d.GetAllowed()
 			out[i] = limitStatus(plan[i], (d.GetAllowed() || d.GetRefunded()) && !denied[checkKey(plan[i])], d.GetRemaining(), now)
 		}
+		if !deniedRate && len(deniedQuota) > 0 && overQuotas+len(deniedQuota) < quotas {
+			// Only quota descriptors were denied, and not all of them:
+			// the request passes without them. The nodes gave back what
+			// the call consumed; ask again without the denied ones.
+			s.countDecided(plan, enforce, ds, deniedQuota)
+			overQuotas += len(deniedQuota)
+			enforce = slices.DeleteFunc(enforce, func(i int) bool { return deniedQuota[i] })
+			continue
+		}
+		refused = deniedRate || len(deniedQuota) > 0
 		if refused && charged {
 			s.partial.Add(1)
 			s.log.Warn("rls: a refused request left descriptors charged (a node did not give them back, e.g. answered degraded)")
 		}
+		s.countDecided(plan, enforce, ds, nil)
+		break
 	}
 	if len(shadow) == 0 {
 		return out, nil
@@ -362,6 +742,7 @@ func (s *Service) decide(ctx context.Context, plan []item) ([]*rlsv3.RateLimitRe
 				return
 			}
 			shown[j] = limitStatus(plan[i], ds[0].GetAllowed(), ds[0].GetRemaining(), now)
+			s.countDecided(plan, []int{i}, ds, nil)
 		})
 	}
 	wg.Wait()
@@ -370,6 +751,89 @@ func (s *Service) decide(ctx context.Context, plan []item) ([]*rlsv3.RateLimitRe
 			return nil, errs[j]
 		}
 		out[i] = shown[j]
+	}
+	return out, nil
+}
+
+// countDecided adds the decisions ds of the checks plan[i], i in idx, to
+// their rules' statistics; only the descriptors in only (all when nil).
+// A fixed window's remaining is its limit less its count: after the hits
+// when allowed, before them when denied or refunded.
+func (s *Service) countDecided(plan []item, idx []int, ds []*sluicev1.Decision, only map[int]bool) {
+	for j, i := range idx {
+		if only != nil && !only[i] {
+			continue
+		}
+		it, d := plan[i], ds[j]
+		limit := int64(it.rule.RequestsPerUnit)
+		before := limit - d.GetRemaining()
+		if d.GetAllowed() {
+			before -= it.hits
+		}
+		s.count(it.rule, it.hits, max(before, 0), limit, it.rule.ShadowMode)
+	}
+}
+
+// decideEach decides the plan as envoyproxy/ratelimit counts by default
+// (Options.IncrementWhenOverLimit): every limited descriptor is counted on
+// its own, refused hits included, in one call that is not all or nothing.
+//
+// A count c of limit L that may pass L is kept exactly by a sluice fixed
+// window of limit L+1 that holds min(c, L+1): a hit of h passes when
+// c+h <= L, and the peer's count after it is above L exactly when the
+// window's is L+1. So each check asks for L+1: allowed with 1 or more
+// remaining is the peer's OK (remaining one less), allowed with none left
+// is the peer's OVER_LIMIT (counted), and a denied check is OVER_LIMIT
+// whose hits are then counted by a second call that fills the window to
+// L+1 (a peek is OK while 1 or more remain, i.e. c <= L). Between the
+// two calls another request may fill the window first: the second call
+// is then refused and the count is at L+1 anyway.
+func (s *Service) decideEach(ctx context.Context, plan []item) ([]*rlsv3.RateLimitResponse_DescriptorStatus, error) {
+	now := s.clock.Now()
+	out := make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(plan))
+	var idx []int
+	for i, it := range plan {
+		switch it.kind {
+		case kindNone:
+			out[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		case kindUnlimited:
+			out[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
+		case kindZero, kindCheck:
+			idx = append(idx, i)
+		}
+	}
+	if len(idx) == 0 {
+		return out, nil
+	}
+	ds, err := s.checkWith(ctx, plan, idx, false, 1)
+	if err != nil {
+		return nil, err
+	}
+	var fill []int
+	var fillHits []int64
+	for j, i := range idx {
+		it, d := plan[i], ds[j]
+		limit := int64(it.rule.RequestsPerUnit)
+		ok := d.GetAllowed() && d.GetRemaining() >= 1
+		out[i] = limitStatus(it, ok, d.GetRemaining()-1, now)
+		before := limit + 1 - d.GetRemaining()
+		if d.GetAllowed() {
+			before -= it.hits
+		}
+		s.count(it.rule, it.hits, max(before, 0), limit, it.rule.ShadowMode)
+		if !d.GetAllowed() && d.GetRemaining() > 0 && it.hits > 0 {
+			fill, fillHits = append(fill, i), append(fillHits, min(it.hits, d.GetRemaining()))
+		}
+	}
+	if len(fill) > 0 {
+		filled := slices.Clone(plan)
+		for k, i := range fill {
+			filled[i].hits = fillHits[k]
+		}
+		if _, err := s.checkWith(ctx, filled, fill, false, 1); err != nil {
+			// The refusal stands; only its count is short.
+			s.log.Debug("rls: refused hits not counted", "error", err)
+		}
 	}
 	return out, nil
 }
@@ -411,9 +875,15 @@ func passes(d *sluicev1.Decision, hits int64) bool {
 // returns their decisions in order, or UNAVAILABLE naming the first
 // descriptor that could not be decided.
 func (s *Service) check(ctx context.Context, plan []item, idx []int, peek bool) ([]*sluicev1.Decision, error) {
+	return s.checkWith(ctx, plan, idx, peek, 0)
+}
+
+// checkWith is check with each limit raised by extra (1 for
+// decideEach's windows, which are then not all or nothing).
+func (s *Service) checkWith(ctx context.Context, plan []item, idx []int, peek bool, extra int64) ([]*sluicev1.Decision, error) {
 	// The descriptors are one request's limits: a consuming batch asks
 	// the nodes for all or nothing (a peek consumes nothing to give back).
-	req := &sluicev1.CheckRequest{Checks: make([]*sluicev1.RateLimitCheck, len(idx)), AllOrNothing: !peek && len(idx) > 1}
+	req := &sluicev1.CheckRequest{Checks: make([]*sluicev1.RateLimitCheck, len(idx)), AllOrNothing: !peek && extra == 0 && len(idx) > 1}
 	for j, i := range idx {
 		it := plan[i]
 		hits := it.hits
@@ -422,7 +892,7 @@ func (s *Service) check(ctx context.Context, plan []item, idx []int, peek bool) 
 		}
 		req.Checks[j] = &sluicev1.RateLimitCheck{
 			Name: it.name, Key: it.key, Hits: proto.Int64(hits),
-			Limit: int64(it.rule.RequestsPerUnit), WindowMs: it.window.Milliseconds(),
+			Limit: int64(it.rule.RequestsPerUnit) + extra, WindowMs: it.window.Milliseconds(),
 			Algorithm:          sluicev1.Algorithm_ALGORITHM_FIXED_WINDOW,
 			OnOwnerUnavailable: it.policy,
 			Scope:              it.scope,

@@ -9,10 +9,14 @@ import (
 	"io"
 	"net/http"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/sluicehq/sluice/rls"
 
 	"github.com/sluicehq/sluice/rpc/internal/security"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
@@ -32,6 +36,9 @@ type HTTPConfig struct {
 	Ready func() error
 	// Metrics backs /metrics; nil: no /metrics. (Optional)
 	Metrics *Metrics
+	// RLS backs POST /json (envoyproxy/ratelimit's HTTP face of Envoy's
+	// rate limit service); nil: no /json. (Optional)
+	RLS *rls.Service
 
 	auth *security.Authenticator // a node's client authentication; nil: none
 }
@@ -48,6 +55,14 @@ type HTTPConfig struct {
 //   - GET /healthz: 200 while the process serves (liveness).
 //   - GET /readyz: 200 when Ready says so, else 503 with the reason.
 //   - GET /metrics: Prometheus text format.
+//   - POST /json (with cfg.RLS): a RateLimitRequest of Envoy's rate limit
+//     service in proto3 JSON, answered as envoyproxy/ratelimit's /json
+//     does: the RateLimitResponse in proto3 JSON (lowerCamelCase names),
+//     200 when OK, 429 when OVER_LIMIT; 400 for a body that is not a
+//     RateLimitRequest or a request the service refuses (naming the
+//     field), 503 when a descriptor could not be decided.
+//   - GET /healthcheck: envoyproxy/ratelimit's health path: 200 "OK" when
+//     Ready says so, else 500.
 //
 // A body over MaxHTTPBodyBytes gets 413.
 //
@@ -81,6 +96,18 @@ func NewHTTPHandler(cfg HTTPConfig) (http.Handler, error) {
 		}
 		fmt.Fprintln(w, "ready")
 	})
+	mux.HandleFunc("GET /healthcheck", func(w http.ResponseWriter, _ *http.Request) {
+		if cfg.Ready != nil {
+			if err := cfg.Ready(); err != nil {
+				http.Error(w, "not ready: "+err.Error(), http.StatusInternalServerError)
+				return
+			}
+		}
+		_, _ = w.Write([]byte("OK"))
+	})
+	if cfg.RLS != nil {
+		mux.Handle("POST /json", bodyLimit(rlsJSON(cfg.RLS, cfg.auth), MaxHTTPBodyBytes))
+	}
 	if cfg.Metrics != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Metrics.Registry(), promhttp.HandlerOpts{}))
 	}
@@ -88,6 +115,57 @@ func NewHTTPHandler(cfg HTTPConfig) (http.Handler, error) {
 		return cfg.auth.HTTPHandler(mux), nil
 	}
 	return mux, nil
+}
+
+// rlsJSON is POST /json (see NewHTTPHandler).
+func rlsJSON(svc *rls.Service, auth *security.Authenticator) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fail := func(err error) {
+			code := http.StatusInternalServerError
+			switch status.Code(err) {
+			case codes.InvalidArgument:
+				code = http.StatusBadRequest
+			case codes.Unauthenticated:
+				code = http.StatusUnauthorized
+			case codes.PermissionDenied:
+				code = http.StatusForbidden
+			case codes.Unavailable, codes.DeadlineExceeded:
+				code = http.StatusServiceUnavailable
+			}
+			http.Error(w, status.Convert(err).Message(), code)
+		}
+		if auth != nil && auth.Mode() != ClientAuthNone {
+			if err := auth.AuthorizeGatewayMethod(r.Context(), rlsv3.RateLimitService_ShouldRateLimit_FullMethodName); err != nil {
+				fail(err)
+				return
+			}
+		}
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, "reading the body: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		var req rlsv3.RateLimitRequest
+		if err := protojson.Unmarshal(body, &req); err != nil {
+			http.Error(w, "body: not a RateLimitRequest: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		resp, err := svc.ShouldRateLimit(r.Context(), &req)
+		if err != nil {
+			fail(err)
+			return
+		}
+		js, err := protojson.Marshal(resp)
+		if err != nil {
+			fail(err)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		if resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT {
+			w.WriteHeader(http.StatusTooManyRequests)
+		}
+		_, _ = w.Write(js)
+	})
 }
 
 // bodyLimit reads a request's body (at most limit bytes) before h sees it,

@@ -174,13 +174,24 @@ var (
 	descReplicas   = prometheus.NewDesc("sluice_replicas", "Copies of other owners' keys held on this node.", nil, nil)
 	descRLS        = prometheus.NewDesc("sluice_rls_requests_total", "Envoy ShouldRateLimit requests answered, by overall code (ok, over_limit).", []string{"code"}, nil)
 	descRLSPartial = prometheus.NewDesc("sluice_rls_partial_charges_total", "Envoy requests refused that left a descriptor charged (one answered degraded, which the node does not refund).", nil, nil)
+	descRLSShadow  = prometheus.NewDesc("sluice_rls_global_shadow_mode_total", "Envoy requests over a limit answered OK because of --rls-shadow-mode (envoyproxy/ratelimit's global_shadow_mode).", nil, nil)
+	descRLSLoads   = prometheus.NewDesc("sluice_rls_config_loads_total", "Loads of the RLS rule files, by result (ok; refused: the running rules stayed).", []string{"result"}, nil)
+	descRLSDomains = prometheus.NewDesc("sluice_rls_domains", "Domains of the RLS rules in force.", nil, nil)
+	// Per rule, as envoyproxy/ratelimit's ratelimit.service.rate_limit.<key>.* stats: one series per rule, never per value.
+	rlsRuleLabels     = []string{"domain", "rule"}
+	descRLSRuleTotal  = prometheus.NewDesc("sluice_rls_rule_total_hits_total", "Hits asked of an RLS rule (its full key, e.g. rl.foo_bar; <domain>.(override) for limits carried by requests).", rlsRuleLabels, nil)
+	descRLSRuleOver   = prometheus.NewDesc("sluice_rls_rule_over_limit_hits_total", "Hits beyond an RLS rule's limit.", rlsRuleLabels, nil)
+	descRLSRuleNear   = prometheus.NewDesc("sluice_rls_rule_near_limit_hits_total", "Hits within an RLS rule's limit but past --rls-near-limit-ratio of it.", rlsRuleLabels, nil)
+	descRLSRuleWithin = prometheus.NewDesc("sluice_rls_rule_within_limit_hits_total", "Hits within an RLS rule's limit.", rlsRuleLabels, nil)
+	descRLSRuleShadow = prometheus.NewDesc("sluice_rls_rule_shadow_mode_hits_total", "Hits beyond the limit of a shadow_mode RLS rule, let through.", rlsRuleLabels, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLocal, descForwarded, descFwdCalls, descFwdErrors, descNoConn,
 		descReceived, descReceivedRPCs, descMembers, descRingEpoch, descKeys, descSwept, descEvictedLive, descKeysRefused, descReloads, descLimits,
-		descRLS, descRLSPartial, descReplicas, descPoolSlice, descPoolUsed, descPoolFree} {
+		descRLS, descRLSPartial, descRLSShadow, descRLSLoads, descRLSDomains, descRLSRuleTotal, descRLSRuleOver,
+		descRLSRuleNear, descRLSRuleWithin, descRLSRuleShadow, descReplicas, descPoolSlice, descPoolUsed, descPoolFree} {
 		ch <- d
 	}
 	for _, h := range descHandOff {
@@ -241,6 +252,19 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descRLS, st.Requests-st.OverLimit, "ok")
 		counter(descRLS, st.OverLimit, "over_limit")
 		counter(descRLSPartial, st.PartialCharges)
+		counter(descRLSShadow, st.ShadowOK)
+		if st.ConfigLoads+st.ConfigLoadErrors > 0 {
+			counter(descRLSLoads, st.ConfigLoads, "ok")
+			counter(descRLSLoads, st.ConfigLoadErrors, "refused")
+		}
+		gauge(descRLSDomains, int64(st.Domains))
+		for _, r := range rlsSvc.RuleStats() {
+			counter(descRLSRuleTotal, r.TotalHits, r.Domain, r.Rule)
+			counter(descRLSRuleOver, r.OverLimit, r.Domain, r.Rule)
+			counter(descRLSRuleNear, r.NearLimit, r.Domain, r.Rule)
+			counter(descRLSRuleWithin, r.WithinLimit, r.Domain, r.Rule)
+			counter(descRLSRuleShadow, r.ShadowMode, r.Domain, r.Rule)
+		}
 	}
 }
 

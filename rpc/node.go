@@ -150,8 +150,18 @@ type NodeConfig struct {
 	// (see ServerConfig.PeerIdentity); nil: none. (Optional)
 	PeerIdentity func(ctx context.Context) (string, bool)
 	// RLS, when set, serves Envoy's rate limit service (RLS v3) from these
-	// rules on the gRPC port (see package rls and docs/envoy.md). (Optional)
+	// rules on the gRPC port (see package rls and docs/envoy.md), gRPC
+	// health answers for its service name and for "ratelimit" (as
+	// envoyproxy/ratelimit's), and the HTTP face serves POST /json and GET
+	// /healthcheck. (Optional)
 	RLS *rls.Config
+	// RLSSource, when set, serves Envoy's rate limit service as RLS does,
+	// from the rules of this source, following its reloads (RLS is then
+	// ignored). (Optional)
+	RLSSource *rls.Source
+	// RLSOptions are the rate limit service's settings (see rls.Options;
+	// its Clock and Logger are the node's). (Optional)
+	RLSOptions rls.Options
 	// TLSCert and TLSKey are PEM files of this node's peer certificate
 	// (its URI SAN spiffe://sluice/peer/NAME names this node, see
 	// internal/certs) and key; TLSCA is a PEM bundle of the CA(s) that

@@ -239,11 +239,16 @@ func newGRPCServer(cfg NodeConfig, sec secured, auth *security.Authenticator, c 
 	sluicev1.RegisterPeerServiceServer(gs, c.server)
 	healthpb.RegisterHealthServer(gs, rh)
 	var rlsSvc *rls.Service
-	if cfg.RLS != nil {
-		rlsSvc = rls.NewService(cfg.RLS, c.server, rls.Options{Clock: cfg.Clock, Logger: log.With("component", "rls")})
+	if cfg.RLS != nil || cfg.RLSSource != nil {
+		opts := cfg.RLSOptions
+		opts.Clock, opts.Logger = cfg.Clock, log.With("component", "rls")
+		rlsSvc = rls.NewService(cfg.RLS, c.server, opts)
+		if cfg.RLSSource != nil {
+			rlsSvc.Follow(cfg.RLSSource)
+		}
 		rlsSvc.Register(gs)
 		c.metrics.AttachRLS(rlsSvc)
-		healthNames = append(healthNames, rls.ServiceName)
+		healthNames = append(healthNames, rls.ServiceName, rls.HealthName)
 	}
 	for _, name := range healthNames { // health.NewServer starts "" at SERVING
 		hs.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
@@ -316,7 +321,7 @@ func (n *Node) serveHTTP(lis net.Listener) {
 	if lis == nil {
 		return
 	}
-	h, err := NewHTTPHandler(HTTPConfig{Server: n.server, Ready: n.Ready, Metrics: n.metrics, auth: n.auth})
+	h, err := NewHTTPHandler(HTTPConfig{Server: n.server, Ready: n.Ready, Metrics: n.metrics, RLS: n.rls, auth: n.auth})
 	if err != nil { // cannot happen: the gateway's registration does not fail
 		n.log.Error("no HTTP face", "error", err)
 		return

@@ -57,7 +57,7 @@ func TestServeRLSConfig(t *testing.T) {
 			addr = m[1]
 		}
 	}
-	if !strings.Contains(errBuf.String(), `msg="rls rules loaded" domains=edge files=1`) {
+	if !strings.Contains(errBuf.String(), `msg="rls rules loaded" component=rls domains=edge files=1`) {
 		t.Errorf("no rules line in the log:\n%s", errBuf.String())
 	}
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))

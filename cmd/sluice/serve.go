@@ -101,13 +101,27 @@ func serveCommand(e env) *cli.Command {
 				}
 				cfg.GossipKeys = keys
 			}
+			var rlsRules *rls.Source
 			if path := cmd.String("rls-config"); path != "" {
-				rules, err := rls.Load(path)
+				rlsLog := logger.With("component", "rls")
+				rlsRules, err = rls.Open(path, rls.LoadOptions{MergeDomains: cmd.Bool("rls-merge-domain-config")}, rlsLog)
 				if err != nil {
 					return usagef("rls-config", "%v", err)
 				}
-				cfg.RLS = rules
-				logger.Info("rls rules loaded", "domains", strings.Join(rules.Domains(), ","), "files", len(rules.Files()))
+				cfg.RLSSource = rlsRules
+				if rules := rlsRules.Current(); len(rules.Domains()) == 0 {
+					rlsLog.Warn("no rls rules yet: every Envoy request is OK until rule files appear", "path", path)
+				} else {
+					rlsLog.Info("rls rules loaded", "domains", strings.Join(rules.Domains(), ","), "files", len(rules.Files()))
+				}
+				watchCtx, stopWatch := context.WithCancel(ctx)
+				defer stopWatch()
+				go func() {
+					if err := rlsRules.Watch(watchCtx); err != nil {
+						rlsLog.Warn("not watching the rls rules; reload them with SIGHUP", "path", path, "error", err)
+					}
+				}()
+				onHUP = append(onHUP, func() { _ = rlsRules.Reload() }) // a refused file is logged; the running rules stay
 			}
 			node, err := rpc.StartNode(cfg)
 			if err != nil {
@@ -147,7 +161,7 @@ func serveCommand(e env) *cli.Command {
 				}()
 			}
 			if addr := cmd.String("debug-addr"); addr != "" {
-				stopDebug, err := serveDebug(addr, logger)
+				stopDebug, err := serveDebug(addr, logger, rlsRules)
 				if err != nil {
 					_ = node.Close(context.Background())
 					return usagef("debug-addr", "%v", err)
@@ -174,8 +188,10 @@ func serveCommand(e env) *cli.Command {
 }
 
 // serveDebug serves net/http/pprof's handlers on addr until the returned
-// function is called.
-func serveDebug(addr string, logger *slog.Logger) (func(), error) {
+// function is called, and with rules (nil: none) /rlconfig, the RLS rules
+// in force as envoyproxy/ratelimit's debug port dumps them
+// (rls.Config.Dump).
+func serveDebug(addr string, logger *slog.Logger, rules *rls.Source) (func(), error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
@@ -186,6 +202,12 @@ func serveDebug(addr string, logger *slog.Logger) (func(), error) {
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	if rules != nil {
+		mux.HandleFunc("GET /rlconfig", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			_, _ = io.WriteString(w, rules.Current().Dump())
+		})
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(lis) }()
 	logger.Info("debug endpoints up", "addr", lis.Addr().String())

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/region"
+	"github.com/sluicehq/sluice/rls"
 	"github.com/sluicehq/sluice/rpc"
 	"github.com/sluicehq/sluice/window"
 )
@@ -298,8 +299,59 @@ func serveFlags(host string) []serveFlag {
 		&stringFlag{name: "log-format", def: "text",
 			usage: "text or json"},
 		&stringFlag{name: "rls-config",
-			usage: "serve Envoy's rate limit service (RLS v3) on the gRPC port with the rules in this file, or in the *.yaml/*.yml files of this directory (envoyproxy/ratelimit's format; see docs/envoy.md); off when empty"},
+			usage: "serve Envoy's rate limit service (RLS v3) on the gRPC port with the rules in this file, or in the *.yaml/*.yml files of this directory (envoyproxy/ratelimit's format; see docs/envoy.md), reloaded when they change or on SIGHUP; off when empty"},
+		&boolFlag{name: "rls-merge-domain-config",
+			usage: "let several rule files hold one domain and merge their descriptors (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG)"},
+		&boolFlag{name: "rls-shadow-mode",
+			usage: "answer every RLS request OK, counted as usual; its descriptors still say OVER_LIMIT (SHADOW_MODE)",
+			to:    func(c *rpc.NodeConfig, v bool) { c.RLSOptions.ShadowMode = v }},
+		&boolFlag{name: "rls-quota-mode",
+			usage: "make every RLS descriptor a quota descriptor: a request is refused only when all of them are over (QUOTA_MODE)",
+			to:    func(c *rpc.NodeConfig, v bool) { c.RLSOptions.QuotaMode = v }},
+		&boolFlag{name: "rls-response-dynamic-metadata",
+			usage: "return dynamic_metadata in RLS responses: domain, descriptors, hits_addend and the metadata of the rules passed (RESPONSE_DYNAMIC_METADATA)",
+			to:    func(c *rpc.NodeConfig, v bool) { c.RLSOptions.DynamicMetadata = v }},
+		&boolFlag{name: "rls-response-headers",
+			usage: "ask Envoy to add the RateLimit-Limit, -Remaining and -Reset headers of the descriptor closest to its limit (LIMIT_RESPONSE_HEADERS_ENABLED)",
+			to: func(c *rpc.NodeConfig, v bool) {
+				if v && c.RLSOptions.Headers == nil {
+					c.RLSOptions.Headers = &rls.HeaderNames{}
+				}
+			}},
+		&stringFlag{name: "rls-limit-header", def: rls.DefaultLimitHeader,
+			usage: "name of the limit header of --rls-response-headers (LIMIT_LIMIT_HEADER)",
+			to:    func(c *rpc.NodeConfig, v string) { rlsHeaders(c).Limit = v }},
+		&stringFlag{name: "rls-remaining-header", def: rls.DefaultRemainingHeader,
+			usage: "name of the remaining header of --rls-response-headers (LIMIT_REMAINING_HEADER)",
+			to:    func(c *rpc.NodeConfig, v string) { rlsHeaders(c).Remaining = v }},
+		&stringFlag{name: "rls-reset-header", def: rls.DefaultResetHeader,
+			usage: "name of the reset header of --rls-response-headers, in whole seconds (LIMIT_RESET_HEADER)",
+			to:    func(c *rpc.NodeConfig, v string) { rlsHeaders(c).Reset = v }},
+		&boolFlag{name: "rls-increment-when-over-limit",
+			usage: "count RLS descriptors as envoyproxy/ratelimit does by default (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT unset): each on its own, refused hits included, and a peek (hits_addend 0) OK up to exactly the limit; off: a request is charged all or nothing and refused hits count nothing",
+			to:    func(c *rpc.NodeConfig, v bool) { c.RLSOptions.IncrementWhenOverLimit = v }},
+		&stringFlag{name: "rls-near-limit-ratio", def: "0.8",
+			usage: "share of an RLS rule's limit past which its hits count as near the limit in sluice_rls_rule_near_limit_hits_total (NEAR_LIMIT_RATIO)",
+			to: func(c *rpc.NodeConfig, v string) {
+				c.RLSOptions.NearLimitRatio, _ = strconv.ParseFloat(v, 64)
+			},
+			valid: func(v string) error {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil || !(f > 0 && f <= 1) {
+					return fmt.Errorf("want a number in (0, 1], got %q", v)
+				}
+				return nil
+			}},
 	}
+}
+
+// rlsHeaders returns the RLS header names of c, which --rls-response-headers
+// (earlier in the table) made when on; a scratch value when off.
+func rlsHeaders(c *rpc.NodeConfig) *rls.HeaderNames {
+	if c.RLSOptions.Headers == nil {
+		return &rls.HeaderNames{}
+	}
+	return c.RLSOptions.Headers
 }
 
 // serveCheckOrder is the order serve checks its flags' values in (the
@@ -312,7 +364,7 @@ var serveCheckOrder = []string{
 	"max-recv-bytes", "max-concurrent-streams", "http-max-header-bytes",
 	"keepalive-min-time", "max-connection-age-grace", "http-read-header-timeout", "http-read-timeout",
 	"http-write-timeout", "http-idle-timeout", "max-connection-age", "name", "profile", "regions",
-	"lease-base",
+	"lease-base", "rls-near-limit-ratio",
 }
 
 // nodeConfig checks the values of the flags of table in cmd (in

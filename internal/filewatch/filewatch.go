@@ -8,6 +8,7 @@ package filewatch
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -25,7 +26,9 @@ const (
 )
 
 // Watch calls reload after files change (see the package documentation)
-// until ctx is done, then returns nil. It calls onError (which may be
+// until ctx is done, then returns nil. A path of files that is a
+// directory stands for every file directly in it (created, written,
+// renamed or removed). It calls onError (which may be
 // nil) with the watcher's errors and goes on. It returns an error at once
 // when a file's path cannot be made absolute or its directory cannot be
 // watched (e.g. it does not exist).
@@ -37,10 +40,15 @@ func Watch(ctx context.Context, files []string, reload func(), onError func(erro
 	defer w.Close()
 	want := map[string]bool{}
 	dirs := map[string]bool{}
+	whole := map[string]bool{} // directories all of whose files count
 	for _, f := range files {
 		abs, err := filepath.Abs(f)
 		if err != nil {
 			return err
+		}
+		if st, err := os.Stat(abs); err == nil && st.IsDir() {
+			whole[abs], dirs[abs] = true, true
+			continue
 		}
 		want[abs] = true
 		dirs[filepath.Dir(abs)] = true
@@ -65,7 +73,7 @@ func Watch(ctx context.Context, files []string, reload func(), onError func(erro
 			if !ok {
 				return nil
 			}
-			if p, _ := filepath.Abs(ev.Name); !want[p] && filepath.Base(ev.Name) != "..data" {
+			if p, _ := filepath.Abs(ev.Name); !want[p] && !whole[filepath.Dir(p)] && filepath.Base(ev.Name) != "..data" {
 				continue // another file of the directory (..data: a Secret's or ConfigMap's swap)
 			}
 			// Every change restarts the wait, up to MaxWait after the

@@ -430,14 +430,14 @@ type principalKey struct{}
 
 // HTTPHandler guards the HTTP face h: /v1/ and /metrics need the client
 // authentication of the gRPC port (a verified client certificate, or
-// Authorization: Bearer TOKEN); /healthz and /readyz stay open for
-// probes; mode none lets everything through. A refused request gets 401
+// Authorization: Bearer TOKEN); /healthz, /readyz and /healthcheck stay
+// open for probes; mode none lets everything through. A refused request gets 401
 // with a google.rpc.Status JSON body and WWW-Authenticate: Bearer. The
 // principal goes in the request's context, where
 // AuthorizeGatewayCheck finds it to check the token's prefixes.
 func (a *Authenticator) HTTPHandler(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" || a.cfg.Mode == ClientAuthNone {
+		if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" || r.URL.Path == "/healthcheck" || a.cfg.Mode == ClientAuthNone {
 			h.ServeHTTP(w, r)
 			return
 		}
@@ -475,6 +475,19 @@ func (a *Authenticator) AuthorizeGatewayCheck(ctx context.Context, req *sluicev1
 		return status.Error(codes.Unauthenticated, "no client authentication")
 	}
 	return a.authorize(sluicev1.RateLimitService_Check_FullMethodName, pr, req)
+}
+
+// AuthorizeGatewayMethod authorizes a call to method (a full gRPC method
+// name, e.g. Envoy's ShouldRateLimit) that came through the HTTP face
+// behind HTTPHandler (ctx is the request's), as the gRPC port would: a
+// client certificate may call it, a token needs the prefix "*". It
+// returns nil or a status error (Unauthenticated, PermissionDenied).
+func (a *Authenticator) AuthorizeGatewayMethod(ctx context.Context, method string) error {
+	pr, ok := ctx.Value(principalKey{}).(principal)
+	if !ok && a.cfg.Mode != ClientAuthNone {
+		return status.Error(codes.Unauthenticated, "no client authentication")
+	}
+	return a.authorize(method, pr, nil)
 }
 
 func httpDeny(w http.ResponseWriter, code int, msg string) {
