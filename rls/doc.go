@@ -7,8 +7,12 @@
 // reads (see [Load] and docs/envoy.md): a domain, nested descriptors of
 // key and optional value (a value with "*" is a wildcard), and a
 // rate_limit of requests_per_unit per unit, with unlimited, name,
-// replaces, unit_multiplier, shadow_mode and share_threshold. Rule files
-// written for envoyproxy/ratelimit load unchanged.
+// replaces, unit_multiplier, shadow_mode, quota_mode, share_threshold and
+// metadata. Rule files written for envoyproxy/ratelimit load unchanged;
+// a [Source] reloads them while a node runs. [Options] give the peer's
+// settings (SHADOW_MODE, QUOTA_MODE, RESPONSE_DYNAMIC_METADATA,
+// LIMIT_RESPONSE_HEADERS_ENABLED, its way of counting, NEAR_LIMIT_RATIO);
+// docs/envoy.md's table maps each to its flag.
 //
 // Each descriptor of a request that matches a rule becomes one sluice
 // check: name = "rls" + the domain + the matched rule's path, key = the
@@ -18,7 +22,8 @@
 // like any other check, so every node of the cluster answers with the same
 // counts.
 //
-// A request is charged to all its limited descriptors or to none: its
+// By default a request is charged to all its limited descriptors or to
+// none (Options.IncrementWhenOverLimit counts as the peer does instead): its
 // enforcing descriptors go in one batch that consumes, and the nodes
 // decide a batch all or nothing (when one check is denied, the others
 // that were allowed are given back and answered refunded), so no peek
