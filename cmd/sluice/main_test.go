@@ -327,6 +327,7 @@ func TestServeRefusesBadFlags(t *testing.T) {
 		{[]string{"serve", "--regions", "us,eu", "--region", "ap"}, `--region: "ap" is not one of --regions (us, eu)`},
 		{[]string{"serve", "--regions", "us,eu"}, `--region: required with --regions: this node's region, one of us, eu`},
 		{[]string{"serve", "--config", "testdata/regions-bad.yaml"}, `--regions`},
+		{[]string{"serve", "--rls-near-limit-ratio", "1.5"}, `--rls-near-limit-ratio: want a number in (0, 1], got "1.5"`},
 		{[]string{"serve", "--grpc-addr", "0.0.0.0:0", "--advertise-addr", "127.0.0.1", "--gossip-addr", "127.0.0.1:0", "--http-addr", ""}, "--insecure"},
 	}
 	for _, c := range cases {

@@ -2,6 +2,9 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -13,6 +16,8 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/internal/syncbuf"
 )
@@ -88,5 +93,128 @@ func TestServeRLSConfig(t *testing.T) {
 		}
 		req.HitsAddend = 10
 		req.Descriptors[0].Entries[0].Value = "203.0.113.8"
+	}
+}
+
+// serve's envoyproxy/ratelimit settings reach the rate limit service from
+// SLUICE_RLS_* (shadow mode, response headers with a renamed header,
+// dynamic metadata, the peer's counting); an empty rule directory starts
+// and its rules apply once a file is written into it; the HTTP face serves
+// /json and /healthcheck, the debug address /rlconfig.
+func TestServeRLSPeerSettings(t *testing.T) {
+	dir := t.TempDir()
+	env := map[string]string{
+		"SLUICE_NAME": "peer-node", "SLUICE_GRPC_ADDR": "127.0.0.1:0", "SLUICE_GOSSIP_ADDR": "127.0.0.1:0", "SLUICE_HTTP_ADDR": "127.0.0.1:0",
+		"SLUICE_PROFILE": "local", "SLUICE_RLS_CONFIG": dir, "SLUICE_DEBUG_ADDR": "127.0.0.1:0",
+		"SLUICE_RLS_SHADOW_MODE": "true", "SLUICE_RLS_RESPONSE_HEADERS": "true", "SLUICE_RLS_LIMIT_HEADER": "X-Limit",
+		"SLUICE_RLS_RESPONSE_DYNAMIC_METADATA": "true", "SLUICE_RLS_INCREMENT_WHEN_OVER_LIMIT": "true",
+	}
+	getenv := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	ctx, cancel := context.WithCancel(context.Background())
+	var out, errBuf syncbuf.Buffer
+	done := make(chan int)
+	go func() { done <- run(ctx, []string{"sluice", "serve"}, getenv, &out, &errBuf) }()
+	defer func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Error("serve did not stop")
+		}
+	}()
+	startRe := regexp.MustCompile(`msg="node started" node=peer-node grpc_addr=(\S+) .*http_addr=(\S+)`)
+	debugRe := regexp.MustCompile(`msg="debug endpoints up" addr=(\S+)`)
+	var m, dm []string
+	for deadline := time.Now().Add(10 * time.Second); m == nil || dm == nil; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no start lines:\n%s", errBuf.String())
+		}
+		m, dm = startRe.FindStringSubmatch(errBuf.String()), debugRe.FindStringSubmatch(errBuf.String())
+	}
+	if !strings.Contains(errBuf.String(), "no rls rules yet") {
+		t.Errorf("no warning of the empty rule directory:\n%s", errBuf.String())
+	}
+	conn, err := grpc.NewClient(m[1], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := rlsv3.NewRateLimitServiceClient(conn)
+	value := fmt.Sprint(time.Now().UnixNano()) // a key no minute has counted
+	req := &rlsv3.RateLimitRequest{Domain: "peer", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+		{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user", Value: value}}}}}
+	if r, err := c.ShouldRateLimit(context.Background(), req); err != nil || r.OverallCode != rlsv3.RateLimitResponse_OK || r.Statuses[0].CurrentLimit != nil {
+		t.Fatalf("no rules: %v %v", r, err)
+	}
+	rule := "domain: peer\ndescriptors:\n  - key: user\n    metadata: {tier: free}\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the rule file was never applied:\n%s", errBuf.String())
+		}
+		if err := os.WriteFile(filepath.Join(dir, "peer.yaml"), []byte(rule), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(errBuf.String(), `msg="rls rules reloaded"`) {
+			break
+		}
+	}
+	first, err := c.ShouldRateLimit(context.Background(), req)
+	if err != nil || first.OverallCode != rlsv3.RateLimitResponse_OK || first.Statuses[0].LimitRemaining != 0 {
+		t.Fatalf("first: %v %v", first, err)
+	}
+	headers := map[string]string{}
+	for _, h := range first.ResponseHeadersToAdd {
+		headers[h.Key] = h.Value
+	}
+	if headers["X-Limit"] != "1" || headers["RateLimit-Remaining"] != "0" || headers["RateLimit-Reset"] == "" {
+		t.Errorf("headers: %v", headers)
+	}
+	if tier := first.DynamicMetadata.GetFields()["metadata"].GetStructValue().GetFields()["tier"].GetStringValue(); tier != "free" {
+		t.Errorf("dynamic metadata: %v", first.DynamicMetadata)
+	}
+	// Over the limit: OVER_LIMIT in the status, OK overall (shadow mode).
+	second, err := c.ShouldRateLimit(context.Background(), req)
+	if err != nil || second.OverallCode != rlsv3.RateLimitResponse_OK || second.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("second: %v %v", second, err)
+	}
+	// The peer's counting: the refused hit was counted, so a peek is over.
+	peek := proto.Clone(req).(*rlsv3.RateLimitRequest)
+	peek.Descriptors[0].HitsAddend = wrapperspb.UInt64(0)
+	if r, err := c.ShouldRateLimit(context.Background(), peek); err != nil || r.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("peek past the limit: %v %v", r, err)
+	}
+
+	hc := &http.Client{Transport: &http.Transport{}}
+	defer hc.CloseIdleConnections()
+	body := `{"domain":"peer","descriptors":[{"entries":[{"key":"user","value":"` + value + `"}]}]}`
+	resp, err := hc.Post("http://"+m[2]+"/json", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	// Shadow mode: the overall code is OK, so 200, with the status over.
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(js), `"code":"OVER_LIMIT"`) || !strings.Contains(string(js), `"overallCode":"OK"`) {
+		t.Errorf("/json: %d %s", resp.StatusCode, js)
+	}
+	if resp, err := hc.Post("http://"+m[2]+"/json", "application/json", strings.NewReader(`{"domain":`)); err != nil {
+		t.Error(err)
+	} else {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("/json with a bad body: %d", resp.StatusCode)
+		}
+	}
+	for path, want := range map[string]string{"http://" + m[2] + "/healthcheck": "OK",
+		"http://" + dm[1] + "/rlconfig": "peer.user: unit=HOUR requests_per_unit=1, shadow_mode: false, quota_mode: false @ " + filepath.Join(dir, "peer.yaml") + ":3\n"} {
+		resp, err := hc.Get(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || string(b) != want {
+			t.Errorf("%s: %d %q, want %q", path, resp.StatusCode, b, want)
+		}
 	}
 }
