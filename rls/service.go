@@ -858,6 +858,10 @@ func (s *Service) peek(ctx context.Context, plan []item, idx []int, now time.Tim
 	}
 	for j, i := range idx {
 		out[i] = limitStatus(plan[i], passes(ds[j], need[checkKey(plan[i])]), ds[j].GetRemaining(), now)
+		// The statistics count the hits asked, as the peer's do, though a
+		// refused request counted none of them.
+		limit := int64(plan[i].rule.RequestsPerUnit)
+		s.count(plan[i].rule, plan[i].hits, max(limit-ds[j].GetRemaining(), 0), limit, plan[i].rule.ShadowMode)
 	}
 	return nil
 }
