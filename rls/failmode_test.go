@@ -206,3 +206,49 @@ func TestDomainScope(t *testing.T) {
 		t.Errorf("bad scope: %v", err)
 	}
 }
+
+// A request whose only denied descriptors are quota descriptors, with
+// another quota descriptor left, is asked again without them; a check
+// answered degraded in the first call stays charged there (the node does
+// not give it back), so it is not sent again: charged once, not twice.
+func TestServiceQuotaRetryChargesADegradedCheckOnce(t *testing.T) {
+	cfg, err := rls.Parse(rls.File{Name: "q.yaml", Data: []byte(`
+domain: q
+descriptors:
+  - key: service
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := newStoreChecker()
+	s := rls.NewService(cfg, ch, rls.Options{Clock: ch.clock, Logger: slog.New(slog.DiscardHandler)})
+	call(t, s, "q", 0, desc("service", "one")) // service one spent
+	ch.degradedKey = `"down"`
+	ch.calls = nil
+	r := call(t, s, "q", 0, desc("service", "one"), desc("service", "two"), desc("user", "down"), desc("user", "up"))
+	if r.OverallCode != ok {
+		t.Fatalf("overall %s, want OK: a quota descriptor is left", r.OverallCode)
+	}
+	want := []st{{over, 1, 0, 40 * time.Second}, {ok, 1, 0, 40 * time.Second}, {ok, 5, 0, 40 * time.Second}, {ok, 5, 4, 40 * time.Second}}
+	for i, w := range want {
+		if g := got(r.Statuses[i]); g != w {
+			t.Errorf("descriptor %d: %+v, want %+v", i, g, w)
+		}
+	}
+	sent := map[string]int{}
+	for _, c := range ch.calls {
+		for _, chk := range c.Checks {
+			sent[chk.Key] += int(chk.GetHits())
+		}
+	}
+	if sent[`"down"`] != 1 || len(ch.calls) != 2 {
+		t.Errorf("the degraded check was sent with %d hits in %d calls, want 1 hit (the first of 2 calls)", sent[`"down"`], len(ch.calls))
+	}
+	if s.Stats().PartialCharges != 0 {
+		t.Errorf("partial charges %d: the request was admitted", s.Stats().PartialCharges)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"slices"
 	"sort"
@@ -676,6 +677,7 @@ func (s *Service) decide(ctx context.Context, plan []item) ([]*rlsv3.RateLimitRe
 		return out, s.peek(ctx, plan, append(enforce, shadow...), now, out)
 	}
 	refused := false
+	keptCharged := false // a check answered degraded stayed charged in a call made again
 	for len(enforce) > 0 {
 		ds, err := s.check(ctx, plan, enforce, false)
 		if err != nil {
@@ -709,14 +711,22 @@ func (s *Service) decide(ctx context.Context, plan []item) ([]*rlsv3.RateLimitRe
 		if !deniedRate && len(deniedQuota) > 0 && overQuotas+len(deniedQuota) < quotas {
 			// Only quota descriptors were denied, and not all of them:
 			// the request passes without them. The nodes gave back what
-			// the call consumed; ask again without the denied ones.
-			s.countDecided(plan, enforce, ds, deniedQuota)
+			// the call consumed, but for the checks answered degraded,
+			// which stay charged (and keep their status); ask again for
+			// the rest.
+			done := maps.Clone(deniedQuota)
+			for j, i := range enforce {
+				if ds[j].GetAllowed() && ds[j].GetDegraded() {
+					done[i], keptCharged = true, true
+				}
+			}
+			s.countDecided(plan, enforce, ds, done)
 			overQuotas += len(deniedQuota)
-			enforce = slices.DeleteFunc(enforce, func(i int) bool { return deniedQuota[i] })
+			enforce = slices.DeleteFunc(enforce, func(i int) bool { return done[i] })
 			continue
 		}
 		refused = deniedRate || len(deniedQuota) > 0
-		if refused && charged {
+		if refused && (charged || keptCharged) {
 			s.partial.Add(1)
 			s.log.Warn("rls: a refused request left descriptors charged (a node did not give them back, e.g. answered degraded)")
 		}
