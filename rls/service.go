@@ -195,6 +195,7 @@ type Service struct {
 
 	requests, overLimit, partial, shadowOK atomic.Int64
 	rules                                  sync.Map // domain + "\x00" + full key -> *ruleCounters
+	byRule                                 sync.Map // *Rule -> *ruleCounters
 }
 
 var _ rlsv3.RateLimitServiceServer = (*Service)(nil)
@@ -243,6 +244,7 @@ func (s *Service) SetConfig(cfg *Config) {
 		cfg = &Config{}
 	}
 	s.cfg.Store(cfg)
+	s.byRule.Clear() // the old rules' pointers; their counters stay in s.rules
 }
 
 // Follow puts src's rules in force now and after each of its reloads, and
@@ -281,17 +283,22 @@ func (s *Service) RuleStats() []RuleStat {
 	return out
 }
 
-// counters returns r's counters, made on first use.
+// counters returns r's counters, made on first use. They are found by
+// the rule's pointer (no allocation on a request's path), and made once
+// per domain and full key, so a rule reloaded keeps counting in the same
+// series.
 func (s *Service) counters(r *Rule) *ruleCounters {
+	if c, ok := s.byRule.Load(r); ok {
+		return c.(*ruleCounters)
+	}
 	full := r.FullKey
 	if full == "" {
 		full = r.Domain + ".(override)"
 	}
-	k := r.Domain + "\x00" + full
-	if c, ok := s.rules.Load(k); ok {
-		return c.(*ruleCounters)
+	c, _ := s.rules.LoadOrStore(r.Domain+"\x00"+full, &ruleCounters{domain: r.Domain, rule: full})
+	if r.FullKey != "" { // an override's Rule is made per request: not kept
+		s.byRule.Store(r, c)
 	}
-	c, _ := s.rules.LoadOrStore(k, &ruleCounters{domain: r.Domain, rule: full})
 	return c.(*ruleCounters)
 }
 
@@ -687,7 +694,8 @@ func (s *Service) decide(ctx context.Context, plan []item) ([]*rlsv3.RateLimitRe
 		// values, sent twice) pass or fail together: the request needed
 		// room for all their hits.
 		denied := map[string]bool{}
-		deniedRate, deniedQuota := false, map[int]bool{}
+		deniedRate := false
+		var deniedQuota map[int]bool // made on the first quota denial
 		for j, i := range enforce {
 			if !ds[j].GetAllowed() && !ds[j].GetRefunded() {
 				denied[checkKey(plan[i])] = true
@@ -696,6 +704,9 @@ func (s *Service) decide(ctx context.Context, plan []item) ([]*rlsv3.RateLimitRe
 		for _, i := range enforce {
 			if denied[checkKey(plan[i])] {
 				if plan[i].quota {
+					if deniedQuota == nil {
+						deniedQuota = map[int]bool{}
+					}
 					deniedQuota[i] = true
 				} else {
 					deniedRate = true
