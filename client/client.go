@@ -72,7 +72,23 @@ var (
 	ErrUnavailable = errors.New("client: rate limiter unavailable")
 	// ErrClosed is returned by Check after Close.
 	ErrClosed = errors.New("client: closed")
+	// ErrNoAnswer is matched (errors.Is), besides ErrUnavailable, by the
+	// errors and [Decision.Cause] of a call that no node answered within
+	// the timeout: every node tried failed (refused the connection, the
+	// TLS handshake or the credentials, or timed out). It tells a cluster
+	// out of reach from one that answered without the owner's count (the
+	// key's owner unreachable, or an answer marked degraded), which
+	// matches ErrUnavailable only. The message is ErrUnavailable's.
+	ErrNoAnswer = errors.New("client: no node answered")
 )
+
+// noAnswer wraps the ErrUnavailable error of a call no node answered; it
+// also matches ErrNoAnswer, and its message is the wrapped one's.
+type noAnswer struct{ err error }
+
+func (e noAnswer) Error() string        { return e.err.Error() }
+func (e noAnswer) Unwrap() error        { return e.err }
+func (e noAnswer) Is(target error) bool { return target == ErrNoAnswer }
 
 // FailureMode says what a check answers when the cluster cannot.
 type FailureMode int
@@ -601,7 +617,56 @@ func (c *Client) check(ctx context.Context, chs []Check, field string) ([]Decisi
 			"name", names(chs), "timeout", c.cfg.Timeout)
 		last = fmt.Errorf("%w: no answer within %s", ErrUnavailable, c.cfg.Timeout)
 	}
-	return c.fail(len(chs), last)
+	return c.fail(len(chs), noAnswer{last})
+}
+
+// Probe asks every node of Config.Addrs at once for the cluster's members
+// (the Members call, which every caller the node authenticates may make;
+// it counts nothing) and returns one result per address, in order: nil
+// when the node answered, else the call's error, a gRPC status error
+// (status.Code and status.Convert read it): Unauthenticated or
+// PermissionDenied when the node refused the client's credentials,
+// Unavailable when it could not be reached or the connection failed (the
+// message says why: connection refused, a TLS handshake or certificate
+// error), DeadlineExceeded when it did not answer before ctx ended, or
+// Unimplemented from a server that is no sluice node. With names, a node
+// that answered is also sent a peek (hits 0: nothing is counted, no key
+// changes) of the limit called each name, sent with no numbers (the
+// nodes' configured limits), so that a token whose prefixes do not cover
+// a name is found (PermissionDenied); names must be valid limit names (a
+// node's InvalidArgument, e.g. for a name no limit is configured under,
+// is returned too). Each call is bounded by ctx alone (not
+// Config.Timeout), and Probe neither logs nor changes which nodes Check
+// skips. After Close every result is ErrClosed.
+func (c *Client) Probe(ctx context.Context, names ...string) []error {
+	out := make([]error, len(c.nodes))
+	if c.closed.Load() {
+		for i := range out {
+			out[i] = ErrClosed
+		}
+		return out
+	}
+	var peeks []*sluicev1.RateLimitCheck
+	for _, name := range names {
+		peeks = append(peeks, &sluicev1.RateLimitCheck{Name: name, Key: "sluice-probe", Hits: proto.Int64(0)})
+	}
+	var wg sync.WaitGroup
+	for i, n := range c.nodes {
+		wg.Go(func() {
+			if _, err := n.api.Members(ctx, &sluicev1.MembersRequest{}); err != nil {
+				out[i] = err
+				return
+			}
+			for batch := range slices.Chunk(peeks, MaxChecks) {
+				if _, err := n.api.Check(ctx, &sluicev1.CheckRequest{Checks: batch}); err != nil {
+					out[i] = err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return out
 }
 
 // answer converts node n's decisions of chs, applying the failure mode to

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,14 +31,32 @@ import (
 // and returns its base URL (from its start line).
 func startProxy(t *testing.T, args []string, env map[string]string) string {
 	t.Helper()
+	return startProxyLogging(t, append([]string{"--log-level", "error"}, args...), env).base
+}
+
+// runningProxy is a `sluice proxy` that startProxyLogging started.
+type runningProxy struct {
+	base   string          // http://HOST:PORT of the proxied address
+	admin  string          // http://HOST:PORT of --admin-addr; "" when off
+	stderr *syncbuf.Buffer // its log
+}
+
+// startProxyLogging runs `sluice proxy --listen 127.0.0.1:0` with args
+// and env until the test ends (it must then exit 0), and returns its
+// addresses (from its start lines) and its log.
+func startProxyLogging(t *testing.T, args []string, env map[string]string) runningProxy {
+	t.Helper()
 	getenv := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	ctx, cancel := context.WithCancel(context.Background())
 	var out, errOut syncbuf.Buffer
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, append([]string{"sluice", "proxy", "--listen", "127.0.0.1:0", "--log-level", "error"}, args...), getenv, &out, &errOut)
+		done <- run(ctx, append([]string{"sluice", "proxy", "--listen", "127.0.0.1:0"}, args...), getenv, &out, &errOut)
 	}()
 	t.Cleanup(func() {
+		// A connection the test's client dialed and never used would
+		// hold the proxy's graceful shutdown for 5 s.
+		http.DefaultClient.CloseIdleConnections()
 		cancel()
 		select {
 		case code := <-done:
@@ -49,10 +68,18 @@ func startProxy(t *testing.T, args []string, env map[string]string) string {
 		}
 	})
 	re := regexp.MustCompile(`proxy listening on (\S+)`)
+	adminRe := regexp.MustCompile(`proxy admin on (\S+)`)
+	wantAdmin := slices.Contains(args, "--admin-addr")
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if m := re.FindStringSubmatch(out.String()); m != nil {
-			return "http://" + m[1]
+			p := runningProxy{base: "http://" + m[1], stderr: &errOut}
+			if a := adminRe.FindStringSubmatch(out.String()); a != nil {
+				p.admin = "http://" + a[1]
+			} else if wantAdmin {
+				t.Fatalf("no admin line:\n%s", out.String())
+			}
+			return p
 		}
 		select {
 		case code := <-done:

@@ -102,7 +102,7 @@ func (s *seed) proxyTimeout(t *testing.T, app *httptest.Server, addrs []string, 
 	}
 	t.Cleanup(func() { c.Close() })
 	up, _ := url.Parse(app.URL)
-	h, err := newProxyHandler(rs, up, c, logger)
+	h, err := newProxyHandler(rs, up, c, logger, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

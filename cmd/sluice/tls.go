@@ -170,34 +170,70 @@ func clientAuthFlags(e env) []cli.Flag {
 	}
 }
 
-// dialOptions returns the transport (and token) options of cmd's client
-// auth flags: plaintext without --tls-ca.
-func dialOptions(cmd *cli.Command) ([]grpc.DialOption, error) {
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
-	if ca := cmd.String("tls-ca"); ca != "" {
-		o, err := client.TLS(ca, cmd.String("tls-cert"), cmd.String("tls-key"))
-		if err != nil {
-			return nil, usagef("tls-ca", "%v", err)
-		}
-		opts[0] = o
-	} else if cmd.String("tls-cert") != "" || cmd.String("tls-key") != "" {
-		return nil, usagef("tls-ca", "required with --tls-cert and --tls-key")
+// clientAuth is what a client command's auth flags ask for: the files as
+// given (empty when not given) and the token, with where it came from.
+type clientAuth struct {
+	ca, cert, key string
+	token         string
+	tokenFrom     string // "--token-file FILE" or "SLUICE_TOKEN"; empty: no token
+}
+
+// clientAuthOf reads cmd's client auth flags (clientAuthFlags): it reads
+// the token file and checks that the flags go together, not the TLS
+// files (dialOptions loads them). The error is a usageError naming the
+// flag.
+func clientAuthOf(cmd *cli.Command) (clientAuth, error) {
+	a := clientAuth{ca: cmd.String("tls-ca"), cert: cmd.String("tls-cert"), key: cmd.String("tls-key")}
+	if a.ca == "" && (a.cert != "" || a.key != "") {
+		return a, usagef("tls-ca", "required with --tls-cert and --tls-key")
 	}
-	token := ""
 	if f := cmd.String("token-file"); f != "" {
 		b, err := os.ReadFile(f)
 		if err != nil {
-			return nil, usagef("token-file", "%v", err)
+			return a, usagef("token-file", "%v", err)
 		}
-		token, _, _ = strings.Cut(strings.TrimSpace(string(b)), "\n")
-		if token = strings.TrimSpace(token); token == "" {
-			return nil, usagef("token-file", "%s: empty", f)
+		a.token, _, _ = strings.Cut(strings.TrimSpace(string(b)), "\n")
+		if a.token = strings.TrimSpace(a.token); a.token == "" {
+			return a, usagef("token-file", "%s: empty", f)
 		}
-	} else {
-		token = strings.TrimSpace(cmd.String("token"))
+		a.tokenFrom = "--token-file " + f
+	} else if a.token = strings.TrimSpace(cmd.String("token")); a.token != "" {
+		a.tokenFrom = EnvName("token")
 	}
-	if token != "" {
-		opts = append(opts, client.Token(token))
+	return a, nil
+}
+
+// dialOptions returns the transport (and token) options of a: plaintext
+// without a CA. The error is a usageError naming the flag and the file
+// that cannot be read or used: --tls-ca for the CA, --tls-cert for the
+// certificate and its key (not a pair, not PEM).
+func (a clientAuth) dialOptions() ([]grpc.DialOption, error) {
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if a.ca != "" {
+		if _, err := client.TLSConfig(a.ca, "", ""); err != nil {
+			return nil, usagef("tls-ca", "%v", err)
+		}
+		if (a.cert == "") != (a.key == "") {
+			return nil, usagef("tls-cert", "give --tls-cert and --tls-key together, or neither")
+		}
+		o, err := client.TLS(a.ca, a.cert, a.key)
+		if err != nil {
+			return nil, usagef("tls-cert", "%s with the key %s (--tls-key): %v", a.cert, a.key, err)
+		}
+		opts[0] = o
+	}
+	if a.token != "" {
+		opts = append(opts, client.Token(a.token))
 	}
 	return opts, nil
+}
+
+// dialOptions returns the transport (and token) options of cmd's client
+// auth flags: plaintext without --tls-ca.
+func dialOptions(cmd *cli.Command) ([]grpc.DialOption, error) {
+	a, err := clientAuthOf(cmd)
+	if err != nil {
+		return nil, err
+	}
+	return a.dialOptions()
 }

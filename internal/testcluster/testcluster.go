@@ -9,13 +9,16 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/internal/certs"
 	"github.com/sluicehq/sluice/limits"
 	"github.com/sluicehq/sluice/rpc"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
@@ -32,6 +35,82 @@ type Options struct {
 	// Limits is the named limits of every node, as a limits file's text
 	// (empty: none).
 	Limits string
+	// PKI, when set, runs every node with TLS: a peer certificate of PKI
+	// for its name (SAN 127.0.0.1) and PKI's CA, and client auth
+	// ClientAuth. (nil: plaintext)
+	PKI *PKI
+	// ClientAuth is the nodes' client auth (rpc.NodeConfig.ClientAuth;
+	// empty: the node's default, mtls with TLS). Start waits for the
+	// ring presenting a client certificate of PKI (plaintext without
+	// one), so with a PKI it must take certificates: mtls or either.
+	ClientAuth rpc.ClientAuth
+	// TokenFile is the nodes' file of bearer tokens and their prefixes
+	// (rpc.NodeConfig.TokenFile; empty: none).
+	TokenFile string
+	// Token is a token of TokenFile that Start sends while it waits for
+	// the ring: needed when the nodes take tokens and no certificate
+	// (client auth token, or TokenFile without a PKI). (Optional)
+	Token string
+}
+
+// PKI is a development CA in a test's temporary directory, issuing peer
+// and client certificates for 127.0.0.1 (internal/certs), valid for an
+// hour.
+type PKI struct {
+	// CAFile is the CA certificate's PEM file.
+	CAFile string
+	dir    string
+	cert   []byte
+	key    []byte
+	issued int
+}
+
+// NewPKI makes a CA called name in a fresh temporary directory of t.
+func NewPKI(t testing.TB, name string) *PKI {
+	t.Helper()
+	c, k, err := certs.NewCA(name, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &PKI{dir: t.TempDir(), cert: c, key: k}
+	p.CAFile = filepath.Join(p.dir, "ca.pem")
+	write(t, p.CAFile, c)
+	return p
+}
+
+// Issue writes a certificate of kind for name, signed by p's CA, with the
+// SAN 127.0.0.1, and its key, and returns their files.
+func (p *PKI) Issue(t testing.TB, kind certs.Kind, name string) (certFile, keyFile string) {
+	t.Helper()
+	c, k, err := certs.Issue(p.cert, p.key, kind, name, []string{"127.0.0.1"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.issued++
+	base := filepath.Join(p.dir, fmt.Sprintf("%s-%s-%d", kind, name, p.issued))
+	certFile, keyFile = base+".pem", base+"-key.pem"
+	write(t, certFile, c)
+	write(t, keyFile, k)
+	return certFile, keyFile
+}
+
+// DialOption returns the dial option of a client of p: TLS against p's
+// CA, presenting a fresh client certificate.
+func (p *PKI) DialOption(t testing.TB) grpc.DialOption {
+	t.Helper()
+	cf, kf := p.Issue(t, certs.Client, "testcluster")
+	o, err := client.TLS(p.CAFile, cf, kf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+func write(t testing.TB, path string, b []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // Logger logs to stderr when SLUICE_TEST_LOG is set, and nothing otherwise.
@@ -66,6 +145,12 @@ func Start(t testing.TB, n int, opt Options) []*rpc.Node {
 			ForwardTimeout: 2 * time.Second,
 			LeaveTimeout:   time.Second,
 			Limits:         src,
+			ClientAuth:     opt.ClientAuth,
+			TokenFile:      opt.TokenFile,
+		}
+		if opt.PKI != nil {
+			cfg.TLSCert, cfg.TLSKey = opt.PKI.Issue(t, certs.Peer, cfg.Name)
+			cfg.TLSCA = opt.PKI.CAFile
 		}
 		if i > 1 {
 			cfg.Join = []string{nodes[0].GossipAddr()}
@@ -81,7 +166,14 @@ func Start(t testing.TB, n int, opt Options) []*rpc.Node {
 		})
 		nodes = append(nodes, node)
 	}
-	WaitRingAgrees(t, nodes)
+	dial := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if opt.PKI != nil {
+		dial[0] = opt.PKI.DialOption(t)
+	}
+	if opt.Token != "" {
+		dial = append(dial, client.Token(opt.Token))
+	}
+	waitRingAgrees(t, nodes, dial...)
 	return nodes
 }
 
@@ -98,9 +190,15 @@ func Addrs(nodes []*rpc.Node) []string {
 // and their rings have one fingerprint.
 func WaitRingAgrees(t testing.TB, nodes []*rpc.Node) {
 	t.Helper()
+	waitRingAgrees(t, nodes, grpc.WithTransportCredentials(insecure.NewCredentials()))
+}
+
+// waitRingAgrees is WaitRingAgrees dialing the nodes with dial.
+func waitRingAgrees(t testing.TB, nodes []*rpc.Node, dial ...grpc.DialOption) {
+	t.Helper()
 	var clients []sluicev1.RateLimitServiceClient
 	for _, n := range nodes {
-		conn, err := grpc.NewClient(n.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient(n.GRPCAddr(), dial...)
 		if err != nil {
 			t.Fatal(err)
 		}
