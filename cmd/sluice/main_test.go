@@ -180,12 +180,21 @@ func TestMembersJSON(t *testing.T) {
 // returns its exit code and stderr.
 func startServe(t *testing.T, name string, args []string, env map[string]string) (addr string, stop func() (int, string)) {
 	t.Helper()
+	_, found, stop := startServeLog(t, args, env, regexp.MustCompile(`msg="node started" node=`+regexp.QuoteMeta(name)+` grpc_addr=(\S+)`))
+	return found[0][1], stop
+}
+
+// startServeLog runs `sluice serve` as startServe does and waits (10 s at
+// most) until its log (stderr, returned) has a match of each of lines,
+// returned in order.
+func startServeLog(t *testing.T, args []string, env map[string]string, lines ...*regexp.Regexp) (*syncbuf.Buffer, [][]string, func() (int, string)) {
+	t.Helper()
 	getenv := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	ctx, cancel := context.WithCancel(context.Background())
 	var out, errOut syncbuf.Buffer
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, append([]string{"sluice", "serve"}, args...), getenv, &out, &errOut) }()
-	stop = func() (int, string) {
+	stop := func() (int, string) {
 		cancel()
 		select {
 		case code := <-done:
@@ -195,11 +204,14 @@ func startServe(t *testing.T, name string, args []string, env map[string]string)
 			return -1, ""
 		}
 	}
-	addrRe := regexp.MustCompile(`msg="node started" node=` + regexp.QuoteMeta(name) + ` grpc_addr=(\S+)`)
+	found := make([][]string, len(lines))
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if m := addrRe.FindStringSubmatch(errOut.String()); m != nil {
-			return m[1], stop
+		for i, re := range lines {
+			found[i] = re.FindStringSubmatch(errOut.String())
+		}
+		if !slices.ContainsFunc(found, func(m []string) bool { return m == nil }) {
+			return &errOut, found, stop
 		}
 		select {
 		case code := <-done:
@@ -208,7 +220,7 @@ func startServe(t *testing.T, name string, args []string, env map[string]string)
 		}
 		if time.Now().After(deadline) {
 			stop()
-			t.Fatalf("no start line:\n%s", errOut.String())
+			t.Fatalf("serve's log has no line matching each of %v:\n%s", lines, errOut.String())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

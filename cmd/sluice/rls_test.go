@@ -18,8 +18,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
-
-	"github.com/sluicehq/sluice/internal/syncbuf"
 )
 
 // serve --rls-config refuses a bad rule file, naming the file and line,
@@ -39,29 +37,9 @@ func TestServeRLSConfig(t *testing.T) {
 		"SLUICE_NAME": "rls-node", "SLUICE_GRPC_ADDR": "127.0.0.1:0", "SLUICE_GOSSIP_ADDR": "127.0.0.1:0", "SLUICE_HTTP_ADDR": "127.0.0.1:0",
 		"SLUICE_PROFILE": "local", "SLUICE_RLS_CONFIG": "../../examples/rls",
 	}
-	getenv := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
-	ctx, cancel := context.WithCancel(context.Background())
-	var out, errBuf syncbuf.Buffer
-	done := make(chan int)
-	go func() { done <- run(ctx, []string{"sluice", "serve"}, getenv, &out, &errBuf) }()
-	defer func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			t.Error("serve did not stop")
-		}
-	}()
-	addrRe := regexp.MustCompile(`msg="node started" node=rls-node grpc_addr=(\S+)`)
-	var addr string
-	for deadline := time.Now().Add(10 * time.Second); addr == ""; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no start line:\n%s", errBuf.String())
-		}
-		if m := addrRe.FindStringSubmatch(errBuf.String()); m != nil {
-			addr = m[1]
-		}
-	}
+	errBuf, m, stop := startServeLog(t, nil, env, regexp.MustCompile(`msg="node started" node=rls-node grpc_addr=(\S+)`))
+	defer stop()
+	addr := m[0][1]
 	if !strings.Contains(errBuf.String(), `msg="rls rules loaded" component=rls domains=edge files=1`) {
 		t.Errorf("no rules line in the log:\n%s", errBuf.String())
 	}
@@ -109,28 +87,10 @@ func TestServeRLSPeerSettings(t *testing.T) {
 		"SLUICE_RLS_SHADOW_MODE": "true", "SLUICE_RLS_RESPONSE_HEADERS": "true", "SLUICE_RLS_LIMIT_HEADER": "X-Limit",
 		"SLUICE_RLS_RESPONSE_DYNAMIC_METADATA": "true", "SLUICE_RLS_INCREMENT_WHEN_OVER_LIMIT": "true",
 	}
-	getenv := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
-	ctx, cancel := context.WithCancel(context.Background())
-	var out, errBuf syncbuf.Buffer
-	done := make(chan int)
-	go func() { done <- run(ctx, []string{"sluice", "serve"}, getenv, &out, &errBuf) }()
-	defer func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			t.Error("serve did not stop")
-		}
-	}()
-	startRe := regexp.MustCompile(`msg="node started" node=peer-node grpc_addr=(\S+) .*http_addr=(\S+)`)
-	debugRe := regexp.MustCompile(`msg="debug endpoints up" addr=(\S+)`)
-	var m, dm []string
-	for deadline := time.Now().Add(10 * time.Second); m == nil || dm == nil; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no start lines:\n%s", errBuf.String())
-		}
-		m, dm = startRe.FindStringSubmatch(errBuf.String()), debugRe.FindStringSubmatch(errBuf.String())
-	}
+	errBuf, ms, stop := startServeLog(t, nil, env, regexp.MustCompile(`msg="node started" node=peer-node grpc_addr=(\S+) .*http_addr=(\S+)`),
+		regexp.MustCompile(`msg="debug endpoints up" addr=(\S+)`))
+	defer stop()
+	m, dm := ms[0], ms[1]
 	if !strings.Contains(errBuf.String(), "no rls rules yet") {
 		t.Errorf("no warning of the empty rule directory:\n%s", errBuf.String())
 	}

@@ -84,14 +84,9 @@ func serveCommand(e env) *cli.Command {
 					return usagef("limits", "%v", err)
 				}
 				cfg.Limits = src
-				watchCtx, stopWatch := context.WithCancel(ctx)
-				defer stopWatch()
-				go func() {
-					if err := src.Watch(watchCtx); err != nil {
-						logger.Warn("not watching the limits file; reload it with SIGHUP", "file", path, "error", err)
-					}
-				}()
-				onHUP = append(onHUP, func() { _ = src.Reload() }) // a refused file is logged; the running limits stay
+				defer follow(ctx, src, &onHUP, func(err error) {
+					logger.Warn("not watching the limits file; reload it with SIGHUP", "file", path, "error", err)
+				})()
 			}
 			keyFile := cmd.String("gossip-key-file")
 			if keyFile != "" {
@@ -114,14 +109,9 @@ func serveCommand(e env) *cli.Command {
 				} else {
 					rlsLog.Info("rls rules loaded", "domains", strings.Join(rules.Domains(), ","), "files", len(rules.Files()))
 				}
-				watchCtx, stopWatch := context.WithCancel(ctx)
-				defer stopWatch()
-				go func() {
-					if err := rlsRules.Watch(watchCtx); err != nil {
-						rlsLog.Warn("not watching the rls rules; reload them with SIGHUP", "path", path, "error", err)
-					}
-				}()
-				onHUP = append(onHUP, func() { _ = rlsRules.Reload() }) // a refused file is logged; the running rules stay
+				defer follow(ctx, rlsRules, &onHUP, func(err error) {
+					rlsLog.Warn("not watching the rls rules; reload them with SIGHUP", "path", path, "error", err)
+				})()
 			}
 			node, err := rpc.StartNode(cfg)
 			if err != nil {
@@ -185,6 +175,31 @@ func serveCommand(e env) *cli.Command {
 			return nil
 		},
 	}
+}
+
+// reloader is a file-backed source the node follows: named limits, RLS
+// rules.
+type reloader interface {
+	// Watch reloads on every change of the files until ctx is done; an
+	// error means the watch could not start.
+	Watch(ctx context.Context) error
+	// Reload reads the files again; a refused file is logged by the
+	// source, and what is in force stays.
+	Reload() error
+}
+
+// follow watches src until the returned function is called (or ctx is
+// done), and adds its Reload to onHUP (what SIGHUP runs); warn gets the
+// error of a watch that cannot start.
+func follow(ctx context.Context, src reloader, onHUP *[]func(), warn func(error)) (stop func()) {
+	wctx, stop := context.WithCancel(ctx)
+	go func() {
+		if err := src.Watch(wctx); err != nil {
+			warn(err)
+		}
+	}()
+	*onHUP = append(*onHUP, func() { _ = src.Reload() })
+	return stop
 }
 
 // serveDebug serves net/http/pprof's handlers on addr until the returned
