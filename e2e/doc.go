@@ -11,6 +11,6 @@
 //
 // Run it with `make e2e` (which builds bin/sluice and the image sluice:e2e
 // first) or `go test -tags e2e -v ./e2e`. Without the tag the package has
-// no tests, so `go test ./...` needs no Docker. See the README, "The e2e
+// no tests, so `go test ./...` needs no Docker. See docs/containers.md, "The e2e
 // fault suite".
 package e2e

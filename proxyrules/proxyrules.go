@@ -1,5 +1,5 @@
-// Package proxyrules reads the rules file of sluice proxy (see README,
-// "Protect a route"): which requests are checked against which limits,
+// Package proxyrules reads the rules file of sluice proxy (see docs/protect.md,
+// "The proxy in one command"): which requests are checked against which limits,
 // keyed by what, and answered how when the cluster cannot answer. It
 // parses, compiles keys and matches requests to rules; it serves nothing
 // (cmd/sluice wires the result to package middleware and a reverse proxy).
@@ -36,7 +36,7 @@ import (
 	"github.com/sluicehq/sluice/middleware"
 )
 
-// rulesFile is the YAML of a rules file (see README, "Protect a route").
+// rulesFile is the YAML of a rules file (see docs/protect.md).
 type rulesFile struct {
 	Timeout    string `yaml:"timeout"`
 	Failure    string `yaml:"failure"`

@@ -145,7 +145,7 @@ type Config struct {
 
 // Scope returns the scope the checks of domain are sent with (the
 // domain's scope, a sluice extension of the rule format: global, regional
-// or exact, see the README, "Regions"). SCOPE_UNSPECIFIED (global with
+// or exact, see docs/regions.md). SCOPE_UNSPECIFIED (global with
 // several regions) when the file does not say, and for an unknown domain.
 func (c *Config) Scope(domain string) sluicev1.Scope {
 	if c == nil {

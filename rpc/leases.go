@@ -23,7 +23,7 @@ import (
 	"github.com/sluicehq/sluice/window"
 )
 
-// Leases (issue 20; the README, "Regions"): a global limit's slices
+// Leases (issue 20; docs/regions.md): a global limit's slices
 // follow demand (fixed windows as below; buckets: a share of the rate and
 // burst, one lease with no window; sliding windows: per window as fixed
 // ones, without standing slices, each window's allocator starting from

@@ -45,7 +45,7 @@ type NodeConfig struct {
 	// Regions is the cluster's region list (region.Parse of serve
 	// --regions), the same on every node: the ring then holds this
 	// region's members only, checks are decided in their region, and
-	// global limits are split into slices (the README, "Regions"). Members
+	// global limits are split into slices (docs/regions.md). Members
 	// whose list differs are refused (cluster.ErrRegions). nil: one
 	// region, as before. (Optional)
 	Regions *region.Config
@@ -137,7 +137,7 @@ type NodeConfig struct {
 	ClusterLabel string
 	// Insecure lets the node listen or advertise off loopback although it
 	// gossips and serves in plaintext without authentication (see
-	// protected mode in the README); it then says so in its log every
+	// protected mode in docs/security.md); it then says so in its log every
 	// InsecureWarnEvery and in the metric sluice_insecure. On loopback it
 	// changes nothing. (Optional)
 	Insecure bool

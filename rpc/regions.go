@@ -12,7 +12,7 @@ import (
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 )
 
-// Regions (the README, "Regions"). With a region list (ServerConfig.Regions)
+// Regions (docs/regions.md). With a region list (ServerConfig.Regions)
 // this node's ring holds only the members of its own region: a check that
 // enters the region is decided by the key's owner in the region and never
 // waits on another region, except for a limit of scope exact, whose key's

@@ -41,7 +41,7 @@ func proxyCommand(e env) *cli.Command {
 		Name:  "proxy",
 		Usage: "a reverse proxy that limits requests per route with a sluice cluster",
 		Description: "Forwards every request to --upstream, after checking it against the rules of --rules\n" +
-			"(a YAML file: method and path -> limit name and key; see README, \"Protect a route\").\n" +
+			"(a YAML file: method and path -> limit name and key; see docs/protect.md).\n" +
 			"Secrets (the HMAC keys of client IPs and of signed IPs) come from the environment\n" +
 			"variables the rules file names, never from the file.\n\n" +
 			"At start it probes every node of --cluster with the proxy's credentials (--tls-*, --token-file)\n" +

@@ -268,7 +268,7 @@ func serveFlags(host string) []serveFlag {
 			usage: "host:port of the HTTP face: POST /v1/check, GET /v1/members, /healthz, /readyz, /metrics (empty: off; port 0 lets the OS pick)",
 			to:    func(c *rpc.NodeConfig, v string) { c.HTTPAddr = v }},
 		&stringFlag{name: "limits",
-			usage: "YAML file of named limits (see README); reloaded on SIGHUP and when the file changes"},
+			usage: "YAML file of named limits (see docs/limits.md); reloaded on SIGHUP and when the file changes"},
 		&stringFlag{name: "gossip-key-file",
 			usage: "file of base64 gossip keys (sluice keygen), one per line, the one that encrypts first: gossip is then encrypted and authenticated (AES-256-GCM); reloaded on SIGHUP (rotate: add the new key second, then first, then drop the old)"},
 		&stringFlag{name: "cluster-label",

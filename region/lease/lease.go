@@ -1,6 +1,6 @@
 // Package lease moves a global limit's capacity between regions without
 // ever letting the regions together admit more than the limit: escrowed
-// slices (the README, "Regions"; issue 20; the design is the demarcation
+// slices (docs/regions.md; issue 20; the design is the demarcation
 // protocol's "lower first, then raise", Barbará and Garcia-Molina, EDBT
 // 1992, with YouTube Doorman's leases, fair share and learning mode:
 // capacity leaves a pool only by a grant and returns to it only when its
