@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -400,10 +401,11 @@ type builder struct {
 	opts        LoadOptions
 	cfg         *Config
 	domainFiles map[string]string
+	setIn       map[string]string // domain + "\x00" + key -> the file that set a domain-level key
 }
 
 func newBuilder(o LoadOptions) *builder {
-	return &builder{opts: o, cfg: &Config{domains: map[string]*node{}, onOwner: map[string]sluicev1.OwnerUnavailablePolicy{}, scope: map[string]sluicev1.Scope{}}, domainFiles: map[string]string{}}
+	return &builder{opts: o, cfg: &Config{domains: map[string]*node{}, onOwner: map[string]sluicev1.OwnerUnavailablePolicy{}, scope: map[string]sluicev1.Scope{}}, domainFiles: map[string]string{}, setIn: map[string]string{}}
 }
 
 // add parses one file into b.cfg.
@@ -415,6 +417,14 @@ func (b *builder) add(file string, data []byte) (err error) {
 			err = &ConfigError{File: file, Msg: fmt.Sprintf("cannot parse the YAML: %v", p)}
 		}
 	}()
+	if len(data) > maxRuleFileBytes {
+		return &ConfigError{File: file, Msg: fmt.Sprintf("%d bytes: a rule file holds at most %d", len(data), maxRuleFileBytes)}
+	}
+	if line := tooDeep(data, maxFlowDepth); line > 0 {
+		// The YAML parser's time grows faster than the nesting: refused
+		// before it runs.
+		return &ConfigError{File: file, Line: line, Msg: fmt.Sprintf("brackets nested deeper than %d levels", maxFlowDepth)}
+	}
 	if f, err := parser.ParseBytes(data, 0); err == nil && len(f.Docs) > 1 {
 		ce := &ConfigError{File: file, Msg: "a second YAML document (---): one file holds one domain"}
 		if b := f.Docs[1].Body; b != nil && b.GetToken() != nil && b.GetToken().Position != nil {
@@ -452,7 +462,7 @@ func (b *builder) add(file string, data []byte) (err error) {
 			return l.errorf(ypath{"on_owner_unavailable"}, "on_owner_unavailable", "want local, allow or deny, got %q", *v)
 		}
 		if was, set := b.cfg.onOwner[root.Domain]; merging && set && was != policy {
-			return l.errorf(ypath{"on_owner_unavailable"}, "on_owner_unavailable", "%q differs from the value of domain %q in %s", *v, root.Domain, prev)
+			return l.errorf(ypath{"on_owner_unavailable"}, "on_owner_unavailable", "%q differs from the value of domain %q in %s", *v, root.Domain, b.setIn[root.Domain+"\x00on_owner_unavailable"])
 		}
 	}
 	var scope sluicev1.Scope
@@ -462,7 +472,7 @@ func (b *builder) add(file string, data []byte) (err error) {
 			return l.errorf(ypath{"scope"}, "scope", "want global, regional or exact, got %q", *v)
 		}
 		if was, set := b.cfg.scope[root.Domain]; merging && set && was != scope {
-			return l.errorf(ypath{"scope"}, "scope", "%q differs from the value of domain %q in %s", *v, root.Domain, prev)
+			return l.errorf(ypath{"scope"}, "scope", "%q differs from the value of domain %q in %s", *v, root.Domain, b.setIn[root.Domain+"\x00scope"])
 		}
 	}
 	dom := b.cfg.domains[root.Domain]
@@ -479,11 +489,13 @@ func (b *builder) add(file string, data []byte) (err error) {
 		b.domainFiles[root.Domain] = file
 	}
 	b.cfg.domains[root.Domain] = dom
-	if policy != sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_UNSPECIFIED {
+	if _, set := b.cfg.onOwner[root.Domain]; !set && policy != sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_UNSPECIFIED {
 		b.cfg.onOwner[root.Domain] = policy
+		b.setIn[root.Domain+"\x00on_owner_unavailable"] = file
 	}
-	if scope != sluicev1.Scope_SCOPE_UNSPECIFIED {
+	if _, set := b.cfg.scope[root.Domain]; !set && scope != sluicev1.Scope_SCOPE_UNSPECIFIED {
 		b.cfg.scope[root.Domain] = scope
+		b.setIn[root.Domain+"\x00scope"] = file
 	}
 	b.cfg.files = append(b.cfg.files, file)
 	return nil
@@ -589,6 +601,12 @@ func (l *fileLoader) loadLevel(parent *node, domain, fullKey string, p ypath, fi
 			}
 			return l.errorf(dp, df, "duplicate descriptor composite key '%s.%s' (first at %s)", fullKey, finalKey, where)
 		}
+		// Metadata is checked wherever it is, as the peer does, though
+		// only a rule's is ever returned.
+		md, err := metadataStruct(d.Metadata)
+		if err != nil {
+			return l.errorf(dp.with("metadata"), df+".metadata", "%v", err)
+		}
 		if d.RateLimit != nil {
 			r, err := l.loadRule(d.RateLimit, dp.with("rate_limit"), df+".rate_limit")
 			if err != nil {
@@ -596,13 +614,7 @@ func (l *fileLoader) loadLevel(parent *node, domain, fullKey string, p ypath, fi
 			}
 			r.Domain, r.FullKey, r.ShadowMode, r.File, r.Line = domain, fullKey+"."+finalKey, bool(d.ShadowMode), l.file, line
 			r.QuotaMode, r.DetailedMetric, r.ValueToMetric = bool(d.QuotaMode), bool(d.DetailedMetric), bool(d.ValueToMetric)
-			if len(d.Metadata) > 0 {
-				md, err := structpb.NewStruct(d.Metadata)
-				if err != nil {
-					return l.errorf(dp.with("metadata"), df+".metadata", "cannot be returned as Envoy metadata: %v", err)
-				}
-				r.Metadata = md
-			}
+			r.Metadata = md
 			l.rules = append(l.rules, r)
 			r.checkName = n.id
 			if len(r.checkName) > maxNameBytes {
@@ -630,6 +642,105 @@ func (l *fileLoader) loadLevel(parent *node, domain, fullKey string, p ypath, fi
 		}
 	}
 	return nil
+}
+
+// Bounds of a rule file, checked before it is parsed.
+const (
+	maxRuleFileBytes = 4 << 20 // 4 MiB
+	maxFlowDepth     = 256     // [ and { within one another
+)
+
+// tooDeep returns the 1-based line where data's flow brackets ([ and {,
+// outside quotes and comments) first nest deeper than limit, or 0.
+func tooDeep(data []byte, limit int) int {
+	depth, line := 0, 1
+	var quote byte // ' or " while in a quoted scalar
+	for i := 0; i < len(data); i++ {
+		c := data[i]
+		switch {
+		case c == '\n':
+			line++
+		case quote == '"' && c == '\\':
+			i++ // an escaped character
+		case quote != 0:
+			if c == quote {
+				quote = 0
+			}
+		case c == '"' || c == '\'':
+			quote = c
+		case c == '#' && (i == 0 || data[i-1] == ' ' || data[i-1] == '\t' || data[i-1] == '\n'):
+			for i+1 < len(data) && data[i+1] != '\n' {
+				i++
+			}
+		case c == '[' || c == '{':
+			if depth++; depth > limit {
+				return line
+			}
+		case c == ']' || c == '}':
+			depth = max(depth-1, 0)
+		}
+	}
+	return 0
+}
+
+// Bounds of a descriptor's metadata: YAML aliases make a small file hold
+// a large tree (each alias a copy once made an Envoy Struct), which must
+// not exhaust a node's memory on a load or a reload.
+const (
+	maxMetadataValues = 10000 // values (scalars, lists and maps), aliases expanded
+	maxMetadataDepth  = 32    // maps and lists within one another
+)
+
+// metadataStruct returns m as the protobuf Struct Envoy gets, nil for
+// none, or an error saying why it cannot be one: more than
+// maxMetadataValues values or maxMetadataDepth levels, a NaN or infinite
+// number (which JSON cannot carry), or a value of another type (e.g. a
+// timestamp).
+func metadataStruct(m map[string]any) (*structpb.Struct, error) {
+	if len(m) == 0 {
+		return nil, nil
+	}
+	n := 0
+	var walk func(v any, depth int) error
+	walk = func(v any, depth int) error {
+		if n++; n > maxMetadataValues {
+			return fmt.Errorf("more than %d values (aliases counted as copies)", maxMetadataValues)
+		}
+		if depth > maxMetadataDepth {
+			return fmt.Errorf("nested deeper than %d levels", maxMetadataDepth)
+		}
+		switch v := v.(type) {
+		case map[string]any:
+			for _, e := range v {
+				if err := walk(e, depth+1); err != nil {
+					return err
+				}
+			}
+		case []any:
+			for _, e := range v {
+				if err := walk(e, depth+1); err != nil {
+					return err
+				}
+			}
+		case float64:
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				return fmt.Errorf("%v is not a number JSON can carry", v)
+			}
+		case float32:
+			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+				return fmt.Errorf("%v is not a number JSON can carry", v)
+			}
+		}
+		return nil
+	}
+	if err := walk(m, 0); err != nil {
+		return nil, err
+	}
+	md, err := structpb.NewStruct(m)
+	if err != nil {
+		return nil, fmt.Errorf("cannot be returned as Envoy metadata: %v", err)
+	}
+	return md, nil
 }
 
 // loadRule checks one rate_limit block as envoyproxy/ratelimit does.

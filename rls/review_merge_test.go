@@ -22,7 +22,6 @@ var reviewMerge = rls.LoadOptions{MergeDomains: true}
 // domain "m" in one.yaml", where the value is two.yaml's. Right: name
 // the file that set the value it differs from (two.yaml).
 func TestReviewMergeConflictNamesTheFileThatSetIt(t *testing.T) {
-	t.Skip("finding: a merged domain's conflicting on_owner_unavailable/scope error names the domain's first file (one.yaml) rather than the file that set the value (two.yaml)")
 	for _, key := range []struct{ name, a, b string }{{"on_owner_unavailable", "deny", "allow"}, {"scope", "regional", "exact"}} {
 		one := reviewFile("one.yaml", "domain: m\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 1}\n")
 		two := reviewFile("two.yaml", "domain: m\n"+key.name+": "+key.a+"\n")

@@ -48,7 +48,6 @@ func reviewAliasBomb(levels, width int) string {
 // Right: refuse metadata past a size (values, bytes) or with excessive
 // aliasing, as a *ConfigError naming descriptors[0].metadata.
 func TestReviewMetadataAliasBomb(t *testing.T) {
-	t.Skip("finding: YAML aliases in a rule's metadata are expanded without bound by structpb.NewStruct: a 606-byte rule file allocates 1.1 GB, a 670-byte one ~110 GB (OOM on load or reload); the peer's yaml.v2 refuses excessive aliasing")
 	src := reviewAliasBomb(5, 10) // 10^5 values from 541 bytes; kept small so that the test is cheap
 	_, err := rls.Parse(rls.File{Name: "bomb.yaml", Data: []byte(src)})
 	var ce *rls.ConfigError
@@ -66,7 +65,6 @@ func TestReviewMetadataAliasBomb(t *testing.T) {
 // descriptors[0].metadata (the peer's loader does not either: it is the
 // file, not the request, that is wrong).
 func TestReviewMetadataNaNRefused(t *testing.T) {
-	t.Skip("finding: metadata .nan/.inf loads into the rule's Struct, which protojson cannot marshal (POST /json then answers 500 to every request passing the rule); it should be a ConfigError naming descriptors[0].metadata")
 	for _, v := range []string{".nan", ".inf", "-.inf", "{b: [.NaN]}"} {
 		cfg, err := rls.Parse(rls.File{Name: "m.yaml", Data: []byte(reviewMetaHead + "      a: " + v + "\n")})
 		if err == nil {
@@ -91,7 +89,6 @@ func TestReviewMetadataNaNRefused(t *testing.T) {
 // the metadata (descriptors[0].metadata, its line), and a file is
 // refused before the parser spends minutes on it (e.g. a size bound).
 func TestReviewMetadataTooDeepLocated(t *testing.T) {
-	t.Skip("finding: metadata nested past 10000 levels is refused as \"m.yaml: exceeded max depth\" with no line or field (and in time superlinear in the file: 160 KB take 5-25 s)")
 	const depth = 10001
 	src := reviewMetaHead + "      a: " + strings.Repeat("[", depth) + strings.Repeat("]", depth) + "\n"
 	_, err := rls.Parse(rls.File{Name: "m.yaml", Data: []byte(src)})
@@ -156,7 +153,6 @@ func TestReviewMetadataOddYAML(t *testing.T) {
 // never returned. Right: parse it (a ConfigError when it cannot become a
 // Struct), or refuse metadata where it cannot be returned.
 func TestReviewMetadataWithoutRateLimit(t *testing.T) {
-	t.Skip("finding: metadata on a descriptor without rate_limit is ignored unchecked: a timestamp there (the peer: \"error parsing metadata\") loads")
 	src := "domain: m\ndescriptors:\n  - key: k\n    metadata:\n      a: !!timestamp 2001-12-14t21:59:43.10-05:00\n    descriptors:\n      - key: c\n        rate_limit: {unit: minute, requests_per_unit: 1}\n"
 	if _, err := rls.Parse(rls.File{Name: "m.yaml", Data: []byte(src)}); err == nil {
 		t.Errorf("metadata that cannot become a Struct on a descriptor without rate_limit: loaded, want a ConfigError naming descriptors[0].metadata")

@@ -310,7 +310,9 @@ func (s *Service) count(r *Rule, hits, before, limit int64, shadow bool) {
 	c := s.counters(r)
 	after := before + hits
 	c.total.Add(hits)
-	near := int64(math.Floor(float64(limit) * s.opts.NearLimitRatio))
+	// In float32, as the peer computes it (the two differ for some
+	// ratios and limits, e.g. 0.7 of 90: 62 in float64, 63 in float32).
+	near := int64(math.Floor(float64(float32(limit) * float32(s.opts.NearLimitRatio))))
 	if after > limit {
 		over := hits
 		if before < limit {
@@ -805,10 +807,12 @@ func (s *Service) countDecided(plan []item, idx []int, ds []*sluicev1.Decision, 
 // window's is L+1. So each check asks for L+1: allowed with 1 or more
 // remaining is the peer's OK (remaining one less), allowed with none left
 // is the peer's OVER_LIMIT (counted), and a denied check is OVER_LIMIT
-// whose hits are then counted by a second call that fills the window to
-// L+1 (a peek is OK while 1 or more remain, i.e. c <= L). Between the
-// two calls another request may fill the window first: the second call
-// is then refused and the count is at L+1 anyway.
+// whose hits are then counted by a call that fills the window to L+1
+// (see fill; a peek is OK while 1 or more remain, i.e. c <= L). A
+// descriptor the request carries twice is decided after the first, as the
+// peer's increments follow one another. A check answered degraded (its
+// owner unreachable) stands as the node answered it, as in sluice's own
+// counting: on_owner_unavailable allow is OK, never filled.
 func (s *Service) decideEach(ctx context.Context, plan []item) ([]*rlsv3.RateLimitResponse_DescriptorStatus, error) {
 	now := s.clock.Now()
 	out := make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(plan))
@@ -823,40 +827,90 @@ func (s *Service) decideEach(ctx context.Context, plan []item) ([]*rlsv3.RateLim
 			idx = append(idx, i)
 		}
 	}
-	if len(idx) == 0 {
-		return out, nil
+	// The k-th descriptor of one check goes in the k-th call, so that a
+	// descriptor sent twice is counted after the first, refused hits
+	// included, as the peer's increments follow one another.
+	var rounds [][]int
+	nth := map[string]int{}
+	for _, i := range idx {
+		k := checkKey(plan[i])
+		r := nth[k]
+		nth[k]++
+		if r == len(rounds) {
+			rounds = append(rounds, nil)
+		}
+		rounds[r] = append(rounds[r], i)
 	}
-	ds, err := s.checkWith(ctx, plan, idx, false, 1)
-	if err != nil {
-		return nil, err
-	}
-	var fill []int
-	var fillHits []int64
-	for j, i := range idx {
-		it, d := plan[i], ds[j]
-		limit := int64(it.rule.RequestsPerUnit)
-		ok := d.GetAllowed() && d.GetRemaining() >= 1
-		out[i] = limitStatus(it, ok, d.GetRemaining()-1, now)
-		before := limit + 1 - d.GetRemaining()
-		if d.GetAllowed() {
-			before -= it.hits
+	for _, round := range rounds {
+		ds, err := s.checkWith(ctx, plan, round, false, 1)
+		if err != nil {
+			return nil, err
 		}
-		s.count(it.rule, it.hits, max(before, 0), limit, it.rule.ShadowMode)
-		if !d.GetAllowed() && d.GetRemaining() > 0 && it.hits > 0 {
-			fill, fillHits = append(fill, i), append(fillHits, min(it.hits, d.GetRemaining()))
+		room := map[int]int64{}
+		var fill []int
+		for j, i := range round {
+			it, d := plan[i], ds[j]
+			limit := int64(it.rule.RequestsPerUnit)
+			if d.GetDegraded() {
+				// The owner could not be reached: the node answered by the
+				// domain's on_owner_unavailable (allow: allowed with
+				// nothing remaining), not from the count, so the answer
+				// stands as sluice's counting takes it, and nothing is
+				// filled.
+				out[i] = limitStatus(it, d.GetAllowed(), max(d.GetRemaining()-1, 0), now)
+				before := int64(0)
+				if !d.GetAllowed() {
+					before = limit
+				}
+				s.count(it.rule, it.hits, before, limit, it.rule.ShadowMode)
+				continue
+			}
+			ok := d.GetAllowed() && d.GetRemaining() >= 1
+			out[i] = limitStatus(it, ok, d.GetRemaining()-1, now)
+			before := limit + 1 - d.GetRemaining()
+			if d.GetAllowed() {
+				before -= it.hits
+			}
+			s.count(it.rule, it.hits, max(before, 0), limit, it.rule.ShadowMode)
+			if !d.GetAllowed() && d.GetRemaining() > 0 && it.hits > 0 {
+				fill, room[i] = append(fill, i), d.GetRemaining()
+			}
 		}
-	}
-	if len(fill) > 0 {
-		filled := slices.Clone(plan)
-		for k, i := range fill {
-			filled[i].hits = fillHits[k]
-		}
-		if _, err := s.checkWith(ctx, filled, fill, false, 1); err != nil {
-			// The refusal stands; only its count is short.
-			s.log.Debug("rls: refused hits not counted", "error", err)
-		}
+		s.fill(ctx, plan, fill, room)
 	}
 	return out, nil
+}
+
+// maxFills bounds the calls fill makes for one round.
+const maxFills = 8
+
+// fill counts the refused hits of the checks plan[i], i in idx, as far as
+// their windows of limit L+1 hold them (see decideEach): each is charged
+// the room it had left, room[i]. A request in between may take some of
+// that room first: the charge is then refused, and asked again with the
+// room the refusal reports, until it passes, the window is full, or
+// maxFills calls were made (each refusal means the room shrank, so this
+// ends). An error leaves the refusals standing, short of their count.
+func (s *Service) fill(ctx context.Context, plan []item, idx []int, room map[int]int64) {
+	for try := 0; len(idx) > 0 && try < maxFills; try++ {
+		filled := slices.Clone(plan)
+		for _, i := range idx {
+			filled[i].hits = room[i]
+		}
+		ds, err := s.checkWith(ctx, filled, idx, false, 1)
+		if err != nil {
+			s.log.Debug("rls: refused hits not counted", "error", err)
+			return
+		}
+		var again []int
+		for j, i := range idx {
+			if d := ds[j]; !d.GetAllowed() && !d.GetDegraded() && d.GetRemaining() > 0 {
+				room[i] = d.GetRemaining()
+				again = append(again, i)
+			}
+		}
+		idx = again
+	}
 }
 
 // checkKey identifies the sluice check of a planned descriptor.
