@@ -8,7 +8,7 @@ MODULE   := github.com/sluicehq/sluice
 
 .PHONY: help
 help: ## list the targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n", $$1, $$2}'
 
 .PHONY: build
 build: ## build bin/sluice (static, CGO_ENABLED=0)
@@ -142,6 +142,26 @@ proto-tools: ## install the protoc plugins at the versions the committed code wa
 verify-proto: proto ## fail if the committed generated code differs from a fresh make proto
 	git diff --exit-code rpc/sluicev1 rpc/sluicev1gw
 	@test -z "$$(git status --porcelain rpc/sluicev1 rpc/sluicev1gw)" || { git status --porcelain rpc/sluicev1 rpc/sluicev1gw; echo 'generated files not committed'; exit 1; }
+
+# Helm: the chart deploy/helm/sluice, and deploy/kubernetes rendered from it.
+# HELM_VERSION is the helm deploy/kubernetes/sluice.yaml was rendered with.
+HELM         ?= helm
+HELM_VERSION ?= v4.3.2
+
+.PHONY: helm-tools
+helm-tools: ## install helm (HELM_VERSION) with go install, into $(go env GOPATH)/bin
+	$(GO) install helm.sh/helm/v4/cmd/helm@$(HELM_VERSION)
+
+.PHONY: k8s-manifests
+k8s-manifests: ## render deploy/kubernetes/sluice.yaml from the Helm chart deploy/helm/sluice (needs helm: make helm-tools)
+	HELM=$(HELM) ./deploy/render-manifests.sh > deploy/kubernetes/sluice.yaml.tmp || { rm -f deploy/kubernetes/sluice.yaml.tmp; exit 1; }
+	mv deploy/kubernetes/sluice.yaml.tmp deploy/kubernetes/sluice.yaml
+
+.PHONY: helm-check
+helm-check: ## lint and render the Helm chart, then run the deploy tests with helm required (fails if deploy/kubernetes differs from make k8s-manifests)
+	$(HELM) lint --strict deploy/helm/sluice --set image.repository=registry.invalid/sluice --set image.tag=dev
+	$(HELM) template sluice deploy/helm/sluice --set image.repository=registry.invalid/sluice --set image.tag=dev >/dev/null
+	SLUICE_HELM=$(HELM) SLUICE_HELM_REQUIRED=1 $(GO) test -race -count=1 ./deploy
 
 .PHONY: clean
 clean: ## remove build output

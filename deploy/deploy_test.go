@@ -1,6 +1,10 @@
-// Package deploy holds the deployment files' tests: deploy/kubernetes and
-// the repository's docker-compose.yml must parse and keep what running
-// sluice relies on. (They cannot be applied here: no cluster, no registry.)
+// Package deploy holds the deployment files' tests: the Helm chart
+// (deploy/helm/sluice, rendered with helm when it is installed), the plain
+// manifests rendered from it (deploy/kubernetes) and the repository's
+// docker-compose.yml must parse, strictly into the Kubernetes API types for
+// the first two, and keep what running sluice relies on; a pod of the plain
+// manifests is run on loopback as the kubelet would run it. (They cannot
+// be applied here: no cluster, no registry.)
 package deploy
 
 import (
@@ -56,75 +60,6 @@ func at(t *testing.T, m any, path ...any) any {
 		}
 	}
 	return m
-}
-
-func TestKubernetesManifests(t *testing.T) {
-	byKind := map[string]map[string]any{}
-	for _, d := range docs(t, "kubernetes/sluice.yaml") {
-		for _, f := range []string{"apiVersion", "kind", "metadata"} {
-			if d[f] == nil {
-				t.Fatalf("a document has no %s: %v", f, d)
-			}
-		}
-		kind := d["kind"].(string)
-		if kind == "Service" && at(t, d, "spec", "clusterIP") == "None" {
-			kind = "HeadlessService"
-		}
-		byKind[kind] = d
-	}
-	for _, k := range []string{"HeadlessService", "Service", "StatefulSet", "PodDisruptionBudget"} {
-		if byKind[k] == nil {
-			t.Fatalf("no %s", k)
-		}
-	}
-	if at(t, byKind["HeadlessService"], "spec", "publishNotReadyAddresses") != true {
-		t.Error("the gossip Service must publish pods before they are ready, or the first nodes never find each other")
-	}
-	ss := byKind["StatefulSet"]
-	if at(t, ss, "spec", "serviceName") != at(t, byKind["HeadlessService"], "metadata", "name") {
-		t.Error("the StatefulSet's serviceName is not the headless Service")
-	}
-	pod := at(t, ss, "spec", "template", "spec")
-	if g := at(t, pod, "terminationGracePeriodSeconds").(int); g <= 15 {
-		t.Errorf("terminationGracePeriodSeconds %d: must outlast the leave (5 s) and the hand-off (10 s)", g)
-	}
-	c := at(t, pod, "containers", 0)
-	// Readiness is gRPC health (SERVING once joined and settled);
-	// liveness must not be, or a node still joining would be restarted.
-	if at(t, c, "readinessProbe", "grpc", "port") != 7070 {
-		t.Error("readinessProbe is not a gRPC health probe on 7070")
-	}
-	if at(t, c, "livenessProbe", "grpc") != nil {
-		t.Error("livenessProbe is gRPC health, which is readiness: a node still joining would be killed")
-	}
-	if at(t, c, "livenessProbe", "httpGet", "path") != "/healthz" {
-		t.Error("livenessProbe is not GET /healthz")
-	}
-	ports := map[any]any{}
-	for _, p := range at(t, c, "ports").([]any) {
-		ports[at(t, p, "name")] = at(t, p, "containerPort")
-	}
-	if port := at(t, c, "livenessProbe", "httpGet", "port"); port != 7080 && ports[port] != 7080 {
-		t.Errorf("livenessProbe on port %v, want the HTTP port 7080", port)
-	}
-	env := map[string]any{}
-	for _, e := range at(t, c, "env").([]any) {
-		env[at(t, e, "name").(string)] = e
-	}
-	if v := at(t, env["SLUICE_HTTP_ADDR"], "value"); v != "0.0.0.0:7080" {
-		t.Errorf("SLUICE_HTTP_ADDR %v: the liveness probe needs HTTP on 0.0.0.0:7080", v)
-	}
-	for _, name := range []string{"SLUICE_NAME", "SLUICE_ADVERTISE_ADDR", "SLUICE_JOIN", "SLUICE_GRPC_ADDR", "SLUICE_GOSSIP_ADDR"} {
-		if env[name] == nil {
-			t.Errorf("the container does not set %s", name)
-		}
-	}
-	if at(t, env["SLUICE_NAME"], "valueFrom", "fieldRef", "fieldPath") != "metadata.name" {
-		t.Error("SLUICE_NAME must be the pod's (stable) name")
-	}
-	if at(t, byKind["PodDisruptionBudget"], "spec", "maxUnavailable") != 1 {
-		t.Error("the PodDisruptionBudget must allow one node down at a time")
-	}
 }
 
 func TestComposeFile(t *testing.T) {
