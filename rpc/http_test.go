@@ -216,8 +216,14 @@ func metricValue(m *dto.Metric) float64 {
 }
 
 // /healthz is up while the process serves; /readyz waits for the join and
-// the ring to settle, and turns 503 when the node leaves.
+// the ring to settle, and turns 503 when the node leaves; sluice_ready in
+// /metrics says the same (0, 1, 0), and sluice_node_info names the node.
 func TestHealthAndReadiness(t *testing.T) {
+	hasLine := func(base, line string) bool {
+		t.Helper()
+		code, out := httpDo(t, "GET", base+"/metrics", "")
+		return code == http.StatusOK && strings.Contains(out, "\n"+line+"\n")
+	}
 	// A seed that never answers: the node serves but is not ready.
 	lonely := startNodeCfg(t, NodeConfig{Name: "lonely", HTTPAddr: "127.0.0.1:0", Join: []string{"127.0.0.1:1"}, SettleTime: time.Millisecond})
 	base := "http://" + lonely.HTTPAddr()
@@ -227,16 +233,25 @@ func TestHealthAndReadiness(t *testing.T) {
 	if code, out := httpDo(t, "GET", base+"/readyz", ""); code != http.StatusServiceUnavailable || !strings.Contains(out, "joining") {
 		t.Fatalf("/readyz while joining = %d %s", code, out)
 	}
+	if !hasLine(base, "sluice_ready 0") || !hasLine(base, `sluice_node_info{member="lonely",region="local",version=""} 1`) {
+		t.Fatal("/metrics of a node joining: no sluice_ready 0, or no sluice_node_info of lonely")
+	}
 
-	n := startNodeCfg(t, NodeConfig{Name: "node1", HTTPAddr: "127.0.0.1:0", SettleTime: 50 * time.Millisecond})
+	n := startNodeCfg(t, NodeConfig{Name: "node1", HTTPAddr: "127.0.0.1:0", SettleTime: 50 * time.Millisecond, Version: "v1.2.3"})
 	base = "http://" + n.HTTPAddr()
 	eventually(t, "the node to be ready", func() bool {
 		code, _ := httpDo(t, "GET", base+"/readyz", "")
 		return code == http.StatusOK
 	})
+	if !hasLine(base, "sluice_ready 1") || !hasLine(base, `sluice_node_info{member="node1",region="local",version="v1.2.3"} 1`) {
+		t.Fatal("/metrics of a ready node: no sluice_ready 1, or no sluice_node_info of node1")
+	}
 	n.draining.Store(true) // as Close does first
 	if code, out := httpDo(t, "GET", base+"/readyz", ""); code != http.StatusServiceUnavailable || !strings.Contains(out, "draining") {
 		t.Fatalf("/readyz while draining = %d %s", code, out)
+	}
+	if !hasLine(base, "sluice_ready 0") {
+		t.Fatal("/metrics of a node leaving: no sluice_ready 0")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -32,6 +32,14 @@ type Metrics struct {
 	store  *window.Store
 	limits *limits.Source
 	rls    *rls.Service
+	node   *nodeInfo // nil until AttachNode
+}
+
+// nodeInfo is what AttachNode gave: the labels of sluice_node_info and
+// the readiness test behind sluice_ready.
+type nodeInfo struct {
+	member, region, version string
+	ready                   func() error
 }
 
 // NewMetrics returns Metrics registered in a registry of their own, with
@@ -87,6 +95,17 @@ func (m *Metrics) AttachRLS(svc *rls.Service) {
 	m.rls = svc
 }
 
+// AttachNode makes the collector report the node itself: sluice_node_info
+// (always 1) labelled with its member name, region and version, and
+// sluice_ready, 1 when ready returns nil and 0 otherwise, asked at every
+// scrape (ready is the node's one readiness test, [Node.Ready]; nil: no
+// sluice_ready). A node calls it once it exists.
+func (m *Metrics) AttachNode(member, region, version string, ready func() error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.node = &nodeInfo{member: member, region: region, version: version, ready: ready}
+}
+
 // Checked implements [Observer].
 func (m *Metrics) Checked(name string, outcome Outcome) {
 	cs, ok := m.byName.Load(name)
@@ -129,6 +148,8 @@ var (
 	descKeysRefused  = prometheus.NewDesc("sluice_keys_refused_total", "New keys not admitted because the store was full under --on-key-cap=deny or their limit name held its --name-key-share: each such check was answered not allowed and degraded.", nil, nil)
 	descReloads      = prometheus.NewDesc("sluice_limits_reloads_total", "Reloads of the named limits file, by result (ok, refused).", []string{"result"}, nil)
 	descLimits       = prometheus.NewDesc("sluice_limits_configured", "Named limits in force.", nil, nil)
+	descNodeInfo     = prometheus.NewDesc("sluice_node_info", "Always 1; the labels name this node: member (its member name), region (--region) and version.", []string{"member", "region", "version"}, nil)
+	descReady        = prometheus.NewDesc("sluice_ready", "1 while the node is ready (GET /readyz answers 200, gRPC health SERVING), else 0: joining, ring settling, refused by the cluster (its name is taken) or leaving.", nil, nil)
 	descHandOff      = []struct {
 		desc *prometheus.Desc
 		get  func(Stats) int64
@@ -191,7 +212,8 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLocal, descForwarded, descFwdCalls, descFwdErrors, descNoConn,
 		descReceived, descReceivedRPCs, descMembers, descRingEpoch, descKeys, descSwept, descEvictedLive, descKeysRefused, descReloads, descLimits,
 		descRLS, descRLSPartial, descRLSShadow, descRLSLoads, descRLSDomains, descRLSRuleTotal, descRLSRuleOver,
-		descRLSRuleNear, descRLSRuleWithin, descRLSRuleShadow, descReplicas, descPoolSlice, descPoolUsed, descPoolFree} {
+		descRLSRuleNear, descRLSRuleWithin, descRLSRuleShadow, descReplicas, descPoolSlice, descPoolUsed, descPoolFree,
+		descNodeInfo, descReady} {
 		ch <- d
 	}
 	for _, h := range descHandOff {
@@ -202,13 +224,23 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
-	srv, store, src, rlsSvc := c.server, c.store, c.limits, c.rls
+	srv, store, src, rlsSvc, node := c.server, c.store, c.limits, c.rls, c.node
 	c.mu.Unlock()
 	counter := func(d *prometheus.Desc, v int64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
 	gauge := func(d *prometheus.Desc, v int64) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v))
+	}
+	if node != nil {
+		ch <- prometheus.MustNewConstMetric(descNodeInfo, prometheus.GaugeValue, 1, node.member, node.region, node.version)
+		if node.ready != nil {
+			ready := int64(0)
+			if node.ready() == nil {
+				ready = 1
+			}
+			gauge(descReady, ready)
+		}
 	}
 	if srv != nil {
 		st := srv.Stats()

@@ -280,6 +280,7 @@ func newNode(cfg NodeConfig, log *slog.Logger, sec secured, lis listeners, c cor
 	// client checks until the node has joined.
 	g.ready.sync = n.syncHealth
 	c.server.joined = func() bool { return n.joinedCluster() == nil }
+	c.metrics.AttachNode(cfg.Name, cfg.Region, cfg.Version, n.Ready)
 	n.rls = g.rls
 	return n
 }
