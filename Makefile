@@ -104,6 +104,13 @@ bench-cluster: build ## start 3 nodes on loopback, run the four sluice bench wor
 smoke: build ## start a node and query it with grpcurl, a client we did not write
 	./scripts/smoke.sh $(BIN)
 
+.PHONY: alerts-check
+PROMTOOL ?= promtool
+alerts-check: ## check deploy/prometheus (the rules, their unit tests, the scrape config) with promtool (Debian: apt-get install prometheus)
+	$(PROMTOOL) check rules deploy/prometheus/alerts.yml
+	$(PROMTOOL) test rules deploy/prometheus/alerts_test.yml
+	$(PROMTOOL) check config deploy/prometheus/prometheus.yml
+
 .PHONY: fmt-check
 fmt-check: ## fail if gofmt would change a file
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
