@@ -182,6 +182,20 @@ type NodeConfig struct {
 	// token over plaintext is refused unless it comes from loopback.
 	// (Optional)
 	TokenFile string
+	// StateDir is a directory (created 0700 when absent) where the node
+	// keeps its keys' state across a whole-cluster stop: a graceful
+	// leave that no member can take the keys from writes them to the
+	// file <name>.state there, and the next start reads them back before
+	// it takes checks (see statedir.go and docs/persistence.md). A file
+	// that is corrupt, truncated, of another format version or of another
+	// node makes StartNode fail, naming the file. Empty: counts live in
+	// memory only, and a whole-cluster stop loses them. (Optional)
+	StateDir string
+	// StateInterval, with StateDir, also writes a snapshot of the node's
+	// keys every interval, so that a crash of the whole cluster loses at
+	// most the hits of the last interval. 0: only a leave writes.
+	// (Optional)
+	StateInterval time.Duration
 
 	hooks *testHooks // tests' seams; nil: none
 }
@@ -237,6 +251,8 @@ type Node struct {
 	auth     *security.Authenticator
 	verifier *security.Verifier // nil without TLS
 	admit    chan struct{}      // capacity 1: the verifier admitted a member
+
+	state *stateDir // nil without StateDir
 }
 
 // StartNode listens on cfg.GRPCAddr and cfg.GossipAddr, starts serving
@@ -249,9 +265,10 @@ type Node struct {
 func StartNode(cfg NodeConfig) (*Node, error) {
 	// The steps, in an order that matters:
 	//
-	//  1. the config, defaulted and checked, the advertised host, and
-	//     security (protected mode, client auth, TLS and token files):
-	//     every refusal of the config comes before anything is bound;
+	//  1. the config, defaulted and checked, the advertised host,
+	//     security (protected mode, client auth, TLS and token files), and
+	//     the state dir with its file read (StateDir): every refusal of
+	//     the config comes before anything is bound;
 	//  2. the gRPC and HTTP listeners: the advertised gRPC port is the
 	//     bound one (the OS may pick it), and gossip advertises it;
 	//  3. the core: windows, metrics and the Server (its loops start);
@@ -259,7 +276,8 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	//     instance it gossips;
 	//  5. the Node with its gRPC server, health NOT_SERVING, and its
 	//     readiness set into health and Server.Check before anything
-	//     serves;
+	//     serves; the state file's keys go into the windows (or wait for
+	//     the cluster, a snapshot: see statedir.go);
 	//  6. the ring from the members gossip knows (setMembers), then the
 	//     member watch that rebuilds it, and the rest of the background
 	//     work;
@@ -278,6 +296,10 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		return nil, err
 	}
 	sec, err := loadSecurity(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	sd, saved, err := openStateDir(cfg, log)
 	if err != nil {
 		return nil, err
 	}
@@ -300,10 +322,13 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	n := newNode(cfg, log, sec, lis, c, cl, cancel)
+	n.state = sd
+	n.restoreState(saved) // before anything serves
 	n.startLoops(ctx)
 	n.serveHTTP(lis.http)
 	n.join(ctx)
 	n.serveGRPC(ctx)
+	n.stateStarted()
 	log.Info("node started", "grpc_addr", n.grpcAddr, "gossip_addr", cl.GossipAddr(), "http_addr", n.httpAddr, "region", cfg.Region)
 	return n, nil
 }
@@ -358,6 +383,7 @@ func (n *Node) setMembers() {
 		return // a test sets the members by hand
 	}
 	ms := n.cluster.Members()
+	n.settleSnapshot(ms) // before a ring with others routes checks here
 	if n.certs != nil {
 		ms = n.admitted(ms)
 	}
@@ -580,7 +606,8 @@ func (n *Node) RLS() *rls.Service { return n.rls }
 // gossip (telling the others, bounded by LeaveTimeout), the gRPC and HTTP
 // servers finish the calls in flight (bounded by ctx and 1 s), the keys
 // that such calls decided here after the hand-off are handed off too
-// (Server.FinishLeave), and background work stops.
+// (Server.FinishLeave), with StateDir the keys no member could take are
+// written there (see keepState), and background work stops.
 // It is idempotent and returns the first error.
 func (n *Node) Close(ctx context.Context) error {
 	n.closeOnce.Do(func() {
@@ -617,11 +644,12 @@ func (n *Node) Close(ctx context.Context) error {
 			<-done
 		}
 		n.stopHTTP()
+		var ferr error
 		if herr == nil && !n.refused.Load() {
 			// No call is in flight now: hand off what calls that began
 			// before the hand-off decided here after it.
 			fctx, cancel := context.WithTimeout(ctx, hto)
-			if ferr := n.server.FinishLeave(fctx); ferr != nil {
+			if ferr = n.server.FinishLeave(fctx); ferr != nil {
 				n.log.Error("hand-off of late keys incomplete", "error", ferr)
 				if err == nil {
 					err = ferr
@@ -629,6 +657,7 @@ func (n *Node) Close(ctx context.Context) error {
 			}
 			cancel()
 		}
+		n.keepState(errors.Join(herr, ferr)) // keys no member could take go to StateDir
 		n.stop()
 		n.closeErr = err
 		n.log.Info("node stopped")

@@ -72,6 +72,12 @@ func (cfg NodeConfig) withDefaults() (NodeConfig, error) {
 	if cfg.NameKeyShare == 0 {
 		cfg.NameKeyShare = DefaultNameKeyShare
 	}
+	if cfg.StateInterval < 0 {
+		return cfg, fmt.Errorf("state_interval: must be >= 0, got %s", cfg.StateInterval)
+	}
+	if cfg.StateInterval > 0 && cfg.StateDir == "" {
+		return cfg, errors.New("state_interval: needs state_dir (where the snapshots go)")
+	}
 	cfg.GRPC = cfg.GRPC.withDefaults()
 	return cfg, nil
 }
@@ -314,6 +320,9 @@ func (n *Node) startLoops(ctx context.Context) {
 	n.wg.Go(func() {
 		n.store.RunSweeper(ctx, n.cfg.SweepInterval, func(_ int, took time.Duration) { n.metrics.ObserveSweep(took) })
 	})
+	if n.state != nil && n.cfg.StateInterval > 0 {
+		n.wg.Go(func() { n.stateLoop(ctx) })
+	}
 }
 
 // serveHTTP serves the HTTP face on lis (nil: no HTTP face), with TLS

@@ -693,7 +693,12 @@ func (m *Mover) LeaveAll(ctx context.Context) error {
 	}
 	if n := m.cfg.Store.Len(); n > 0 {
 		m.Counters.MovedWithoutState.Add(int64(n))
-		return fmt.Errorf("rpc: leave: %d keys not handed off: %v", n, lastErr)
+		if lastErr == nil {
+			lastErr = ctx.Err()
+		}
+		// Wrapped: with ring.ErrNoMembers no member could take the keys
+		// (rpc keeps them in its state dir, if it has one).
+		return fmt.Errorf("rpc: leave: %d keys not handed off: %w", n, lastErr)
 	}
 	return nil
 }
