@@ -38,7 +38,8 @@ func serveCommand(e env) *cli.Command {
 			"NOT_SERVING until it has joined and its ring has settled, as /readyz does. SIGINT or SIGTERM\n" +
 			"makes it leave gracefully: health goes NOT_SERVING, it stops taking checks, hands the\n" +
 			"state of all its keys to their next owners (bounded by --handoff-timeout), leaves the\n" +
-			"gossip and exits. SIGHUP reloads --limits, --gossip-key-file, the TLS files and --token-file.\n\n" +
+			"gossip and exits; with --state-dir, keys no member can take (the whole cluster is\n" +
+			"stopping) are written there and read back at the next start. SIGHUP reloads --limits, --gossip-key-file, the TLS files and --token-file.\n\n" +
 			"Each setting comes from its flag, else from SLUICE_<FLAG>, else from the --config file.",
 		Flags: cliFlags,
 		Action: func(ctx context.Context, cmd *cli.Command) error {

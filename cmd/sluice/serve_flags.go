@@ -206,6 +206,12 @@ func serveFlags(host string) []serveFlag {
 		&durationFlag{name: "replication-interval", def: rpc.DefaultReplicationInterval,
 			usage: "how often an owner sends changed keys to their replicas; a crash loses at most the hits of the last interval plus one send",
 			to:    func(c *rpc.NodeConfig, v time.Duration) { c.Replication.Interval = v }, valid: positive[time.Duration]},
+		&stringFlag{name: "state-dir",
+			usage: "directory (created 0700 if absent) where a graceful stop that no member can take the keys from (the whole cluster stopping) writes them, and where the next start reads them back before taking checks (see docs/persistence.md); empty: counts live in memory only, and a whole-cluster stop loses them",
+			to:    func(c *rpc.NodeConfig, v string) { c.StateDir = v }},
+		&durationFlag{name: "state-interval",
+			usage: "with --state-dir, also write a snapshot of the keys this often, so that a crash of the whole cluster loses at most the hits of the last interval (0: only a graceful stop writes)",
+			to:    func(c *rpc.NodeConfig, v time.Duration) { c.StateInterval = v }, valid: nonNegative[time.Duration]},
 		&durationFlag{name: "sweep-interval", def: 5 * time.Second,
 			usage: "how often idle keys are removed",
 			to:    func(c *rpc.NodeConfig, v time.Duration) { c.SweepInterval = v }, valid: positive[time.Duration]},
@@ -364,7 +370,7 @@ var serveCheckOrder = []string{
 	"max-recv-bytes", "max-concurrent-streams", "http-max-header-bytes",
 	"keepalive-min-time", "max-connection-age-grace", "http-read-header-timeout", "http-read-timeout",
 	"http-write-timeout", "http-idle-timeout", "max-connection-age", "name", "profile", "regions",
-	"lease-base", "rls-near-limit-ratio",
+	"lease-base", "rls-near-limit-ratio", "state-interval",
 }
 
 // nodeConfig checks the values of the flags of table in cmd (in
@@ -382,6 +388,9 @@ func nodeConfig(cmd *cli.Command, table []serveFlag, cfg rpc.NodeConfig) (rpc.No
 	}
 	for _, f := range table {
 		f.apply(cmd, &cfg)
+	}
+	if cfg.StateInterval > 0 && cfg.StateDir == "" {
+		return cfg, usagef("state-interval", "needs --state-dir (where the snapshots go)")
 	}
 	if cfg.Regions != nil && !cfg.Regions.Has(cfg.Region) {
 		if cfg.Region == "local" && !cmd.IsSet("region") {
