@@ -159,7 +159,7 @@ func decodeStateFile(b []byte) (*stateFile, error) {
 	if crc32.Checksum(body, stateCRC) != sum {
 		return nil, fmt.Errorf("%w: checksum mismatch: the file is corrupt or truncated", ErrStateFile)
 	}
-	d := stateDecoder{b: body[stateHeader:]}
+	d := stateDecoder{b: body[stateHeader:], i: -1}
 	f := &stateFile{kind: stateKind(d.byte("kind"))}
 	if f.kind != stateLeave && f.kind != stateSnapshot {
 		d.fail("kind", fmt.Sprintf("unknown kind %d", byte(f.kind)))
@@ -169,27 +169,31 @@ func decodeStateFile(b []byte) (*stateFile, error) {
 	f.instance = d.string("instance", 64)
 	n := d.count("peers", 2)
 	for i := 0; i < n && d.err == nil; i++ {
+		d.i = i
 		f.peers = append(f.peers, peerInstance{
-			name:     d.string(fmt.Sprintf("peers[%d].name", i), cluster.MaxNameBytes),
-			instance: d.string(fmt.Sprintf("peers[%d].instance", i), 64),
+			name:     d.string("peers[%d].name", cluster.MaxNameBytes),
+			instance: d.string("peers[%d].instance", 64),
 		})
 	}
+	d.i = -1
 	n = d.count("keys", 3)
 	f.keys, f.states = make([]string, 0, n), make([]window.State, 0, n)
 	for i := 0; i < n && d.err == nil; i++ {
-		k := d.string(fmt.Sprintf("keys[%d].key", i), maxStoreKeyBytes)
+		d.i = i
+		k := d.string("keys[%d].key", maxStoreKeyBytes)
 		if d.err == nil && k == "" {
-			d.fail(fmt.Sprintf("keys[%d].key", i), "empty")
+			d.fail("keys[%d].key", "empty")
 		}
-		raw := d.bytes(fmt.Sprintf("keys[%d].state", i), 64)
+		raw := d.bytes("keys[%d].state", 64)
 		var st window.State
 		if d.err == nil {
 			if err := st.UnmarshalBinary(raw); err != nil {
-				d.fail(fmt.Sprintf("keys[%d].state", i), err.Error())
+				d.fail("keys[%d].state", err.Error())
 			}
 		}
 		f.keys, f.states = append(f.keys, k), append(f.states, st)
 	}
+	d.i = -1
 	if d.err == nil && len(d.b) != 0 {
 		d.fail("keys", fmt.Sprintf("%d bytes after the last key", len(d.b)))
 	}
@@ -200,14 +204,19 @@ func decodeStateFile(b []byte) (*stateFile, error) {
 }
 
 // stateDecoder reads the fields of a state file's body; its first error
-// sticks (later reads return zero values).
+// sticks (later reads return zero values). A field name with %d is of
+// entry i (formatted only in an error).
 type stateDecoder struct {
 	b   []byte
+	i   int
 	err error
 }
 
 func (d *stateDecoder) fail(field, what string) {
 	if d.err == nil {
+		if d.i >= 0 {
+			field = fmt.Sprintf(field, d.i)
+		}
 		d.err = fmt.Errorf("%w: %s: %s", ErrStateFile, field, what)
 	}
 }
