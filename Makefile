@@ -22,7 +22,7 @@ run: build ## start a local three-node cluster on loopback (Ctrl-C stops all thr
 # The join, leave, crash and restart tests again, with regions configured
 # (SLUICE_TEST_REGIONS, see rpc/helpers_test.go): inside a region the
 # exactness holds as in a single-region cluster.
-REGION_TESTS ?= JoinAndLeave|RollingReplacement|ReplacingAnOwner|JoinDuringHits|KilledOwner|Restart|StandIn|FinishLeave|CheckDecidedAsTheRingChanges|DuplicateName|Pin|Region
+REGION_TESTS ?= JoinAndLeave|RollingReplacement|ReplacingAnOwner|JoinDuringHits|KilledOwner|Restart|StandIn|FinishLeave|CheckDecidedAsTheRingChanges|DuplicateName|Pin|Region|CrashedNodeSnapshot|LeaveHandsOffOrSavesLast
 
 test: ## vet, then run every test with the race detector (and rpc's join/leave/crash tests again with regions configured, and the lab's lease scenarios alone)
 	$(GO) vet ./...

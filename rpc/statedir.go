@@ -30,12 +30,13 @@ import (
 // members (their state lives on there: a file would count it twice).
 //
 // A node starting with a state file puts the keys' states into its windows
-// before it takes any check (window.Store.MergeState: counts add to what is
-// there, and a window that has ended since counts nothing): a leave's file
-// at once, and so a snapshot when the node joins nobody (a cluster of one).
-// A snapshot of a node that joins others waits until the node sees them:
-// when one of the processes it names still runs, this node crashed alone
-// and the others hold copies of its keys (replication) that stand in for it
+// (window.Store.MergeState: counts add to what is there, and a window that
+// has ended since counts nothing): a leave's file before it takes any
+// check, and so a snapshot written while the node was alone. Any other
+// snapshot waits until the node sees another member (a node started
+// without Join serves meanwhile, from what it counts afresh): when one of
+// the processes the snapshot names still runs, this node crashed alone and
+// the others hold copies of its keys (replication) that stand in for it
 // and come back to it, so the snapshot is dropped (applying it too would
 // count those hits twice); when none does, the whole cluster went down
 // together and the snapshot is applied. Either way the file is removed once
@@ -92,14 +93,14 @@ func openStateDir(cfg NodeConfig, log *slog.Logger) (*stateDir, *stateFile, erro
 }
 
 // restoreState puts the state file f read at start (nil: none) into the
-// node's windows, or keeps a snapshot of a node that joins others for
+// node's windows, or keeps a snapshot that names other members for
 // settleSnapshot. Called before the node serves.
 func (n *Node) restoreState(f *stateFile) {
 	d := n.state
 	if d == nil || f == nil {
 		return
 	}
-	if f.kind == stateSnapshot && len(n.cfg.Join) > 0 {
+	if f.kind == stateSnapshot && len(f.peers) > 0 {
 		d.pending = f
 		d.log.Info("state snapshot read; applied once this node meets its cluster, unless processes that ran beside the one that wrote it still run",
 			"file", d.path, "keys", len(f.keys), "written", f.written.UTC())
@@ -264,7 +265,8 @@ func (n *Node) keepState(leaveErr error) {
 	defer d.mu.Unlock()
 	d.final = true
 	if d.pending != nil {
-		d.log.Info("state snapshot read at start kept: this node never met its cluster", "file", d.path)
+		d.log.Warn("state snapshot read at start kept as it was: this node never met its cluster; what it counted since its start is not saved",
+			"file", d.path, "keys", n.store.Len())
 		return
 	}
 	s := n.server
