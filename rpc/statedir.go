@@ -271,7 +271,7 @@ func (n *Node) keepState(leaveErr error) {
 	}
 	s := n.server
 	switch {
-	case n.refused.Load() || s.lastMember() || errors.Is(leaveErr, ring.ErrNoMembers):
+	case n.refused.Load() || s.noneCouldTake(leaveErr):
 		s.foldStandIns()
 		f := &stateFile{kind: stateLeave, written: time.Now(), node: n.cfg.Name, instance: n.cluster.Instance()}
 		f.keys, f.states = s.liveStates()
@@ -306,10 +306,15 @@ func (d *stateDir) remove() {
 	}
 }
 
-// lastMember reports whether Leave found no other member to hand the keys
-// to (it leaves its view as it was, this node in its ring).
-func (s *Server) lastMember() bool {
-	return s.leaving.Load() && s.view.Load().ring.Has(s.name)
+// noneCouldTake reports whether a leave's hand-off, whose error is
+// leaveErr, ended because no member could take the keys: Leave found no
+// other member (it leaves its view as it was, this node in its ring), or
+// the ring of the members left to push to was empty, every other one gone
+// or leaving too (ring.ErrNoMembers, wrapped). This is the one test of the
+// leave path's "no one to take the keys" that keepState relies on.
+func (s *Server) noneCouldTake(leaveErr error) bool {
+	last := s.leaving.Load() && s.view.Load().ring.Has(s.name)
+	return last || errors.Is(leaveErr, ring.ErrNoMembers)
 }
 
 // foldStandIns adds every key's stand-in hits (what this node admitted in

@@ -696,8 +696,6 @@ func (m *Mover) LeaveAll(ctx context.Context) error {
 		if lastErr == nil {
 			lastErr = ctx.Err()
 		}
-		// Wrapped: with ring.ErrNoMembers no member could take the keys
-		// (rpc keeps them in its state dir, if it has one).
 		return fmt.Errorf("rpc: leave: %d keys not handed off: %w", n, lastErr)
 	}
 	return nil
