@@ -3,6 +3,7 @@ package rpc
 import (
 	"context"
 	"net"
+	"strconv"
 	"testing"
 	"time"
 
@@ -108,4 +109,50 @@ func BenchmarkForwardBatchedSerial(b *testing.B) {
 			b.Fatal(fs[0].err)
 		}
 	}
+}
+
+// benchOwnerCluster starts two in-process nodes and returns node1's
+// client and a check of a key node2 owns: every call goes client ->
+// node1 -> node2 (the owner decides) and back. The limit is never reached.
+func benchOwnerCluster(b *testing.B) (sluicev1.RateLimitServiceClient, *sluicev1.CheckRequest) {
+	nodes := startInprocCluster(b, 2, windowClock())
+	key := ""
+	for i := 0; key == ""; i++ {
+		if k := "user:" + strconv.Itoa(i); nodes[0].srv.Owner("api", k) == "node2" {
+			key = k
+		}
+	}
+	return nodes[0].client, &sluicev1.CheckRequest{Checks: []*sluicev1.RateLimitCheck{{Name: "api", Key: key, Hits: proto.Int64(0), Limit: 10, WindowMs: 60000}}}
+}
+
+// BenchmarkCheckForwardedToOwner is a whole forwarded check (a peek): a
+// client's Check to node1, which forwards it through its batcher and
+// stream to the owner node2, whose ForwardStream decides it; one caller
+// at a time, so every check goes alone. Tracing is off.
+func BenchmarkCheckForwardedToOwner(b *testing.B) {
+	c, req := benchOwnerCluster(b)
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := c.Check(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkCheckForwardedToOwnerParallel is BenchmarkCheckForwardedToOwner
+// from 16 goroutines per GOMAXPROCS: checks gather in batches.
+func BenchmarkCheckForwardedToOwnerParallel(b *testing.B) {
+	c, req := benchOwnerCluster(b)
+	ctx := context.Background()
+	b.SetParallelism(16)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := c.Check(ctx, req); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
 }
