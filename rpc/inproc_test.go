@@ -78,7 +78,7 @@ func (c *inprocCluster) dialer() grpc.DialOption { return grpc.WithContextDialer
 // inprocHonours lists the NodeConfig fields the harness honours; the
 // others (gossip, TLS, tokens, readiness...) need a running node: a test
 // that sets one belongs on startNode.
-var inprocHonours = []string{"Name", "Clock", "Ring", "ForwardTimeout", "Batch", "HandOffTimeout",
+var inprocHonours = []string{"Name", "Clock", "TracerProvider", "Ring", "ForwardTimeout", "Batch", "HandOffTimeout",
 	"Replication", "SweepInterval", "MaxKeys", "OnKeyCap", "NameKeyShare", "GRPC", "HTTP", "HTTPAddr",
 	"Limits", "ServerOptions", "DialOptions", "Logger", "PeerIdentity", "hooks", "Region", "Regions", "LeaseBase"}
 

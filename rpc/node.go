@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -114,6 +115,14 @@ type NodeConfig struct {
 	// Limits holds the named limits; nil: none. The node reads it on
 	// every check; reloading it is the caller's (see limits.Source). (Optional)
 	Limits *limits.Source
+	// TracerProvider, when set, traces the forwards of checks to their
+	// owners across batches: a span per forward sent (sluice.forward)
+	// and per request received (sluice.forward.receive), each check's
+	// trace context carried in the request (see docs/tracing.md). The
+	// node's gRPC calls are traced only by what ServerOptions and
+	// DialOptions add (e.g. otelgrpc's stats handlers). nil: no spans,
+	// and forwards carry no trace context. (Optional)
+	TracerProvider trace.TracerProvider
 	// ServerOptions are added to the gRPC server's options (e.g. a stats
 	// handler for tracing). (Optional)
 	ServerOptions []grpc.ServerOption

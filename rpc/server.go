@@ -41,6 +41,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -124,6 +125,11 @@ type ServerConfig struct {
 	// own as bases (see NodeConfig.LeaseBase). 0: DefaultLeaseBase.
 	// (Optional)
 	LeaseBase float64
+	// TracerProvider, when set, traces forwards: a span per forward
+	// sent and per request received, the trace context of each check
+	// carried to its owner in the request (docs/tracing.md). nil: no
+	// spans, and requests carry no trace context. (Optional)
+	TracerProvider trace.TracerProvider
 
 	hooks *testHooks // tests' seams; nil: none
 }
@@ -204,6 +210,8 @@ type Server struct {
 	retired *forward.Retired // peers left the ring, connection closing after a grace
 
 	peerIdentity func(context.Context) (string, bool)
+	// tracer makes the forwards' spans (see tracing.go); nil: tracing off.
+	tracer trace.Tracer
 	// senderClocks: member name -> *senderClock, the estimate of its clock
 	// that forwarded deadlines are read on (see deadlineHere).
 	senderClocks sync.Map
@@ -504,6 +512,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 			return nil, fmt.Errorf("rpc: lease base: must be in (0, 1], got %v", cfg.LeaseBase)
 		}
 		s.leases = newLeases(s, cfg.LeaseBase)
+	}
+	if cfg.TracerProvider != nil {
+		s.tracer = cfg.TracerProvider.Tracer(tracerName)
 	}
 	r, _ := rings.Ring()
 	s.view.Store(&view{ring: r, members: []cluster.Member{{Name: cfg.Name, State: cluster.Alive}}, bootstrap: true})
@@ -908,7 +919,7 @@ func (s *Server) forward(ctx context.Context, p *forward.Peer, owner string, req
 			by = half
 		}
 	}
-	ds, err := p.Forward(ctx, forward.Request{Checks: checksOf(reqs, is), By: by, NoBatching: !batch})
+	ds, err := s.peerForward(ctx, p, forward.Request{Checks: checksOf(reqs, is), By: by, NoBatching: !batch})
 	if err != nil {
 		return fail(err)
 	}
@@ -1071,6 +1082,12 @@ func (c storeClock) Now() time.Time { return c.s.Now() }
 // check here, whatever this node's ring says, so a check is never forwarded
 // in a loop. A peer's input is validated like a client's.
 func (s *Server) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sluicev1.ForwardResponse, error) {
+	return s.receive(ctx, req, true)
+}
+
+// forwarded decides a forwarded request (Forward, and each request of
+// ForwardStream).
+func (s *Server) forwarded(ctx context.Context, req *sluicev1.ForwardRequest) (*sluicev1.ForwardResponse, error) {
 	reqs, fe := parseChecks(req.GetChecks(), s.limits.Current(), true) // the sender filled in named limits' numbers
 	if fe != nil {
 		return nil, invalidArgument(fe)
@@ -1201,7 +1218,7 @@ func (s *Server) reforward(ctx context.Context, v *view, owner string, reqs []re
 		err = fmt.Errorf("owner %s: no connection to it", owner)
 	} else {
 		var ds []*sluicev1.Decision
-		ds, err = p.Forward(ctx, forward.Request{Checks: checksOf(reqs, is), By: firstDeadline(reqs, is), Reforwarded: true})
+		ds, err = s.peerForward(ctx, p, forward.Request{Checks: checksOf(reqs, is), By: firstDeadline(reqs, is), Reforwarded: true})
 		if err == nil {
 			if late := s.answered(owner, is, ds, out); len(late) > 0 {
 				s.answerUnavailable(ctx, reqs, late, out)

@@ -462,7 +462,7 @@ func (s *Server) unsettledDecide(ctx context.Context, v *view, mi *custody.Movin
 		return s.standInDecide(key, r, "")
 	}
 	s.stats.standInForwarded.Add(1)
-	ds, err := v.peers[h].Forward(ctx, forward.Request{Checks: checksOf([]request{r}, []int{0}), By: firstDeadline([]request{r}, []int{0}),
+	ds, err := s.peerForward(ctx, v.peers[h], forward.Request{Checks: checksOf([]request{r}, []int{0}), By: firstDeadline([]request{r}, []int{0}),
 		Reforwarded: true, StandIn: true, UnreachableOwner: prev})
 	if err == nil && ds[0].Error == "" {
 		ds[0].Degraded = true
@@ -579,7 +579,7 @@ func (s *Server) standInForward(ctx context.Context, v *view, h string, reqs []r
 		}
 	}
 	s.stats.standInForwarded.Add(int64(len(is)))
-	ds, err := v.peers[h].Forward(ctx, forward.Request{Checks: checksOf(reqs, is), By: firstDeadline(reqs, is),
+	ds, err := s.peerForward(ctx, v.peers[h], forward.Request{Checks: checksOf(reqs, is), By: firstDeadline(reqs, is),
 		StandIn: true, UnreachableOwner: owner})
 	var buf []byte
 	for j, i := range is {

@@ -181,6 +181,7 @@ func newCore(cfg NodeConfig, sec secured, log *slog.Logger) (core, error) {
 		HandOffTimeout: cfg.HandOffTimeout, Replication: cfg.Replication,
 		PeerCredentials: security.PeerCredentials(sec.certs),
 		MaxInflight:     max(cfg.GRPC.MaxInflight, 0), PeerIdentity: peerIdentity, hooks: cfg.hooks,
+		TracerProvider: cfg.TracerProvider,
 	})
 	if err != nil {
 		return core{}, err

@@ -43,7 +43,7 @@ func (s *Server) ForwardStream(stream sluicev1.PeerService_ForwardStreamServer) 
 			}
 			// Decided here means counted: its answer is sent before the
 			// handler may return.
-			resp, err := s.Forward(stream.Context(), req)
+			resp, err := s.receive(stream.Context(), req, false)
 			if err != nil {
 				resp = &sluicev1.ForwardResponse{Error: status.Convert(err).Message()}
 			}

@@ -807,8 +807,17 @@ type ForwardRequest struct {
 	// next), or as owner if its ring already gives it the key.
 	StandIn          bool   `protobuf:"varint,7,opt,name=stand_in,json=standIn,proto3" json:"stand_in,omitempty"`
 	UnreachableOwner string `protobuf:"bytes,8,opt,name=unreachable_owner,json=unreachableOwner,proto3" json:"unreachable_owner,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The trace context of each check, in runs: the first run covers the
+	// first traces[0].checks checks, the next one the checks after them, and
+	// so on (a batch holds one run per request it gathered). Empty when the
+	// sender traces nothing (tracing off): then it costs nothing on the
+	// wire. The receiver's span for the request is a child of the one
+	// context when the runs carry one trace, and links to each otherwise
+	// (docs/tracing.md). Never a reason to refuse a request: a malformed
+	// run is ignored.
+	Traces        []*TraceContext `protobuf:"bytes,10,rep,name=traces,proto3" json:"traces,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ForwardRequest) Reset() {
@@ -904,6 +913,96 @@ func (x *ForwardRequest) GetUnreachableOwner() string {
 	return ""
 }
 
+func (x *ForwardRequest) GetTraces() []*TraceContext {
+	if x != nil {
+		return x.Traces
+	}
+	return nil
+}
+
+// TraceContext is the W3C trace context (https://www.w3.org/TR/trace-context/)
+// of the sender's span for a run of a ForwardRequest's checks, in binary.
+type TraceContext struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many consecutive checks of the request the run covers, >= 1.
+	Checks uint32 `protobuf:"varint,1,opt,name=checks,proto3" json:"checks,omitempty"`
+	// The trace id, 16 bytes; empty: the run's checks were sent untraced.
+	TraceId []byte `protobuf:"bytes,2,opt,name=trace_id,json=traceId,proto3" json:"trace_id,omitempty"`
+	// The sender's span id (its forward's span), 8 bytes.
+	SpanId []byte `protobuf:"bytes,3,opt,name=span_id,json=spanId,proto3" json:"span_id,omitempty"`
+	// The W3C trace-flags (bit 0: sampled).
+	Flags uint32 `protobuf:"varint,4,opt,name=flags,proto3" json:"flags,omitempty"`
+	// The W3C tracestate header's value; usually empty.
+	TraceState    string `protobuf:"bytes,5,opt,name=trace_state,json=traceState,proto3" json:"trace_state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TraceContext) Reset() {
+	*x = TraceContext{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TraceContext) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TraceContext) ProtoMessage() {}
+
+func (x *TraceContext) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TraceContext.ProtoReflect.Descriptor instead.
+func (*TraceContext) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *TraceContext) GetChecks() uint32 {
+	if x != nil {
+		return x.Checks
+	}
+	return 0
+}
+
+func (x *TraceContext) GetTraceId() []byte {
+	if x != nil {
+		return x.TraceId
+	}
+	return nil
+}
+
+func (x *TraceContext) GetSpanId() []byte {
+	if x != nil {
+		return x.SpanId
+	}
+	return nil
+}
+
+func (x *TraceContext) GetFlags() uint32 {
+	if x != nil {
+		return x.Flags
+	}
+	return 0
+}
+
+func (x *TraceContext) GetTraceState() string {
+	if x != nil {
+		return x.TraceState
+	}
+	return ""
+}
+
 type ForwardResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One decision per check, in request order.
@@ -916,7 +1015,7 @@ type ForwardResponse struct {
 
 func (x *ForwardResponse) Reset() {
 	*x = ForwardResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -928,7 +1027,7 @@ func (x *ForwardResponse) String() string {
 func (*ForwardResponse) ProtoMessage() {}
 
 func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -941,7 +1040,7 @@ func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardResponse.ProtoReflect.Descriptor instead.
 func (*ForwardResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{5}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ForwardResponse) GetDecisions() []*Decision {
@@ -966,7 +1065,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -978,7 +1077,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -991,7 +1090,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{6}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{7}
 }
 
 // Member is one node of the cluster.
@@ -1015,7 +1114,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1027,7 +1126,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1040,7 +1139,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{7}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Member) GetName() string {
@@ -1110,7 +1209,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1122,7 +1221,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1135,7 +1234,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *MembersResponse) GetMembers() []*Member {
@@ -1188,7 +1287,7 @@ type KeyState struct {
 
 func (x *KeyState) Reset() {
 	*x = KeyState{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1200,7 +1299,7 @@ func (x *KeyState) String() string {
 func (*KeyState) ProtoMessage() {}
 
 func (x *KeyState) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1213,7 +1312,7 @@ func (x *KeyState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyState.ProtoReflect.Descriptor instead.
 func (*KeyState) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *KeyState) GetKey() []byte {
@@ -1286,7 +1385,7 @@ type HandOffRequest struct {
 
 func (x *HandOffRequest) Reset() {
 	*x = HandOffRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1298,7 +1397,7 @@ func (x *HandOffRequest) String() string {
 func (*HandOffRequest) ProtoMessage() {}
 
 func (x *HandOffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1311,7 +1410,7 @@ func (x *HandOffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandOffRequest.ProtoReflect.Descriptor instead.
 func (*HandOffRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *HandOffRequest) GetSender() string {
@@ -1396,7 +1495,7 @@ type HandOffResponse struct {
 
 func (x *HandOffResponse) Reset() {
 	*x = HandOffResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1408,7 +1507,7 @@ func (x *HandOffResponse) String() string {
 func (*HandOffResponse) ProtoMessage() {}
 
 func (x *HandOffResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1421,7 +1520,7 @@ func (x *HandOffResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandOffResponse.ProtoReflect.Descriptor instead.
 func (*HandOffResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *HandOffResponse) GetMerged() int64 {
@@ -1452,7 +1551,7 @@ type PullRequest struct {
 
 func (x *PullRequest) Reset() {
 	*x = PullRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1464,7 +1563,7 @@ func (x *PullRequest) String() string {
 func (*PullRequest) ProtoMessage() {}
 
 func (x *PullRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1477,7 +1576,7 @@ func (x *PullRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullRequest.ProtoReflect.Descriptor instead.
 func (*PullRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PullRequest) GetSender() string {
@@ -1519,7 +1618,7 @@ type PullResponse struct {
 
 func (x *PullResponse) Reset() {
 	*x = PullResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1531,7 +1630,7 @@ func (x *PullResponse) String() string {
 func (*PullResponse) ProtoMessage() {}
 
 func (x *PullResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1544,7 +1643,7 @@ func (x *PullResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullResponse.ProtoReflect.Descriptor instead.
 func (*PullResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PullResponse) GetStates() []*KeyState {
@@ -1584,7 +1683,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1596,7 +1695,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1609,7 +1708,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReplicateRequest) GetSender() string {
@@ -1641,7 +1740,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1653,7 +1752,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1666,7 +1765,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
 }
 
 // LeaseMessage is one message about one key's window of a global limit.
@@ -1734,7 +1833,7 @@ type LeaseMessage struct {
 
 func (x *LeaseMessage) Reset() {
 	*x = LeaseMessage{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1746,7 +1845,7 @@ func (x *LeaseMessage) String() string {
 func (*LeaseMessage) ProtoMessage() {}
 
 func (x *LeaseMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1759,7 +1858,7 @@ func (x *LeaseMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseMessage.ProtoReflect.Descriptor instead.
 func (*LeaseMessage) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LeaseMessage) GetKind() LeaseKind {
@@ -1914,7 +2013,7 @@ type LeaseRequest struct {
 
 func (x *LeaseRequest) Reset() {
 	*x = LeaseRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1926,7 +2025,7 @@ func (x *LeaseRequest) String() string {
 func (*LeaseRequest) ProtoMessage() {}
 
 func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1939,7 +2038,7 @@ func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseRequest.ProtoReflect.Descriptor instead.
 func (*LeaseRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LeaseRequest) GetSender() string {
@@ -1966,7 +2065,7 @@ type LeaseResponse struct {
 
 func (x *LeaseResponse) Reset() {
 	*x = LeaseResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1978,7 +2077,7 @@ func (x *LeaseResponse) String() string {
 func (*LeaseResponse) ProtoMessage() {}
 
 func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1991,7 +2090,7 @@ func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseResponse.ProtoReflect.Descriptor instead.
 func (*LeaseResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *LeaseResponse) GetMessages() []*LeaseMessage {
@@ -2045,7 +2144,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x06checks\x18\x01 \x03(\v2\x19.sluice.v1.RateLimitCheckR\x06checks\x12$\n" +
 	"\x0eall_or_nothing\x18\x02 \x01(\bR\fallOrNothing\"B\n" +
 	"\rCheckResponse\x121\n" +
-	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\"\xdb\x02\n" +
+	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\"\x8c\x03\n" +
 	"\x0eForwardRequest\x121\n" +
 	"\x06checks\x18\x01 \x03(\v2\x19.sluice.v1.RateLimitCheckR\x06checks\x12\x16\n" +
 	"\x06sender\x18\x02 \x01(\tR\x06sender\x12)\n" +
@@ -2057,7 +2156,16 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\fsent_unix_ns\x18\t \x01(\x03R\n" +
 	"sentUnixNs\x12\x19\n" +
 	"\bstand_in\x18\a \x01(\bR\astandIn\x12+\n" +
-	"\x11unreachable_owner\x18\b \x01(\tR\x10unreachableOwner\"Z\n" +
+	"\x11unreachable_owner\x18\b \x01(\tR\x10unreachableOwner\x12/\n" +
+	"\x06traces\x18\n" +
+	" \x03(\v2\x17.sluice.v1.TraceContextR\x06traces\"\x91\x01\n" +
+	"\fTraceContext\x12\x16\n" +
+	"\x06checks\x18\x01 \x01(\rR\x06checks\x12\x19\n" +
+	"\btrace_id\x18\x02 \x01(\fR\atraceId\x12\x17\n" +
+	"\aspan_id\x18\x03 \x01(\fR\x06spanId\x12\x14\n" +
+	"\x05flags\x18\x04 \x01(\rR\x05flags\x12\x1f\n" +
+	"\vtrace_state\x18\x05 \x01(\tR\n" +
+	"traceState\"Z\n" +
 	"\x0fForwardResponse\x121\n" +
 	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\"\x10\n" +
@@ -2187,7 +2295,7 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),              // 0: sluice.v1.Algorithm
 	(Scope)(0),                  // 1: sluice.v1.Scope
@@ -2198,20 +2306,21 @@ var file_sluice_v1_sluice_proto_goTypes = []any{
 	(*CheckRequest)(nil),        // 6: sluice.v1.CheckRequest
 	(*CheckResponse)(nil),       // 7: sluice.v1.CheckResponse
 	(*ForwardRequest)(nil),      // 8: sluice.v1.ForwardRequest
-	(*ForwardResponse)(nil),     // 9: sluice.v1.ForwardResponse
-	(*MembersRequest)(nil),      // 10: sluice.v1.MembersRequest
-	(*Member)(nil),              // 11: sluice.v1.Member
-	(*MembersResponse)(nil),     // 12: sluice.v1.MembersResponse
-	(*KeyState)(nil),            // 13: sluice.v1.KeyState
-	(*HandOffRequest)(nil),      // 14: sluice.v1.HandOffRequest
-	(*HandOffResponse)(nil),     // 15: sluice.v1.HandOffResponse
-	(*PullRequest)(nil),         // 16: sluice.v1.PullRequest
-	(*PullResponse)(nil),        // 17: sluice.v1.PullResponse
-	(*ReplicateRequest)(nil),    // 18: sluice.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),   // 19: sluice.v1.ReplicateResponse
-	(*LeaseMessage)(nil),        // 20: sluice.v1.LeaseMessage
-	(*LeaseRequest)(nil),        // 21: sluice.v1.LeaseRequest
-	(*LeaseResponse)(nil),       // 22: sluice.v1.LeaseResponse
+	(*TraceContext)(nil),        // 9: sluice.v1.TraceContext
+	(*ForwardResponse)(nil),     // 10: sluice.v1.ForwardResponse
+	(*MembersRequest)(nil),      // 11: sluice.v1.MembersRequest
+	(*Member)(nil),              // 12: sluice.v1.Member
+	(*MembersResponse)(nil),     // 13: sluice.v1.MembersResponse
+	(*KeyState)(nil),            // 14: sluice.v1.KeyState
+	(*HandOffRequest)(nil),      // 15: sluice.v1.HandOffRequest
+	(*HandOffResponse)(nil),     // 16: sluice.v1.HandOffResponse
+	(*PullRequest)(nil),         // 17: sluice.v1.PullRequest
+	(*PullResponse)(nil),        // 18: sluice.v1.PullResponse
+	(*ReplicateRequest)(nil),    // 19: sluice.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),   // 20: sluice.v1.ReplicateResponse
+	(*LeaseMessage)(nil),        // 21: sluice.v1.LeaseMessage
+	(*LeaseRequest)(nil),        // 22: sluice.v1.LeaseRequest
+	(*LeaseResponse)(nil),       // 23: sluice.v1.LeaseResponse
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	0,  // 0: sluice.v1.RateLimitCheck.algorithm:type_name -> sluice.v1.Algorithm
@@ -2221,37 +2330,38 @@ var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	4,  // 4: sluice.v1.CheckRequest.checks:type_name -> sluice.v1.RateLimitCheck
 	5,  // 5: sluice.v1.CheckResponse.decisions:type_name -> sluice.v1.Decision
 	4,  // 6: sluice.v1.ForwardRequest.checks:type_name -> sluice.v1.RateLimitCheck
-	5,  // 7: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
-	11, // 8: sluice.v1.MembersResponse.members:type_name -> sluice.v1.Member
-	13, // 9: sluice.v1.HandOffRequest.states:type_name -> sluice.v1.KeyState
-	13, // 10: sluice.v1.PullResponse.states:type_name -> sluice.v1.KeyState
-	13, // 11: sluice.v1.PullResponse.replicas:type_name -> sluice.v1.KeyState
-	13, // 12: sluice.v1.PullResponse.stand_in:type_name -> sluice.v1.KeyState
-	13, // 13: sluice.v1.ReplicateRequest.states:type_name -> sluice.v1.KeyState
-	3,  // 14: sluice.v1.LeaseMessage.kind:type_name -> sluice.v1.LeaseKind
-	20, // 15: sluice.v1.LeaseRequest.messages:type_name -> sluice.v1.LeaseMessage
-	20, // 16: sluice.v1.LeaseResponse.messages:type_name -> sluice.v1.LeaseMessage
-	6,  // 17: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
-	10, // 18: sluice.v1.RateLimitService.Members:input_type -> sluice.v1.MembersRequest
-	8,  // 19: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
-	8,  // 20: sluice.v1.PeerService.ForwardStream:input_type -> sluice.v1.ForwardRequest
-	14, // 21: sluice.v1.PeerService.HandOff:input_type -> sluice.v1.HandOffRequest
-	16, // 22: sluice.v1.PeerService.Pull:input_type -> sluice.v1.PullRequest
-	18, // 23: sluice.v1.PeerService.Replicate:input_type -> sluice.v1.ReplicateRequest
-	21, // 24: sluice.v1.PeerService.Lease:input_type -> sluice.v1.LeaseRequest
-	7,  // 25: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
-	12, // 26: sluice.v1.RateLimitService.Members:output_type -> sluice.v1.MembersResponse
-	9,  // 27: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
-	9,  // 28: sluice.v1.PeerService.ForwardStream:output_type -> sluice.v1.ForwardResponse
-	15, // 29: sluice.v1.PeerService.HandOff:output_type -> sluice.v1.HandOffResponse
-	17, // 30: sluice.v1.PeerService.Pull:output_type -> sluice.v1.PullResponse
-	19, // 31: sluice.v1.PeerService.Replicate:output_type -> sluice.v1.ReplicateResponse
-	22, // 32: sluice.v1.PeerService.Lease:output_type -> sluice.v1.LeaseResponse
-	25, // [25:33] is the sub-list for method output_type
-	17, // [17:25] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	9,  // 7: sluice.v1.ForwardRequest.traces:type_name -> sluice.v1.TraceContext
+	5,  // 8: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
+	12, // 9: sluice.v1.MembersResponse.members:type_name -> sluice.v1.Member
+	14, // 10: sluice.v1.HandOffRequest.states:type_name -> sluice.v1.KeyState
+	14, // 11: sluice.v1.PullResponse.states:type_name -> sluice.v1.KeyState
+	14, // 12: sluice.v1.PullResponse.replicas:type_name -> sluice.v1.KeyState
+	14, // 13: sluice.v1.PullResponse.stand_in:type_name -> sluice.v1.KeyState
+	14, // 14: sluice.v1.ReplicateRequest.states:type_name -> sluice.v1.KeyState
+	3,  // 15: sluice.v1.LeaseMessage.kind:type_name -> sluice.v1.LeaseKind
+	21, // 16: sluice.v1.LeaseRequest.messages:type_name -> sluice.v1.LeaseMessage
+	21, // 17: sluice.v1.LeaseResponse.messages:type_name -> sluice.v1.LeaseMessage
+	6,  // 18: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
+	11, // 19: sluice.v1.RateLimitService.Members:input_type -> sluice.v1.MembersRequest
+	8,  // 20: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
+	8,  // 21: sluice.v1.PeerService.ForwardStream:input_type -> sluice.v1.ForwardRequest
+	15, // 22: sluice.v1.PeerService.HandOff:input_type -> sluice.v1.HandOffRequest
+	17, // 23: sluice.v1.PeerService.Pull:input_type -> sluice.v1.PullRequest
+	19, // 24: sluice.v1.PeerService.Replicate:input_type -> sluice.v1.ReplicateRequest
+	22, // 25: sluice.v1.PeerService.Lease:input_type -> sluice.v1.LeaseRequest
+	7,  // 26: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
+	13, // 27: sluice.v1.RateLimitService.Members:output_type -> sluice.v1.MembersResponse
+	10, // 28: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
+	10, // 29: sluice.v1.PeerService.ForwardStream:output_type -> sluice.v1.ForwardResponse
+	16, // 30: sluice.v1.PeerService.HandOff:output_type -> sluice.v1.HandOffResponse
+	18, // 31: sluice.v1.PeerService.Pull:output_type -> sluice.v1.PullResponse
+	20, // 32: sluice.v1.PeerService.Replicate:output_type -> sluice.v1.ReplicateResponse
+	23, // 33: sluice.v1.PeerService.Lease:output_type -> sluice.v1.LeaseResponse
+	26, // [26:34] is the sub-list for method output_type
+	18, // [18:26] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -2266,7 +2376,7 @@ func file_sluice_v1_sluice_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   19,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

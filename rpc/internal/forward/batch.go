@@ -61,8 +61,9 @@ var errBatcherStopped = errors.New("peer removed from the ring")
 // request's order.
 type pending struct {
 	checks   []*sluicev1.RateLimitCheck
-	deadline time.Time  // enqueue time + forward timeout: no answer after it
-	reply    chan reply // capacity 1: the batcher never blocks on a caller
+	deadline time.Time              // enqueue time + forward timeout: no answer after it
+	reply    chan reply             // capacity 1: the batcher never blocks on a caller
+	trace    *sluicev1.TraceContext // the sender's span for the checks; nil: untraced
 }
 
 // reply answers a pending: one decision per check, in order, or err.
@@ -134,6 +135,12 @@ func (b *batcher) enqueue(ctx context.Context, checks ...*sluicev1.RateLimitChec
 // enqueueBy is enqueue with a deadline of the caller's (zero: none) that
 // the checks' own deadline (now plus the forward timeout) may not pass.
 func (b *batcher) enqueueBy(ctx context.Context, by time.Time, checks ...*sluicev1.RateLimitCheck) (*pending, error) {
+	return b.enqueueTraced(ctx, by, nil, checks...)
+}
+
+// enqueueTraced is enqueueBy with the trace context of the sender's span
+// for the checks (nil: untraced), which their batch carries to the owner.
+func (b *batcher) enqueueTraced(ctx context.Context, by time.Time, trace *sluicev1.TraceContext, checks ...*sluicev1.RateLimitCheck) (*pending, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -141,7 +148,7 @@ func (b *batcher) enqueueBy(ctx context.Context, by time.Time, checks ...*sluice
 	if !by.IsZero() && by.Before(deadline) {
 		deadline = by
 	}
-	p := &pending{checks: checks, deadline: deadline, reply: make(chan reply, 1)}
+	p := &pending{checks: checks, deadline: deadline, reply: make(chan reply, 1), trace: trace}
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -281,17 +288,37 @@ func (b *batcher) send(batches ...[]*pending) {
 			batches = append(batches, b.answer(batch, nil, fmt.Errorf("owner %s unavailable: %w", b.p.name, errQueueDeadline), false)...)
 			continue
 		}
-		n := 0
+		n, traced := 0, false
 		for _, p := range batch {
 			n += len(p.checks)
+			traced = traced || p.trace != nil
 		}
 		checks := make([]*sluicev1.RateLimitCheck, 0, n)
 		for _, p := range batch {
 			checks = append(checks, p.checks...)
 		}
 		req := b.p.request(nil, checks, deadline)
+		if traced {
+			req.Traces = traces(batch)
+		}
 		startCall(b.p, deadline, req, func(ds []*sluicev1.Decision, err error) { b.answer(batch, ds, err, true) })
 	}
+}
+
+// traces returns the trace contexts of a batch's checks, one run per
+// pending, in order: the pending's own (its checks field set to its
+// checks), or an empty run for an untraced one.
+func traces(batch []*pending) []*sluicev1.TraceContext {
+	out := make([]*sluicev1.TraceContext, len(batch))
+	for i, p := range batch {
+		t := p.trace
+		if t == nil {
+			t = &sluicev1.TraceContext{}
+		}
+		t.Checks = uint32(len(p.checks))
+		out[i] = t
+	}
+	return out
 }
 
 // answer hands each check of an ended call its decision (or err), and takes

@@ -162,6 +162,11 @@ type Request struct {
 	// unreachable owner, UnreachableOwner (a member name). (Optional)
 	StandIn          bool
 	UnreachableOwner string
+	// Trace is the trace context of the sender's span for these checks,
+	// carried to the receiver with them (in a batch, one run per
+	// request: ForwardRequest.traces); its checks field is set here. nil:
+	// untraced, and nothing is carried. (Optional)
+	Trace *sluicev1.TraceContext
 }
 
 // Forward sends r's checks to the peer and returns its decisions, one per
@@ -191,7 +196,7 @@ func (p *Peer) Forward(ctx context.Context, r Request) ([]*sluicev1.Decision, er
 		deadline = r.By
 	}
 	if !r.NoBatching && !r.Reforwarded && !r.StandIn {
-		return p.batched(ctx, deadline, r.Checks)
+		return p.batched(ctx, deadline, r.Checks, r.Trace)
 	}
 	cctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
@@ -211,8 +216,8 @@ func (p *Peer) Forward(ctx context.Context, r Request) ([]*sluicev1.Decision, er
 
 // batched queues checks in the peer's batcher, bounded by deadline, and
 // waits for their decisions.
-func (p *Peer) batched(ctx context.Context, deadline time.Time, checks []*sluicev1.RateLimitCheck) ([]*sluicev1.Decision, error) {
-	q, err := p.batcher.enqueueBy(ctx, deadline, checks...)
+func (p *Peer) batched(ctx context.Context, deadline time.Time, checks []*sluicev1.RateLimitCheck, trace *sluicev1.TraceContext) ([]*sluicev1.Decision, error) {
+	q, err := p.batcher.enqueueTraced(ctx, deadline, trace, checks...)
 	if err != nil {
 		return nil, fmt.Errorf("owner %s: %w", p.name, err)
 	}
@@ -234,13 +239,18 @@ func (p *Peer) batched(ctx context.Context, deadline time.Time, checks []*sluice
 // request returns the ForwardRequest of checks that the sender waits for
 // until deadline, with all that a forward carries: this node's name, its
 // ring fingerprint and epoch now, the deadline the receiver applies by
-// (applyBy), r's flags (r nil: a batch, which has none) and the time of
+// (applyBy), r's flags and trace context (r nil: a batch, which has no
+// flags, and whose trace contexts the batcher sets) and the time of
 // sending, now. The batcher and Forward build every request with it, as
 // they send it.
 func (p *Peer) request(r *Request, checks []*sluicev1.RateLimitCheck, deadline time.Time) *sluicev1.ForwardRequest {
 	req := &sluicev1.ForwardRequest{Sender: p.sender, Checks: checks, DeadlineUnixNs: applyBy(deadline)}
 	if r != nil {
 		req.Reforwarded, req.StandIn, req.UnreachableOwner = r.Reforwarded, r.StandIn, r.UnreachableOwner
+		if r.Trace != nil {
+			r.Trace.Checks = uint32(len(checks))
+			req.Traces = []*sluicev1.TraceContext{r.Trace}
+		}
 	}
 	if p.view != nil {
 		req.RingFingerprint, req.RingEpoch = p.view()
