@@ -32,6 +32,10 @@
 // dies with the call in flight); the client accepts that over failing the
 // request.
 //
+// With [Config.TracerProvider] set, each call is an OpenTelemetry span
+// ([SpanCheck]) whose trace context the node receives, so a trace follows
+// the check to the node and on to the key's owner (docs/tracing.md).
+//
 // The package imports only sluice's generated API types (rpc/sluicev1),
 // never the server.
 package client
@@ -50,6 +54,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -358,6 +363,14 @@ type Config struct {
 	// Now is the client's clock, used only to skip failed nodes. Default
 	// time.Now. (Optional)
 	Now func() time.Time
+	// TracerProvider, when set, traces every Check and CheckAll call: a
+	// span SpanCheck (kind client, a child of the call's context's span)
+	// whose W3C trace context goes to the node in the call's metadata
+	// (traceparent), so that the node's spans, and its owner's, join the
+	// trace. Its attributes name the limits and count the checks, the
+	// nodes tried and the answers; never a key or an address (see
+	// docs/tracing.md). nil: no spans, and nothing is sent. (Optional)
+	TracerProvider trace.TracerProvider
 }
 
 // node is one address and its connection.
@@ -382,6 +395,7 @@ type shared struct {
 	closed atomic.Bool
 	once   sync.Once
 	log    *slog.Logger
+	tracer trace.Tracer // nil: no spans
 }
 
 // New validates cfg and returns a Client. Connections are made lazily, so
@@ -416,6 +430,9 @@ func New(cfg Config) (*Client, error) {
 		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	}
 	c := &Client{shared: &shared{cfg: cfg, log: cfg.Logger.With("package", "client")}, mode: cfg.FailureMode}
+	if cfg.TracerProvider != nil {
+		c.tracer = cfg.TracerProvider.Tracer(tracerName)
+	}
 	for i, addr := range cfg.Addrs {
 		if addr == "" {
 			c.closeConns()
@@ -558,8 +575,17 @@ func (c *Client) CheckAll(ctx context.Context, checks []Check) ([]Decision, erro
 }
 
 // check is Check and CheckAll; field names the checks in errors ("":
-// one check, named by its fields alone).
+// one check, named by its fields alone). With tracing on it is the span
+// SpanCheck.
 func (c *Client) check(ctx context.Context, chs []Check, field string) ([]Decision, error) {
+	ctx, tr := c.startCall(ctx, chs, field != "")
+	ds, err := c.send(ctx, chs, field, tr)
+	tr.end(ds, err)
+	return ds, err
+}
+
+// send is check's work; tr (nil: untraced) hears of each attempt.
+func (c *Client) send(ctx context.Context, chs []Check, field string, tr *callTrace) ([]Decision, error) {
 	if c.closed.Load() {
 		return nil, ErrClosed
 	}
@@ -596,6 +622,7 @@ func (c *Client) check(ctx context.Context, chs []Check, field string) ([]Decisi
 		}
 		if err != nil {
 			code := status.Code(err)
+			tr.failed(code)
 			if code == codes.InvalidArgument || (code == codes.Internal && strings.Contains(status.Convert(err).Message(), "invalid UTF-8")) {
 				return nil, fmt.Errorf("%w: %s", ErrInvalid, status.Convert(err).Message())
 			}
@@ -607,6 +634,7 @@ func (c *Client) check(ctx context.Context, chs []Check, field string) ([]Decisi
 			last = fmt.Errorf("%w: node %s: %s", ErrUnavailable, n.addr, code)
 			continue
 		}
+		tr.answered()
 		return c.answer(ctx, n, chs, resp.Decisions)
 	}
 	if err := ctx.Err(); err != nil {
