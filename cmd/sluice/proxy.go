@@ -101,13 +101,14 @@ type proxyConfig struct {
 	logLevel      string
 	logFormat     string
 	logTo         io.Writer
+	otelEnv       func(string) (string, bool) // the OTEL_* variables (tracing); nil: no tracing
 }
 
 // proxyConfigOf reads and checks the proxy's flags (and the rules file
 // and the client auth files); the error is a usageError naming the flag.
 func proxyConfigOf(cmd *cli.Command, e env) (proxyConfig, error) {
 	cfg := proxyConfig{listen: cmd.String("listen"), admin: cmd.String("admin-addr"), logEvery: proxyLogEvery, now: time.Now,
-		logLevel: cmd.String("log-level"), logFormat: cmd.String("log-format"), logTo: cmd.Root().ErrWriter}
+		logLevel: cmd.String("log-level"), logFormat: cmd.String("log-format"), logTo: cmd.Root().ErrWriter, otelEnv: e.getenv}
 	if _, err := newLogger(cfg.logLevel, cfg.logFormat, io.Discard); err != nil {
 		return cfg, err
 	}
@@ -174,7 +175,13 @@ func runProxy(ctx context.Context, cfg proxyConfig, started func(addr, admin str
 		return err
 	}
 	logger := slog.New(newThrottleHandler(base.Handler(), cfg.logEvery, cfg.now))
-	c, err := client.New(client.Config{Addrs: cfg.addrs, Timeout: cfg.rules.Timeout, FailureMode: cfg.rules.Failure, Logger: logger, DialOptions: cfg.dial})
+	tp, stopTracing, err := proxyTracing(ctx, cfg.otelEnv, logger)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	c, err := client.New(client.Config{Addrs: cfg.addrs, Timeout: cfg.rules.Timeout, FailureMode: cfg.rules.Failure, Logger: logger, DialOptions: cfg.dial,
+		TracerProvider: tp})
 	if err != nil {
 		return usagef("cluster", "%v", err)
 	}
@@ -223,7 +230,7 @@ func runProxy(ctx context.Context, cfg proxyConfig, started func(addr, admin str
 	var wg sync.WaitGroup
 	wg.Go(func() { watch.run(wctx, cfg.probeInterval) })
 	defer func() { stopWatch(); wg.Wait() }()
-	srv := cfg.server.Apply(&http.Server{Handler: maxBody(h, cfg.maxBody)})
+	srv := cfg.server.Apply(&http.Server{Handler: maxBody(withTraceContext(h, tp), cfg.maxBody)})
 	ready, _ := watch.state()
 	logger.Info("proxy listening", "listen", lis.Addr().String(), "admin", adminAddr, "upstream", cfg.upstream.String(),
 		"cluster", strings.Join(cfg.addrs, ","), "rules", len(cfg.rules.Rules), "cluster_ready", ready,

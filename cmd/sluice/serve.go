@@ -62,7 +62,7 @@ func serveCommand(e env) *cli.Command {
 			if want, warn := tracingWanted(e.getenv); warn != "" {
 				logger.Warn(warn)
 			} else if want {
-				tr, err := setupTracing(ctx, logger.With("component", "tracing"))
+				tr, err := setupTracing(ctx, logger.With("component", "tracing"), "sluice", cfg.Name)
 				if err != nil {
 					return cli.Exit("tracing: "+err.Error(), exitFailure)
 				}
@@ -71,7 +71,7 @@ func serveCommand(e env) *cli.Command {
 					defer cancel()
 					_ = tr.shutdown(sctx) // flushes the last spans
 				}()
-				cfg.ServerOptions, cfg.DialOptions = tr.server, tr.dial
+				cfg.ServerOptions, cfg.DialOptions, cfg.TracerProvider = tr.server, tr.dial, tr.provider
 				logger.Info("tracing RPCs with OpenTelemetry (OTLP)")
 			}
 			if gc, set := defaultGCPercent(e.getenv); set {
