@@ -118,10 +118,11 @@ type NodeConfig struct {
 	// TracerProvider, when set, traces the forwards of checks to their
 	// owners across batches: a span per forward sent (sluice.forward)
 	// and per request received (sluice.forward.receive), each check's
-	// trace context carried in the request (see docs/tracing.md). The
-	// node's gRPC calls are traced only by what ServerOptions and
-	// DialOptions add (e.g. otelgrpc's stats handlers). nil: no spans,
-	// and forwards carry no trace context. (Optional)
+	// trace context carried in the request (see docs/tracing.md); the
+	// HTTP face takes its requests' W3C traceparent. The node's gRPC
+	// calls are traced only by what ServerOptions and DialOptions add
+	// (e.g. otelgrpc's stats handlers). nil: no spans, and forwards
+	// carry no trace context. (Optional)
 	TracerProvider trace.TracerProvider
 	// ServerOptions are added to the gRPC server's options (e.g. a stats
 	// handler for tracing). (Optional)

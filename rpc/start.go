@@ -337,6 +337,9 @@ func (n *Node) serveHTTP(lis net.Listener) {
 		n.log.Error("no HTTP face", "error", err)
 		return
 	}
+	if n.cfg.TracerProvider != nil {
+		h = withTraceContext(h)
+	}
 	n.http = n.cfg.HTTP.Apply(&http.Server{Handler: h, ErrorLog: httpErrorLog(n.log)})
 	if n.certs != nil {
 		// Any mode: /healthz and /readyz stay open to probes

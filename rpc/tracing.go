@@ -2,9 +2,11 @@ package rpc
 
 import (
 	"context"
+	"net/http"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice/rpc/internal/forward"
@@ -271,4 +273,15 @@ func decisionCounts(ds []*sluicev1.Decision) []attribute.KeyValue {
 		}
 	}
 	return []attribute.KeyValue{attrAllowedCount.Int(allowed), attrDeniedCount.Int(denied), attrErrorCount.Int(errs)}
+}
+
+// withTraceContext makes the HTTP face's requests carry the W3C trace
+// context of their traceparent and tracestate headers, so that the
+// forwards of a POST /v1/check (or /json) join the caller's trace as a
+// gRPC call's do.
+func withTraceContext(h http.Handler) http.Handler {
+	prop := propagation.TraceContext{}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r.WithContext(prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))))
+	})
 }

@@ -3,7 +3,10 @@ package rpc
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -380,5 +383,38 @@ func TestForwardCarriesNoTraceWhenOff(t *testing.T) {
 	}
 	if req := <-sent; len(req.Traces) != 0 {
 		t.Fatalf("an untraced node's request carries %d trace runs", len(req.Traces))
+	}
+}
+
+// A check sent to a traced node's HTTP face with a W3C traceparent: the
+// node's forward span is a child of the caller's span.
+func TestHTTPCheckJoinsTheCallersTrace(t *testing.T) {
+	clock := windowClock()
+	tp1, rec1 := recorded(t)
+	tp2, _ := recorded(t)
+	n1 := startNodeWith(t, "node1", clock, NodeConfig{ForwardTimeout: 2 * time.Second, HTTPAddr: "127.0.0.1:0", TracerProvider: tp1})
+	n2 := startNodeWith(t, "node2", clock, NodeConfig{ForwardTimeout: 2 * time.Second, TracerProvider: tp2}, n1.GossipAddr())
+	waitRingAgrees(t, []*testNode{n1, n2})
+	key := keyOwnedBy(t, n1, "api", "node2")
+	req, err := http.NewRequest("POST", "http://"+n1.HTTPAddr()+"/v1/check",
+		strings.NewReader(`{"checks":[{"name":"api","key":"`+key+`","limit":10,"window_ms":60000}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"owner":"node2"`) {
+		t.Fatalf("POST /v1/check: %d %s", resp.StatusCode, body)
+	}
+	fw := spansNamed(rec1, spanForward)
+	if len(fw) != 1 || fw[0].Parent().TraceID().String() != "4bf92f3577b34da6a3ce929d0e0e4736" ||
+		fw[0].Parent().SpanID().String() != "00f067aa0ba902b7" {
+		t.Fatalf("node1's forward spans: %d, parent %v; want one, a child of the request's traceparent", len(fw), fw)
 	}
 }
