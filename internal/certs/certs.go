@@ -2,7 +2,8 @@
 // certificates for peers and clients signed by it) with crypto/x509, and
 // reads the identity sluice puts in them: a URI SAN
 // spiffe://sluice/peer/NAME for a node, spiffe://sluice/client/NAME for a
-// client (the SPIFFE ID shape, https://github.com/spiffe/spiffe/blob/main/standards/SPIFFE-ID.md).
+// client and spiffe://sluice/admin/NAME for an operator allowed the admin
+// API (the SPIFFE ID shape, https://github.com/spiffe/spiffe/blob/main/standards/SPIFFE-ID.md).
 // Keys are ECDSA P-256. These are for development and tests; production
 // certificates come from the operator's own CA.
 package certs
@@ -32,6 +33,9 @@ const (
 	Peer Kind = "peer"
 	// Client calls the public API.
 	Client Kind = "client"
+	// Admin is an operator: it may call the admin API (inspect and reset
+	// keys, list limits) as well as the public API.
+	Admin Kind = "admin"
 )
 
 // TrustDomain is the SPIFFE trust domain of sluice identities.
@@ -51,7 +55,7 @@ func Identity(cert *x509.Certificate) (kind Kind, name string, ok bool) {
 			continue
 		}
 		k, n, found := strings.Cut(strings.TrimPrefix(u.Path, "/"), "/")
-		if found && n != "" && (Kind(k) == Peer || Kind(k) == Client) {
+		if found && n != "" && (Kind(k) == Peer || Kind(k) == Client || Kind(k) == Admin) {
 			return Kind(k), n, true
 		}
 	}
@@ -82,7 +86,8 @@ func NewCA(commonName string, validFor time.Duration) (certPEM, keyPEM []byte, e
 // and its private key: its URI SAN is [ID](kind, name), and hosts (DNS
 // names or IP addresses) are added as SANs so that clients can verify a
 // peer by the address they dial. A peer certificate is good for serving
-// and for calling (server and client auth), a client one for calling.
+// and for calling (server and client auth), a client or admin one for
+// calling.
 // It returns an error for an empty or malformed name or a CA that does
 // not parse.
 func Issue(caCertPEM, caKeyPEM []byte, kind Kind, name string, hosts []string, validFor time.Duration) (certPEM, keyPEM []byte, err error) {
@@ -97,8 +102,8 @@ func Issue(caCertPEM, caKeyPEM []byte, kind Kind, name string, hosts []string, v
 // notAfter] (e.g. an expired certificate for a test). It returns an error
 // when notAfter is not after notBefore, and Issue's errors.
 func IssueWindow(caCertPEM, caKeyPEM []byte, kind Kind, name string, hosts []string, notBefore, notAfter time.Time) (certPEM, keyPEM []byte, err error) {
-	if kind != Peer && kind != Client {
-		return nil, nil, fmt.Errorf("kind: want peer or client, got %q", kind)
+	if kind != Peer && kind != Client && kind != Admin {
+		return nil, nil, fmt.Errorf("kind: want peer, client or admin, got %q", kind)
 	}
 	if name == "" || strings.ContainsAny(name, "/?#% ") {
 		return nil, nil, fmt.Errorf("name: must be non-empty without '/', '?', '#', '%%' or spaces, got %q", name)

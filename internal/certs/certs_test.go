@@ -34,7 +34,7 @@ func TestIssueAndVerify(t *testing.T) {
 		kind  Kind
 		name  string
 		usage x509.ExtKeyUsage
-	}{{Peer, "node1", x509.ExtKeyUsageServerAuth}, {Peer, "node1", x509.ExtKeyUsageClientAuth}, {Client, "app", x509.ExtKeyUsageClientAuth}} {
+	}{{Peer, "node1", x509.ExtKeyUsageServerAuth}, {Peer, "node1", x509.ExtKeyUsageClientAuth}, {Client, "app", x509.ExtKeyUsageClientAuth}, {Admin, "ops", x509.ExtKeyUsageClientAuth}} {
 		certPEM, keyPEM, err := Issue(caPEM, caKey, tc.kind, tc.name, []string{"127.0.0.1", "sluice1"}, time.Hour)
 		if err != nil {
 			t.Fatal(err)
@@ -53,11 +53,14 @@ func TestIssueAndVerify(t *testing.T) {
 			t.Fatalf("SANs: %v %v", c.IPAddresses, c.DNSNames)
 		}
 	}
-	// A client certificate cannot serve.
-	certPEM, _, _ := Issue(caPEM, caKey, Client, "app", nil, time.Hour)
-	if _, err := parse(t, certPEM).Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err == nil {
-		t.Fatal("a client certificate verified for server auth")
+	// A client or admin certificate cannot serve.
+	for _, k := range []Kind{Admin, Client} {
+		certPEM, _, _ := Issue(caPEM, caKey, k, "app", nil, time.Hour)
+		if _, err := parse(t, certPEM).Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err == nil {
+			t.Fatalf("a %s certificate verified for server auth", k)
+		}
 	}
+	certPEM, _, _ := Issue(caPEM, caKey, Client, "app", nil, time.Hour)
 	// Another CA's roots refuse it.
 	otherCA, _, _ := NewCA("other", time.Hour)
 	other := x509.NewCertPool()
@@ -76,7 +79,7 @@ func TestIssueRefuses(t *testing.T) {
 		name    string
 		days    time.Duration
 	}{
-		{caPEM, caKey, "admin", "n", time.Hour},
+		{caPEM, caKey, "operator", "n", time.Hour},
 		{caPEM, caKey, Peer, "", time.Hour},
 		{caPEM, caKey, Peer, "a/b", time.Hour},
 		{caPEM, caKey, Peer, "n", 0},
@@ -93,7 +96,7 @@ func TestIssueRefuses(t *testing.T) {
 }
 
 func TestIdentityIgnoresOtherURIs(t *testing.T) {
-	c := &x509.Certificate{URIs: []*url.URL{mustURL("spiffe://other/peer/x"), mustURL("https://sluice/peer/y"), mustURL("spiffe://sluice/admin/z"), mustURL("spiffe://sluice/peer/node2")}}
+	c := &x509.Certificate{URIs: []*url.URL{mustURL("spiffe://other/peer/x"), mustURL("https://sluice/peer/y"), mustURL("spiffe://sluice/operator/z"), mustURL("spiffe://sluice/peer/node2")}}
 	if k, n, ok := Identity(c); !ok || k != Peer || n != "node2" {
 		t.Fatalf("Identity = %s %s %v", k, n, ok)
 	}
