@@ -126,7 +126,7 @@ proto: ## regenerate rpc/sluicev1 and rpc/sluicev1gw from proto/ (needs protoc a
 		--go_out=. --go_opt=module=$(MODULE) \
 		--go-grpc_out=. --go-grpc_opt=module=$(MODULE) \
 		--go-vtproto_out=. --go-vtproto_opt=module=$(MODULE),features=marshal+unmarshal+size \
-		proto/sluice/v1/sluice.proto
+		proto/sluice/v1/sluice.proto proto/sluice/v1/admin.proto
 	@# The HTTP/JSON gateway goes in a package of its own (standalone), so
 	@# that clients importing the messages do not pull in grpc-gateway.
 	rm -rf .proto-gw && mkdir -p .proto-gw rpc/sluicev1gw
@@ -134,9 +134,11 @@ proto: ## regenerate rpc/sluicev1 and rpc/sluicev1gw from proto/ (needs protoc a
 		--grpc-gateway_out=.proto-gw \
 		--grpc-gateway_opt=paths=source_relative,standalone=true \
 		--grpc-gateway_opt=grpc_api_configuration=proto/sluice/v1/sluice_http.yaml \
-		proto/sluice/v1/sluice.proto
-	sed -e 's/^package sluicev1$$/package sluicev1gw/' -e 's/^Package sluicev1 is/Package sluicev1gw is/' \
-		.proto-gw/sluice/v1/sluice.pb.gw.go > rpc/sluicev1gw/sluice.pb.gw.go
+		proto/sluice/v1/sluice.proto proto/sluice/v1/admin.proto
+	for f in sluice admin; do \
+	  sed -e 's/^package sluicev1$$/package sluicev1gw/' -e 's/^Package sluicev1 is/Package sluicev1gw is/' \
+		.proto-gw/sluice/v1/$$f.pb.gw.go > rpc/sluicev1gw/$$f.pb.gw.go || exit 1; \
+	done
 	rm -rf .proto-gw
 
 proto-tools: ## install the protoc plugins at the versions the committed code was made with
