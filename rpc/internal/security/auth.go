@@ -231,6 +231,9 @@ type AuthConfig struct {
 	// (limit, window_ms, burst or algorithm) rather than naming a
 	// configured limit; a token's checks may not. (Required with Tokens)
 	HasNumbers func(*sluicev1.RateLimitCheck) bool
+	// AdminTokens are the tokens of the admin API (see AuthorizeAdmin);
+	// nil: none. They check nothing. (Optional)
+	AdminTokens *AdminTokenSet
 }
 
 // Authenticator checks the callers of a node: its gRPC interceptors and
@@ -293,6 +296,9 @@ func (a *Authenticator) fromToken(tok string, secure bool) (*tokenEntry, error) 
 	}
 	e := a.cfg.Tokens.lookup(tok)
 	if e == nil {
+		if a.cfg.AdminTokens.lookup(tok) != nil {
+			return nil, status.Error(codes.Unauthenticated, "an admin token (serve --admin-token-file) is for the admin API only: checks take a token of --token-file")
+		}
 		return nil, status.Error(codes.Unauthenticated, "unknown token")
 	}
 	return e, nil
@@ -335,7 +341,7 @@ func (a *Authenticator) grpcPrincipal(ctx context.Context) (principal, error) {
 // authorize decides a call to method (a full gRPC method name) by pr; req
 // is the request of a unary call (nil for streams).
 func (a *Authenticator) authorize(method string, pr principal, req any) error {
-	if strings.HasPrefix(method, peerServicePrefix) {
+	if isPeerMethod(method) {
 		if !a.cfg.TLS {
 			return nil // plaintext peers: loopback or --insecure (protected mode)
 		}
@@ -401,6 +407,9 @@ func (a *Authenticator) wanted() string {
 // before h runs, else returns the refusal (a status error) without
 // calling h.
 func (a *Authenticator) UnaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if strings.HasPrefix(info.FullMethod, AdminServicePrefix) {
+		return h(ctx, req) // it authorises each call itself (AuthorizeAdmin), with or without this interceptor
+	}
 	pr, err := a.grpcPrincipal(ctx)
 	if err != nil {
 		return nil, err
@@ -416,6 +425,9 @@ func (a *Authenticator) UnaryInterceptor(ctx context.Context, req any, info *grp
 // stream before h runs, else returns the refusal (a status error)
 // without calling h. A token's stream is authorized by its method alone.
 func (a *Authenticator) StreamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if strings.HasPrefix(info.FullMethod, AdminServicePrefix) {
+		return h(srv, ss) // see UnaryInterceptor
+	}
 	pr, err := a.grpcPrincipal(ss.Context())
 	if err != nil {
 		return err
@@ -431,13 +443,16 @@ type principalKey struct{}
 // HTTPHandler guards the HTTP face h: /v1/ and /metrics need the client
 // authentication of the gRPC port (a verified client certificate, or
 // Authorization: Bearer TOKEN); /healthz, /readyz and /healthcheck stay
-// open for probes; mode none lets everything through. A refused request gets 401
+// open for probes; mode none lets everything through. The admin API
+// (AdminHTTPPrefix) goes through untouched: it is authorised apart (see
+// AdminHTTPHandler and AuthorizeAdmin). A refused request gets 401
 // with a google.rpc.Status JSON body and WWW-Authenticate: Bearer. The
 // principal goes in the request's context, where
 // AuthorizeGatewayCheck finds it to check the token's prefixes.
 func (a *Authenticator) HTTPHandler(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" || r.URL.Path == "/healthcheck" || a.cfg.Mode == ClientAuthNone {
+		if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" || r.URL.Path == "/healthcheck" || a.cfg.Mode == ClientAuthNone ||
+			strings.HasPrefix(r.URL.Path, AdminHTTPPrefix) {
 			h.ServeHTTP(w, r)
 			return
 		}
