@@ -40,7 +40,8 @@ type HTTPConfig struct {
 	// rate limit service); nil: no /json. (Optional)
 	RLS *rls.Service
 
-	auth *security.Authenticator // a node's client authentication; nil: none
+	auth    *security.Authenticator // a node's client authentication; nil: none
+	rlsPath string                  // the path of RLS's rules, for the admin API
 }
 
 // NewHTTPHandler returns the HTTP/JSON face of a node:
@@ -52,6 +53,13 @@ type HTTPConfig struct {
 //     CheckResponse. Bad input gets 400 and a google.rpc.Status JSON
 //     naming the field.
 //   - GET /v1/members: the MembersResponse.
+//   - POST /v1/admin/key/inspect, POST /v1/admin/key/reset, GET
+//     /v1/admin/limits: the admin API (InspectKey, ResetKey, ListLimits;
+//     docs/admin.md), authorised apart from the rest: an admin token or
+//     an admin certificate, or, on a node with neither configured and no
+//     client authentication, a caller on loopback. Refused: 403 (or 401
+//     for an unknown token) with a google.rpc.Status naming what is
+//     needed.
 //   - GET /healthz: 200 while the process serves (liveness).
 //   - GET /readyz: 200 when Ready says so, else 503 with the reason.
 //   - GET /metrics: Prometheus text format.
@@ -81,6 +89,11 @@ func NewHTTPHandler(cfg HTTPConfig) (http.Handler, error) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", bodyLimit(gw, MaxHTTPBodyBytes))
+	admin, err := adminHTTP(cfg)
+	if err != nil {
+		return nil, err
+	}
+	mux.Handle(security.AdminHTTPPrefix, bodyLimit(admin, MaxHTTPBodyBytes))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")
@@ -205,7 +218,7 @@ func routingError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshale
 		return
 	}
 	allow := http.MethodPost
-	if r.URL.Path == "/v1/members" {
+	if r.URL.Path == "/v1/members" || r.URL.Path == "/v1/admin/limits" {
 		allow = http.MethodGet
 	}
 	msg, _ := json.Marshal(fmt.Sprintf("method %s not allowed: use %s", r.Method, allow))

@@ -130,6 +130,7 @@ func (c *inprocCluster) start(cfg NodeConfig) *inprocNode {
 	gs := grpc.NewServer(sopts...)
 	sluicev1.RegisterRateLimitServiceServer(gs, srv)
 	sluicev1.RegisterPeerServiceServer(gs, srv)
+	sluicev1.RegisterAdminPeerServiceServer(gs, adminPeer{s: srv})
 	lis := bufconn.Listen(1 << 20)
 	n := &inprocNode{c: c, name: cfg.Name, region: cfg.Region, srv: srv, store: store, metrics: metrics, gs: gs, lis: lis}
 	c.mu.Lock()

@@ -206,6 +206,14 @@ type NodeConfig struct {
 	// most the hits of the last interval. 0: only a leave writes.
 	// (Optional)
 	StateInterval time.Duration
+	// AdminTokenFile is a file of the admin API's tokens, one `TOKEN
+	// [NAME]` a line (see ParseAdminTokens); reloaded with the TLS files.
+	// They authorise the admin API only (inspect and reset keys, list
+	// limits), never a check; a token of TokenFile never authorises the
+	// admin API. Without it (and without TLS, whose admin certificates
+	// authorise it too) the admin API answers loopback callers only, and
+	// only on a node with no client authentication. (Optional)
+	AdminTokenFile string
 
 	hooks *testHooks // tests' seams; nil: none
 }
@@ -263,6 +271,8 @@ type Node struct {
 	admit    chan struct{}      // capacity 1: the verifier admitted a member
 
 	state *stateDir // nil without StateDir
+
+	adminTokens *security.AdminTokenSet // nil without an admin token file
 }
 
 // StartNode listens on cfg.GRPCAddr and cfg.GossipAddr, starts serving
@@ -731,13 +741,16 @@ func (n *Node) reloadFiles() []string {
 	if n.tokens != nil {
 		out = append(out, n.cfg.TokenFile)
 	}
+	if n.adminTokens != nil {
+		out = append(out, n.cfg.AdminTokenFile)
+	}
 	return out
 }
 
-// ReloadTLS reads the TLS certificate, key and CA, and the token file,
-// again (serve does it on SIGHUP; the node also does when the files
-// change). New handshakes use what it read; connections already open keep
-// theirs. A file that is missing, half written or does not parse keeps
+// ReloadTLS reads the TLS certificate, key and CA, the token file and
+// the admin token file again (serve does it on SIGHUP; the node also does
+// when the files change). New handshakes use what it read; connections
+// already open keep theirs. A file that is missing, half written or does not parse keeps
 // the running material, is logged, and its error is returned.
 func (n *Node) ReloadTLS() error {
 	var errs []error
@@ -746,6 +759,9 @@ func (n *Node) ReloadTLS() error {
 	}
 	if n.tokens != nil {
 		errs = append(errs, n.tokens.Reload())
+	}
+	if n.adminTokens != nil {
+		errs = append(errs, n.adminTokens.Reload())
 	}
 	return errors.Join(errs...)
 }

@@ -86,8 +86,9 @@ func (cfg NodeConfig) withDefaults() (NodeConfig, error) {
 // authenticate, and the TLS material and tokens they do it with.
 type secured struct {
 	mode   ClientAuth
-	certs  *security.CertSource // nil without TLS
-	tokens *security.TokenSet   // nil without a token file
+	certs  *security.CertSource    // nil without TLS
+	tokens *security.TokenSet      // nil without a token file
+	admin  *security.AdminTokenSet // nil without an admin token file
 }
 
 // loadSecurity refuses cfg in protected mode (see protectedMode), settles
@@ -111,6 +112,11 @@ func loadSecurity(cfg NodeConfig, log *slog.Logger) (secured, error) {
 	}
 	if cfg.TokenFile != "" {
 		if sec.tokens, err = security.NewTokenSet(cfg.TokenFile, log.With("component", "tokens")); err != nil {
+			return secured{}, err
+		}
+	}
+	if cfg.AdminTokenFile != "" {
+		if sec.admin, err = security.NewAdminTokenSet(cfg.AdminTokenFile, log.With("component", "admin")); err != nil {
 			return secured{}, err
 		}
 	}
@@ -257,6 +263,7 @@ func newGRPCServer(cfg NodeConfig, sec secured, auth *security.Authenticator, c 
 		c.metrics.AttachRLS(rlsSvc)
 		healthNames = append(healthNames, rls.ServiceName, rls.HealthName)
 	}
+	registerAdmin(gs, c.server, auth, rlsSvc, cfg.rlsPath(), c.metrics)
 	for _, name := range healthNames { // health.NewServer starts "" at SERVING
 		hs.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
 	}
@@ -269,11 +276,12 @@ func newGRPCServer(cfg NodeConfig, sec secured, auth *security.Authenticator, c 
 // its readiness into gRPC health and Server.Check. Nothing serves or runs
 // yet; cancel stops what the steps after it start.
 func newNode(cfg NodeConfig, log *slog.Logger, sec secured, lis listeners, c core, cl *cluster.Cluster, cancel context.CancelFunc) *Node {
-	auth := security.NewAuthenticator(security.AuthConfig{Mode: sec.mode, TLS: sec.certs != nil, Tokens: sec.tokens, IsMember: c.server.isMember, HasNumbers: hasNumbers})
+	auth := security.NewAuthenticator(security.AuthConfig{Mode: sec.mode, TLS: sec.certs != nil, Tokens: sec.tokens, IsMember: c.server.isMember, HasNumbers: hasNumbers,
+		AdminTokens: sec.admin})
 	g := newGRPCServer(cfg, sec, auth, c, log)
 	n := &Node{cfg: cfg, lis: lis.grpc, grpcAddr: lis.advertised, grpc: g.server, health: g.health,
 		cluster: cl, server: c.server, store: c.store, metrics: c.metrics, log: log, cancel: cancel, failed: make(chan error, 1),
-		publish: make(chan struct{}, 1), certs: sec.certs, tokens: sec.tokens, auth: auth,
+		publish: make(chan struct{}, 1), certs: sec.certs, tokens: sec.tokens, adminTokens: sec.admin, auth: auth,
 		admit:    make(chan struct{}, 1),
 		joinDone: make(chan struct{}, 1), healthNames: g.names}
 	if sec.certs != nil {
@@ -332,7 +340,7 @@ func (n *Node) serveHTTP(lis net.Listener) {
 	if lis == nil {
 		return
 	}
-	h, err := NewHTTPHandler(HTTPConfig{Server: n.server, Ready: n.Ready, Metrics: n.metrics, RLS: n.rls, auth: n.auth})
+	h, err := NewHTTPHandler(HTTPConfig{Server: n.server, Ready: n.Ready, Metrics: n.metrics, RLS: n.rls, auth: n.auth, rlsPath: n.cfg.rlsPath()})
 	if err != nil { // cannot happen: the gateway's registration does not fail
 		n.log.Error("no HTTP face", "error", err)
 		return

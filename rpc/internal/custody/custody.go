@@ -615,3 +615,28 @@ func keysOf(m map[string]bool) []string {
 	slices.Sort(out)
 	return out
 }
+
+// Reset starts key afresh in this node's windows for an operator (the
+// admin API's ResetKey): under the gate's write lock (a decision of key
+// made here ends before; a later one decides from the fresh state) it
+// replaces key's state with window.State.Fresh at now (nothing counted,
+// the same algorithm and window, so that the copies it replaces on the
+// replicas carry no count either) and forgets the copy it was taken
+// over from (there is nothing left of it to hand back). It returns the
+// state it replaced, and false when key held none here (then nothing
+// changes). A key on its way out (a push or a pull under way) is not
+// waited for: what left before the reset may still be merged where it
+// goes.
+func (c *Custody) Reset(key string, now time.Time) (window.State, bool) {
+	c.gate.Lock()
+	defer c.gate.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.takenOver, key)
+	st, ok := c.store.Take(key)
+	if !ok {
+		return window.State{}, false
+	}
+	c.store.MergeState(key, st.Fresh(now), now)
+	return st, true
+}

@@ -449,3 +449,36 @@ func TestSettleAfterAFailedPullPullsAgain(t *testing.T) {
 		f.c.Settle(context.Background(), mi, k, func([]string) bool { t.Fatal("pulled a settled key again"); return true })
 	})
 }
+
+// An operator's reset replaces a key's state with a fresh one (nothing
+// counted, the same algorithm and window) and forgets the copy it was
+// taken over from: what it counts after goes back whole, never less the
+// old copy. A key held nowhere stays absent.
+func TestResetStartsTheKeyAfreshAndForgetsItsTakeover(t *testing.T) {
+	f := newFixture(t)
+	f.hit(t, "k", 3) // taken over from c's process i1
+	cp, _ := f.store.Get("k")
+	f.c.NoteTakeover("k", Takeover{Owner: "c", Instance: "i1", State: cp})
+	f.hit(t, "k", 4)
+
+	before, ok := f.c.Reset("k", f.clock.Now())
+	if !ok || remaining(t, before) != 3 {
+		t.Fatalf("Reset returned %v (%d left), want the state of 7 hits (3 left)", ok, remaining(t, before))
+	}
+	st, held := f.store.Get("k")
+	if !held || st.IsZero() || st.Algorithm() != window.FixedWindow || st.Window() != time.Hour || remaining(t, st) != 10 {
+		t.Fatalf("after Reset the key holds %+v (held %v), want a fresh fixed window of an hour", st.Describe(t0), held)
+	}
+	f.hit(t, "k", 2)
+	b := f.c.TakeOut([]string{"k"}, "c", "i1")
+	f.c.End(b)
+	if got := remaining(t, b.States[0]); got != 8 {
+		t.Fatalf("to the copy's process after a reset: %d left, want 8 (the 2 hits since, not less the old copy)", got)
+	}
+	if _, ok := f.c.Reset("absent", f.clock.Now()); ok {
+		t.Fatal("Reset of a key held nowhere said it held one")
+	}
+	if _, held := f.store.Get("absent"); held {
+		t.Fatal("Reset of an absent key made one")
+	}
+}
