@@ -8,6 +8,10 @@
 //	sluice healthcheck  exit 0 if a node is ready (container health checks, readiness probes)
 //	sluice proxy    a reverse proxy that applies limits per route
 //	sluice keygen   print a new gossip encryption key
+//	sluice tls      make development certificates (a CA; peer, client and admin certificates)
+//	sluice key      inspect or reset one key (get, reset; the admin API)
+//	sluice limits   show the limits a node has in force (the admin API)
+//	sluice validate check a limits file or RLS rules before deploying them
 //
 // Every flag of serve, and --addr and --timeout of the client commands, can
 // also come from the environment as SLUICE_<FLAG> (upper case, dashes as
@@ -56,10 +60,10 @@ func run(ctx context.Context, args []string, getenv func(string) (string, bool),
 		Version:   version,
 		Writer:    stdout,
 		ErrWriter: stderr,
-		Commands:  []*cli.Command{serveCommand(e), checkCommand(e), membersCommand(e), benchCommand(e), scenarioCommand(e), healthcheckCommand(e), keygenCommand(), tlsCommand(), proxyCommand(e)},
+		Commands:  []*cli.Command{serveCommand(e), checkCommand(e), membersCommand(e), benchCommand(e), scenarioCommand(e), healthcheckCommand(e), keygenCommand(), tlsCommand(), proxyCommand(e), keyCommand(e), limitsCommand(e), validateCommand()},
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			if cmd.Args().Len() > 0 {
-				return usageError{fmt.Errorf("unknown command %q (want serve, check, members, bench, scenario, healthcheck, proxy, keygen or tls; see sluice --help)", cmd.Args().First())}
+				return usageError{fmt.Errorf("unknown command %q (want serve, check, members, bench, scenario, healthcheck, proxy, keygen, tls, key, limits or validate; see sluice --help)", cmd.Args().First())}
 			}
 			return cli.ShowAppHelp(cmd)
 		},

@@ -39,7 +39,7 @@ func serveCommand(e env) *cli.Command {
 			"makes it leave gracefully: health goes NOT_SERVING, it stops taking checks, hands the\n" +
 			"state of all its keys to their next owners (bounded by --handoff-timeout), leaves the\n" +
 			"gossip and exits; with --state-dir, keys no member can take (the whole cluster is\n" +
-			"stopping) are written there and read back at the next start. SIGHUP reloads --limits, --gossip-key-file, the TLS files and --token-file.\n\n" +
+			"stopping) are written there and read back at the next start. SIGHUP reloads --limits, --gossip-key-file, the TLS files, --token-file and --admin-token-file.\n\n" +
 			"Each setting comes from its flag, else from SLUICE_<FLAG>, else from the --config file.",
 		Flags: cliFlags,
 		Action: func(ctx context.Context, cmd *cli.Command) error {
@@ -129,7 +129,7 @@ func serveCommand(e env) *cli.Command {
 					}
 				})
 			}
-			if cfg.TLSCert != "" || cfg.TokenFile != "" {
+			if cfg.TLSCert != "" || cfg.TokenFile != "" || cfg.AdminTokenFile != "" {
 				onHUP = append(onHUP, func() { _ = node.ReloadTLS() }) // a refused file is logged; the running ones stay
 			}
 			if len(onHUP) > 0 {

@@ -23,7 +23,7 @@ import (
 func tlsCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "tls",
-		Usage: "make development certificates: tls ca create, tls cert create",
+		Usage: "make development certificates: tls ca create, tls cert create (--peer, --client or --admin)",
 		Commands: []*cli.Command{
 			{
 				Name:  "ca",
@@ -57,15 +57,17 @@ func tlsCommand() *cli.Command {
 			},
 			{
 				Name:  "cert",
-				Usage: "peer and client certificates",
+				Usage: "peer, client and admin certificates",
 				Commands: []*cli.Command{{
 					Name: "create",
 					Usage: "write NAME.pem and NAME-key.pem (mode 0600) to --out, signed by the CA in --ca: " +
-						"a node's certificate (--peer NAME, URI SAN spiffe://sluice/peer/NAME) or a client's (--client NAME)",
+						"a node's certificate (--peer NAME, URI SAN spiffe://sluice/peer/NAME), a client's (--client NAME) " +
+						"or an operator's for the admin API (--admin NAME, spiffe://sluice/admin/NAME: it may also check)",
 					Flags: []cli.Flag{
 						&cli.StringFlag{Name: "ca", Usage: "directory holding ca.pem and ca-key.pem (tls ca create)"},
 						&cli.StringFlag{Name: "peer", Usage: "member name of the node (its serve --name)"},
 						&cli.StringFlag{Name: "client", Usage: "name of the client"},
+						&cli.StringFlag{Name: "admin", Usage: "name of the operator: a client certificate the admin API takes (sluice key get/reset, sluice limits show)"},
 						&cli.StringSliceFlag{Name: "host", Usage: "DNS name or IP clients and peers dial this node at (repeat, or comma-separated)"},
 						&cli.StringFlag{Name: "out", Usage: "directory to write to (created if missing)"},
 						&cli.DurationFlag{Name: "validity", Value: 90 * 24 * time.Hour, Usage: "how long the certificate is valid"},
@@ -74,14 +76,18 @@ func tlsCommand() *cli.Command {
 						if err := noArgs(cmd); err != nil {
 							return err
 						}
-						kind, name := certs.Peer, cmd.String("peer")
-						switch {
-						case name != "" && cmd.String("client") != "":
-							return usagef("client", "give --peer or --client, not both")
-						case name == "" && cmd.String("client") == "":
-							return usagef("peer", "give --peer NAME (a node) or --client NAME")
-						case name == "":
-							kind, name = certs.Client, cmd.String("client")
+						var kind certs.Kind
+						var name string
+						for _, k := range []certs.Kind{certs.Peer, certs.Client, certs.Admin} {
+							if n := cmd.String(string(k)); n != "" {
+								if name != "" {
+									return usagef(string(k), "give one of --peer, --client or --admin")
+								}
+								kind, name = k, n
+							}
+						}
+						if name == "" {
+							return usagef("peer", "give --peer NAME (a node), --client NAME or --admin NAME (an operator)")
 						}
 						for _, f := range []string{"ca", "out"} {
 							if cmd.String(f) == "" {
