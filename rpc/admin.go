@@ -209,6 +209,9 @@ func (a *adminService) InspectKey(ctx context.Context, req *sluicev1.InspectKeyR
 		return nil, err
 	}
 	s := a.s
+	if err := s.adminJoined(); err != nil {
+		return nil, err
+	}
 	storeKey := ring.Key(nil, req.Name, req.Key)
 	v := s.view.Load()
 	resp := &sluicev1.InspectKeyResponse{Name: req.Name, Key: req.Key, AnsweredBy: s.name}
@@ -260,6 +263,9 @@ func (a *adminService) ResetKey(ctx context.Context, req *sluicev1.ResetKeyReque
 		return nil, err
 	}
 	s := a.s
+	if err := s.adminJoined(); err != nil {
+		return nil, err
+	}
 	if s.leaving.Load() {
 		return nil, status.Error(codes.Unavailable, "sluice: "+errLeaving.Error()+"; ask another node")
 	}
@@ -302,6 +308,16 @@ func (a *adminService) ResetKey(ctx context.Context, req *sluicev1.ResetKeyReque
 	s.log.Log(ctx, level, "key reset by an operator", "name", req.Name, "key_fingerprint", KeyFingerprint(storeKey),
 		"by", who, "result", result, "nodes", nodes)
 	return resp, nil
+}
+
+// adminJoined refuses an admin call about a key while this node has not
+// joined its cluster: alone, its ring names it the owner of every key,
+// and its answer would say nothing of the cluster's.
+func (s *Server) adminJoined() error {
+	if s.joined != nil && !s.joined() {
+		return status.Error(codes.Unavailable, "sluice: not joined yet; ask another node")
+	}
+	return nil
 }
 
 // resetInRegion resets the key in region t: through its owner (KeyAdmin
@@ -370,7 +386,11 @@ func (s *Server) askEach(ctx context.Context, v *view, names []string, op sluice
 			continue
 		}
 		wg.Go(func() {
-			hs, err := s.keyAdminCall(ctx, v, m, op, name, key, s.forwardTimeout)
+			timeout := s.forwardTimeout
+			if op == sluicev1.KeyAdminOp_KEY_ADMIN_OP_DROP {
+				timeout *= 2 // a drop first waits up to the forward timeout for stand-in hits on their way
+			}
+			hs, err := s.keyAdminCall(ctx, v, m, op, name, key, timeout)
 			switch {
 			case err != nil:
 				out[i] = &sluicev1.KeyHolding{Node: m, Error: err.Error()}
