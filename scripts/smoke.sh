@@ -4,6 +4,8 @@
 #   2. grpcurl gets a decision from sluice.v1.RateLimitService/Check,
 #   3. grpcurl asks grpc.health.v1 and gets SERVING,
 #   4. grpcurl sends bad input and gets InvalidArgument naming the field,
+#   5. grpcurl resets a key through the admin API (loopback, no credentials)
+#      and the next check starts afresh; sluice validate takes the examples,
 # then `make run` is started as the README says and `sluice check` is sent
 # to it, and grpcurl calls Envoy's RLS v3 ShouldRateLimit (rules from
 # examples/rls) until it answers OVER_LIMIT. Needs grpcurl on PATH (or
@@ -31,7 +33,7 @@ echo "smoke: node at $addr (HTTP $http)"
 
 services=$("$grpcurl" -plaintext "$addr" list)
 echo "$services"
-for s in sluice.v1.RateLimitService sluice.v1.PeerService grpc.health.v1.Health grpc.reflection.v1.ServerReflection envoy.service.ratelimit.v3.RateLimitService; do
+for s in sluice.v1.RateLimitService sluice.v1.PeerService sluice.v1.AdminService sluice.v1.AdminPeerService grpc.health.v1.Health grpc.reflection.v1.ServerReflection envoy.service.ratelimit.v3.RateLimitService; do
   grep -qx "$s" <<<"$services" || fail "reflection does not list $s"
 done
 
@@ -68,6 +70,19 @@ metrics=$(curl -sS "http://$http/metrics")
 grep -q '^sluice_checks_total{name="(inline)",outcome="allowed"} 2$' <<<"$metrics" || fail "/metrics does not count the two checks"
 "$bin" healthcheck --addr "$addr" || fail "sluice healthcheck failed on a serving node"
 echo "smoke: HTTP OK"
+
+# The admin API (docs/admin.md) on loopback of a node with no credentials:
+# grpcurl resets the key, and the next check starts afresh.
+reset=$("$grpcurl" -plaintext -d '{"name":"api","key":"user:42"}' "$addr" sluice.v1.AdminService/ResetKey)
+echo "$reset"
+grep -q '"complete": true' <<<"$reset" || fail "ResetKey was not complete"
+answer=$(curl -sS -X POST "http://$http/v1/check" -d '{"checks":[{"name":"api","key":"user:42","limit":10,"window_ms":60000,"algorithm":"ALGORITHM_TOKEN_BUCKET"}]}')
+grep -Eq '"remaining": ?"9"' <<<"$answer" || fail "after ResetKey the check did not start afresh (remaining 9): $answer"
+metrics=$(curl -sS "http://$http/metrics")
+grep -q '^sluice_admin_resets_total{result="complete"} 1$' <<<"$metrics" || fail "/metrics does not count the reset"
+"$bin" validate examples/limits.yaml || fail "sluice validate refused examples/limits.yaml"
+"$bin" validate examples/rls || fail "sluice validate refused examples/rls"
+echo "smoke: admin OK"
 
 # `make run` and `sluice check` against it, as the README says.
 setsid make --no-print-directory run >"$work/run.log" 2>&1 &
