@@ -1,7 +1,9 @@
 // Package security is rpc's room for who may talk to a node and what a
 // node may say about its callers: client authentication (mTLS
-// certificates and bearer tokens, on gRPC and HTTP), the TLS material of
-// a node and its reload, the identity of a peer (its verified
+// certificates and bearer tokens, on gRPC and HTTP), the admin API's
+// authorisation apart from it (admin tokens and certificates, loopback
+// by default: admin.go), the TLS material of a node and its reload, the
+// identity of a peer (its verified
 // certificate's member name), the verification of members' certificates
 // before they enter the ring (Verifier), protected mode (a node others can
 // reach refuses to start unprotected) and the redaction of keys in logs
