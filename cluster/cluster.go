@@ -541,7 +541,9 @@ func (e *events) NotifyJoin(n *memberlist.Node) {
 }
 
 func (e *events) NotifyLeave(n *memberlist.Node) {
-	e.c.log.Info("member left", "member", n.Name, "addr", n.Address(), "state", n.State)
+	// No state: memberlist does not keep n.State up to date (it read 0,
+	// alive, for every member that left).
+	e.c.log.Info("member left", "member", n.Name, "addr", n.Address())
 	if n.Name != e.c.name {
 		e.c.reconnect.left(n)
 	}

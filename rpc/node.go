@@ -104,8 +104,13 @@ type NodeConfig struct {
 	// Clock is the owner's clock, the only one decisions use. Default the
 	// system clock. (Optional)
 	Clock window.Clock
-	// Version is the sluice version gossiped in metadata. (Optional)
+	// Version is the sluice version, gossiped in metadata (members show
+	// it) and exported as sluice_build_info's version label; at most 64
+	// bytes of [A-Za-z0-9._+-]. (Optional)
 	Version string
+	// Revision is the commit the binary was built from, exported as
+	// sluice_build_info's revision label. (Optional)
+	Revision string
 	// Logger receives the node's logs. Default slog.Default(). (Optional)
 	Logger *slog.Logger
 	// HTTPAddr is the host:port of the HTTP face (POST /v1/check,
