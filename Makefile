@@ -55,18 +55,18 @@ CLUSTER_TLS = --tls-ca .cluster/ca/ca.pem --tls-cert .cluster/client/dev.pem --t
 # Where make cluster-up puts its containers: the docker network
 # CLUSTER_NET.0/24 (the nodes at .11, .12 and .13), and sluice1's gRPC and
 # HTTP published on 127.0.0.1:CLUSTER_GRPC_PORT and :CLUSTER_HTTP_PORT.
-# The defaults stay clear of make run (7070-7072, 7080-7082, 7946-7948)
-# and of the e2e suite's networks (172.28.97, 172.28.98); give another
-# checkout's cluster other values (docs/install.md), and a directory name
-# of its own or COMPOSE_PROJECT_NAME (docker-compose names the containers
-# after it).
+# The defaults stay clear of make run (7070-7072, 7080-7082, 7946-7948),
+# the README's regions (7170-7182), make bench-cluster (7270-7372) and
+# the e2e suite's network (172.28.97); give another checkout's cluster
+# other values (docs/install.md), and a directory name of its own or
+# COMPOSE_PROJECT_NAME (docker-compose names the containers after it).
 CLUSTER_NET       ?= 172.28.7
-CLUSTER_GRPC_PORT ?= 7170
-CLUSTER_HTTP_PORT ?= 7180
+CLUSTER_GRPC_PORT ?= 7470
+CLUSTER_HTTP_PORT ?= 7480
 CLUSTER_ENV = SLUICE_IMAGE=$(IMAGE) SLUICE_COMPOSE_NET=$(CLUSTER_NET) SLUICE_COMPOSE_GRPC_PORT=$(CLUSTER_GRPC_PORT) SLUICE_COMPOSE_HTTP_PORT=$(CLUSTER_HTTP_PORT)
 
 .PHONY: cluster-up
-cluster-up: build docker ## start three nodes in containers (docker-compose.yml); sluice1's gRPC and HTTP on 127.0.0.1:CLUSTER_GRPC_PORT and :CLUSTER_HTTP_PORT (7170, 7180), network CLUSTER_NET.0/24 (172.28.7)
+cluster-up: build docker ## start three nodes in containers (docker-compose.yml); sluice1's gRPC and HTTP on 127.0.0.1:CLUSTER_GRPC_PORT and :CLUSTER_HTTP_PORT (7470, 7480), network CLUSTER_NET.0/24 (172.28.7)
 	@# A gossip key, a development CA, a peer certificate per node and a
 	@# client certificate, made with sluice's own commands and kept out of
 	@# git; readable by the containers' user (development only). The peer
