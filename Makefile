@@ -6,13 +6,23 @@ MODULE   := github.com/sluicehq/sluice
 
 .DEFAULT_GOAL := test
 
+# What make build and make docker stamp into the binary (sluice --version,
+# the members' metadata, sluice_build_info): git describe of the checkout
+# (the last tag, the commits since and the commit, -dirty with uncommitted
+# changes; the commit alone before the first tag) and the commit. Outside
+# a git checkout both are empty and the binary reports what the Go
+# toolchain recorded (docs/install.md).
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS  = -X main.version=$(VERSION) -X main.revision=$(REVISION)
+
 .PHONY: help
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n", $$1, $$2}'
 
 .PHONY: build
-build: ## build bin/sluice (static, CGO_ENABLED=0)
-	CGO_ENABLED=0 $(GO) build -o $(BIN) ./cmd/sluice
+build: ## build bin/sluice (static, CGO_ENABLED=0), its version stamped from git describe
+	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/sluice
 
 .PHONY: run
 run: build ## start a local three-node cluster on loopback (Ctrl-C stops all three)
@@ -36,34 +46,50 @@ bench: ## window benchmarks against go-limiter (see BENCHMARKS.md)
 
 .PHONY: docker
 IMAGE ?= sluice:dev
-docker: ## build bin/sluice-static (CGO_ENABLED=0) and the FROM scratch image (IMAGE, default sluice:dev)
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$$(git describe --always --dirty 2>/dev/null || echo dev)" -o bin/sluice-static ./cmd/sluice
-	docker build -t $(IMAGE) .
+docker: ## build bin/sluice-static (CGO_ENABLED=0) and the FROM scratch image (IMAGE, default sluice:dev), its version stamped from git describe
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w $(LDFLAGS)" -o bin/sluice-static ./cmd/sluice
+	docker build --label org.opencontainers.image.version=$(VERSION) --label org.opencontainers.image.revision=$(REVISION) -t $(IMAGE) .
 
 # The client flags for the cluster of make cluster-up.
 CLUSTER_TLS = --tls-ca .cluster/ca/ca.pem --tls-cert .cluster/client/dev.pem --tls-key .cluster/client/dev-key.pem
+# Where make cluster-up puts its containers: the docker network
+# CLUSTER_NET.0/24 (the nodes at .11, .12 and .13), and sluice1's gRPC and
+# HTTP published on 127.0.0.1:CLUSTER_GRPC_PORT and :CLUSTER_HTTP_PORT.
+# The defaults stay clear of make run (7070-7072, 7080-7082, 7946-7948),
+# the README's regions (7170-7182), make bench-cluster (7270-7372) and
+# the e2e suite's network (172.28.97); give another checkout's cluster
+# other values (docs/install.md), and a directory name of its own or
+# COMPOSE_PROJECT_NAME (docker-compose names the containers after it).
+CLUSTER_NET       ?= 172.28.7
+CLUSTER_GRPC_PORT ?= 7470
+CLUSTER_HTTP_PORT ?= 7480
+CLUSTER_ENV = SLUICE_IMAGE=$(IMAGE) SLUICE_COMPOSE_NET=$(CLUSTER_NET) SLUICE_COMPOSE_GRPC_PORT=$(CLUSTER_GRPC_PORT) SLUICE_COMPOSE_HTTP_PORT=$(CLUSTER_HTTP_PORT)
 
 .PHONY: cluster-up
-cluster-up: build docker ## start three nodes in containers (docker-compose.yml); gRPC and HTTP of sluice1 on 127.0.0.1:7070 and :7080
+cluster-up: build docker ## start three nodes in containers (docker-compose.yml); sluice1's gRPC and HTTP on 127.0.0.1:CLUSTER_GRPC_PORT and :CLUSTER_HTTP_PORT (7470, 7480), network CLUSTER_NET.0/24 (172.28.7)
 	@# A gossip key, a development CA, a peer certificate per node and a
 	@# client certificate, made with sluice's own commands and kept out of
-	@# git; readable by the containers' user (development only).
+	@# git; readable by the containers' user (development only). The peer
+	@# certificates name the nodes' addresses: made again when CLUSTER_NET
+	@# changes.
 	mkdir -p .cluster
 	[ -s .cluster/gossip.keys ] || bin/sluice keygen > .cluster/gossip.keys
 	[ -s .cluster/ca/ca.pem ] || bin/sluice tls ca create --out .cluster/ca
+	[ "$$(cat .cluster/net 2>/dev/null)" = "$(CLUSTER_NET)" ] || rm -rf .cluster/sluice1 .cluster/sluice2 .cluster/sluice3
+	echo "$(CLUSTER_NET)" > .cluster/net
 	for i in 1 2 3; do \
 	  [ -s .cluster/sluice$$i/sluice$$i.pem ] || bin/sluice tls cert create --ca .cluster/ca --peer sluice$$i \
-	    --host sluice$$i --host 172.28.7.1$$i --host 127.0.0.1 --out .cluster/sluice$$i || exit 1; \
+	    --host sluice$$i --host $(CLUSTER_NET).1$$i --host 127.0.0.1 --out .cluster/sluice$$i || exit 1; \
 	done
 	[ -s .cluster/client/dev.pem ] || bin/sluice tls cert create --ca .cluster/ca --client dev --out .cluster/client
 	chmod -R a+rX .cluster
-	SLUICE_IMAGE=$(IMAGE) docker-compose up -d
-	@for i in $$(seq 1 60); do bin/sluice members --addr 127.0.0.1:7070 $(CLUSTER_TLS) --json 2>/dev/null | grep -o '"state":"alive"' | wc -l | grep -qx 3 && break; sleep 1; done
-	bin/sluice members --addr 127.0.0.1:7070 $(CLUSTER_TLS)
+	$(CLUSTER_ENV) docker-compose up -d
+	@for i in $$(seq 1 60); do bin/sluice members --addr 127.0.0.1:$(CLUSTER_GRPC_PORT) $(CLUSTER_TLS) --json 2>/dev/null | grep -o '"state":"alive"' | wc -l | grep -qx 3 && break; sleep 1; done
+	bin/sluice members --addr 127.0.0.1:$(CLUSTER_GRPC_PORT) $(CLUSTER_TLS)
 
 .PHONY: cluster-down
 cluster-down: ## stop the containers of make cluster-up
-	docker-compose down
+	$(CLUSTER_ENV) docker-compose down
 
 .PHONY: e2e
 E2E_IMAGE ?= sluice:e2e

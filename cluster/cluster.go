@@ -150,6 +150,7 @@ type Cluster struct {
 	name    string
 	list    *memberlist.Memberlist
 	log     *slog.Logger
+	logw    *slogWriter // memberlist's log, told when gossip shuts down
 	changes chan struct{}
 	closed  atomic.Bool
 	refused atomic.Int64 // members refused for bad names or metadata
@@ -274,7 +275,7 @@ func New(cfg Config) (*Cluster, error) {
 	mc.Merge = (*admission)(c)
 	mc.Events = &events{c: c}
 	mc.Conflict = &conflicts{c: c}
-	mc.Logger = newStdLogger(c.log.With("component", "memberlist"))
+	mc.Logger, c.logw = newStdLogger(c.log.With("component", "memberlist"))
 	if cfg.tune != nil {
 		cfg.tune(mc)
 	}
@@ -402,6 +403,9 @@ func (c *Cluster) signal() {
 
 // Leave tells the other members that this node is leaving, waiting up to
 // timeout for the message to spread, then stops gossip. It is idempotent.
+// A message that could not spread because every other member left (or was
+// found dead) meanwhile, as when a whole cluster stops at once, is no
+// error: no one was left to tell.
 func (c *Cluster) Leave(timeout time.Duration) error {
 	c.reconnect.close()
 	c.mu.Lock()
@@ -410,11 +414,27 @@ func (c *Cluster) Leave(timeout time.Duration) error {
 		return nil
 	}
 	err := c.list.Leave(timeout)
+	if err != nil && !c.othersAlive() {
+		c.log.Debug("leave message not spread: no other member left to tell", "error", err)
+		err = nil
+	}
 	c.closed.Store(true)
+	c.logw.closing.Store(true)
 	if serr := c.list.Shutdown(); err == nil {
 		err = serr
 	}
 	return err
+}
+
+// othersAlive reports whether gossip knows another member that has not
+// left and is not dead.
+func (c *Cluster) othersAlive() bool {
+	for _, n := range c.list.Members() {
+		if n.Name != c.name {
+			return true
+		}
+	}
+	return false
 }
 
 // Shutdown stops gossip without a leave message (others will see this node
@@ -426,6 +446,7 @@ func (c *Cluster) Shutdown() error {
 	if c.closed.Swap(true) {
 		return nil
 	}
+	c.logw.closing.Store(true)
 	return c.list.Shutdown()
 }
 
@@ -520,7 +541,9 @@ func (e *events) NotifyJoin(n *memberlist.Node) {
 }
 
 func (e *events) NotifyLeave(n *memberlist.Node) {
-	e.c.log.Info("member left", "member", n.Name, "addr", n.Address(), "state", n.State)
+	// No state: memberlist does not keep n.State up to date (it read 0,
+	// alive, for every member that left).
+	e.c.log.Info("member left", "member", n.Name, "addr", n.Address())
 	if n.Name != e.c.name {
 		e.c.reconnect.left(n)
 	}

@@ -153,7 +153,7 @@ func TestStdLoggerLimitsFloods(t *testing.T) {
 
 func TestStdLoggerLevels(t *testing.T) {
 	var buf bytes.Buffer
-	l := newStdLogger(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	l, _ := newStdLogger(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	l.Printf("[WARN] memberlist: something odd")
 	l.Printf("[DEBUG] memberlist: detail")
 	l.Printf("no prefix")

@@ -5,7 +5,9 @@ import (
 	"context"
 	"log"
 	"log/slog"
+	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -22,19 +24,29 @@ const (
 // newStdLogger bridges memberlist's *log.Logger to slog: a line that starts
 // with "[DEBUG]", "[INFO]", "[WARN]" or "[ERR]" becomes a record of that
 // level, without the prefix; warnings and errors are rate limited (see
-// logBurst).
-func newStdLogger(l *slog.Logger) *log.Logger {
-	return log.New(&slogWriter{l: l, window: logWindow, burst: logBurst}, "", 0)
+// logBurst). Once the writer's closing is set (the node is stopping its
+// gossip), a warning or error about a closed connection is logged at
+// debug: memberlist closes its sockets before it stops its timers, so a
+// gossip round may still try one ("Failed to send gossip ... use of
+// closed network connection").
+func newStdLogger(l *slog.Logger) (*log.Logger, *slogWriter) {
+	w := &slogWriter{l: l, window: logWindow, burst: logBurst}
+	return log.New(w, "", 0), w
 }
 
 type slogWriter struct {
 	l             *slog.Logger
 	window        time.Duration
 	burst         int
+	closing       atomic.Bool // gossip is being shut down
 	mu            sync.Mutex
 	start         time.Time // of the current window
 	written, left int       // warnings and errors written and left out in it
 }
+
+// closedConn is the text of net.ErrClosed, which memberlist's lines carry
+// as text only.
+var closedConn = []byte(net.ErrClosed.Error())
 
 var levels = []struct {
 	prefix []byte
@@ -55,6 +67,9 @@ func (w *slogWriter) Write(p []byte) (int, error) {
 			msg, level = msg[len(lv.prefix):], lv.level
 			break
 		}
+	}
+	if level >= slog.LevelWarn && w.closing.Load() && bytes.Contains(msg, closedConn) {
+		level = slog.LevelDebug
 	}
 	if level >= slog.LevelWarn && !w.allow() {
 		return len(p), nil

@@ -552,7 +552,8 @@ func (c *cluster) bench(d time.Duration, names ...string) (wait func() benchResu
 			"--duration", d.String(), "--timeout", "10s", "--json"}, cliSecurityArgs()...)...)
 		var r benchResult
 		if err == nil {
-			// The summary is the last line; progress goes to a terminal only.
+			// The summary is the last line (stdout, after the progress
+			// lines on stderr).
 			lines := bytes.Split(bytes.TrimSpace(out), []byte("\n"))
 			err = json.Unmarshal(lines[len(lines)-1], &r)
 		}

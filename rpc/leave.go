@@ -4,13 +4,24 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
+	"github.com/sluicehq/sluice/rpc/internal/handoff"
 )
+
+// ErrNoneToTake says a leaving node's keys were not handed off because no
+// member could take them: the node was the last member, or every other
+// member was leaving too (a whole cluster stopping at once). It is what
+// such a stop is expected to do: [Node.Close] drops the keys, or saves them
+// in its StateDir, and returns no error.
+var ErrNoneToTake = errors.New("rpc: leave: no member can take the keys")
 
 // Leave hands this node's keys to their next owners before it leaves: it
 // stops taking checks (Check answers UNAVAILABLE), routes what peers still
 // forward to it to the keys' next owners, and pushes all its state there.
 // It returns when everything was handed off or ctx ends (the error then
-// says what was not). Call it once, before leaving the gossip.
+// says what was not). When no member can take the keys (this node is the
+// last, or every other member is leaving too), it returns an error
+// wrapping ErrNoneToTake. Call it once, before leaving the gossip.
 func (s *Server) Leave(ctx context.Context) error {
 	s.setMu.Lock()
 	handing := make(chan struct{})
@@ -29,7 +40,7 @@ func (s *Server) Leave(ctx context.Context) error {
 		s.setMu.Unlock()
 		close(handing)
 		if n := s.store.Len(); n > 0 {
-			s.log.Warn("last member leaving: its keys' state is lost", "keys", n)
+			return fmt.Errorf("%w: %d keys (the last member)", ErrNoneToTake, n)
 		}
 		return nil
 	}
@@ -44,7 +55,11 @@ func (s *Server) Leave(ctx context.Context) error {
 	s.setMu.Unlock()
 	s.log.Info("handing off before leaving", "keys", s.store.Len(), "fingerprint", r.Fingerprint())
 	defer close(handing)
-	return s.handoff.LeaveAll(ctx)
+	err = s.handoff.LeaveAll(ctx)
+	if errors.Is(err, handoff.ErrNoneToTake) {
+		return fmt.Errorf("%w: %w", ErrNoneToTake, err)
+	}
+	return err
 }
 
 // FinishLeave hands off the keys decided here after Leave returned: a

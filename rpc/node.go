@@ -104,8 +104,13 @@ type NodeConfig struct {
 	// Clock is the owner's clock, the only one decisions use. Default the
 	// system clock. (Optional)
 	Clock window.Clock
-	// Version is the sluice version gossiped in metadata. (Optional)
+	// Version is the sluice version, gossiped in metadata (members show
+	// it) and exported as sluice_build_info's version label; at most 64
+	// bytes of [A-Za-z0-9._+-]. (Optional)
 	Version string
+	// Revision is the commit the binary was built from, exported as
+	// sluice_build_info's revision label. (Optional)
+	Revision string
 	// Logger receives the node's logs. Default slog.Default(). (Optional)
 	Logger *slog.Logger
 	// HTTPAddr is the host:port of the HTTP face (POST /v1/check,
@@ -628,7 +633,10 @@ func (n *Node) RLS() *rls.Service { return n.rls }
 // that such calls decided here after the hand-off are handed off too
 // (Server.FinishLeave), with StateDir the keys no member could take are
 // written there (see keepState), and background work stops.
-// It is idempotent and returns the first error.
+// It is idempotent and returns the first error. Keys no member could take
+// (this node was the last, or every other member was leaving too: a
+// whole cluster stopping at once) are no error: without StateDir it logs
+// at info how many it drops.
 func (n *Node) Close(ctx context.Context) error {
 	n.closeOnce.Do(func() {
 		n.draining.Store(true)
@@ -644,14 +652,19 @@ func (n *Node) Close(ctx context.Context) error {
 			herr = n.server.Leave(hctx)
 		}
 		cancel()
-		if herr != nil {
+		dropped := errors.Is(herr, ErrNoneToTake) // expected when the whole cluster stops
+		switch {
+		case dropped && n.state == nil:
+			n.log.Info("keys dropped: no member can take them (every other member is leaving too, or none is left)", "keys", n.store.Len())
+		case dropped: // keepState saves them in the state dir, and says so
+		case herr != nil:
 			n.log.Error("hand-off before leaving incomplete", "error", herr, "took", time.Since(start))
-		} else {
+		default:
 			n.log.Info("handed off all keys", "took", time.Since(start))
 		}
 		n.log.Info("leaving the cluster")
 		err := n.cluster.Leave(n.cfg.LeaveTimeout)
-		if err == nil {
+		if err == nil && !dropped {
 			err = herr
 		}
 		n.server.Drain()

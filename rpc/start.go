@@ -174,6 +174,7 @@ func newCore(cfg NodeConfig, sec secured, log *slog.Logger) (core, error) {
 	}
 	store := window.NewStore(storeCfg)
 	metrics := NewMetrics()
+	metrics.setBuild(cfg.Version, cfg.Revision)
 	// With TLS a peer proves its member name by its certificate; the
 	// hand-off checks that the sender it names is the caller.
 	peerIdentity := cfg.PeerIdentity

@@ -314,7 +314,7 @@ func (d *stateDir) remove() {
 // leave path's "no one to take the keys" that keepState relies on.
 func (s *Server) noneCouldTake(leaveErr error) bool {
 	last := s.leaving.Load() && s.view.Load().ring.Has(s.name)
-	return last || errors.Is(leaveErr, ring.ErrNoMembers)
+	return last || errors.Is(leaveErr, ring.ErrNoMembers) || errors.Is(leaveErr, ErrNoneToTake)
 }
 
 // foldStandIns adds every key's stand-in hits (what this node admitted in

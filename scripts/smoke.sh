@@ -68,6 +68,14 @@ curl -sS "http://$http/readyz" | grep -q ready || fail "/readyz is not ready"
 # (read whole first: with pipefail, grep -q quitting early would fail curl)
 metrics=$(curl -sS "http://$http/metrics")
 grep -q '^sluice_checks_total{name="(inline)",outcome="allowed"} 2$' <<<"$metrics" || fail "/metrics does not count the two checks"
+# The build make build stamped: sluice --version, and the node's
+# sluice_build_info (make smoke builds bin/sluice from this checkout).
+want_version=$(git describe --tags --always --dirty 2>/dev/null || true)
+if [ -n "$want_version" ]; then
+  "$bin" --version | head -n1 | grep -qx "sluice $want_version" || fail "sluice --version: $("$bin" --version | head -n1), want sluice $want_version"
+  grep -q "^sluice_build_info{goversion=\"go[0-9.]*\",revision=\"$(git rev-parse HEAD)\",version=\"$want_version\"} 1$" <<<"$metrics" ||
+    fail "/metrics: $(grep sluice_build_info <<<"$metrics"), want version $want_version"
+fi
 "$bin" healthcheck --addr "$addr" || fail "sluice healthcheck failed on a serving node"
 echo "smoke: HTTP OK"
 
@@ -131,4 +139,7 @@ for _ in $(seq 1 75); do
   sleep 0.2
 done
 if pgrep -f "sluice serve --name node" >/dev/null; then fail "make run left nodes running 15 s after Ctrl-C"; fi
+# make run logs at warn: a start and a Ctrl-C with nothing wrong log nothing
+# (a node joining, every node leaving at once and dropping its keys).
+if grep -E 'level=(WARN|ERROR)' "$work/run.log"; then fail "make run logged warnings or errors (above)"; fi
 echo "smoke: make run OK (sluice check, RLS ShouldRateLimit OVER_LIMIT)"

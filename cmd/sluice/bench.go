@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -61,6 +62,9 @@ func benchCommand(e env) *cli.Command {
 		Usage: "load a cluster with checks and report checks/s, latency and answers",
 		Description: "Closed loop: --concurrency goroutines, one connection per node, each goroutine\n" +
 			"sending its RPCs round-robin over --addrs; --warmup, then --duration measured.\n" +
+			"Every --progress-every it prints checks/s and errors so far to stderr (rewriting one\n" +
+			"line on a terminal, a line each time otherwise); once the warm-up is over, its clock\n" +
+			"and rate are the measured window's alone.\n" +
 			"Workloads:\n" +
 			"  spread   uniform random keys out of --keys, token bucket, nothing denied, 1 check per RPC\n" +
 			"  hot      every check on one key, otherwise as spread\n" +
@@ -78,6 +82,7 @@ func benchCommand(e env) *cli.Command {
 			&cli.IntFlag{Name: "batch", Value: 100, Usage: "checks per RPC for batched (1..1000)"},
 			&cli.DurationFlag{Name: "timeout", Value: 5 * time.Second, Usage: "deadline of each RPC", Sources: e.of("timeout")},
 			&cli.BoolFlag{Name: "json", Usage: "print the summary as one JSON object"},
+			&cli.DurationFlag{Name: "progress-every", Value: time.Second, Usage: "print checks/s and errors so far to stderr this often (one line each, rewritten in place on a terminal); 0: never"},
 		}, clientAuthFlags(e)...),
 		Action: func(ctx context.Context, cmd *cli.Command) error { return runBench(ctx, cmd, e.getenv) },
 	}
@@ -118,6 +123,8 @@ func runBench(ctx context.Context, cmd *cli.Command, getenv func(string) (string
 		return usagef("batch", "must be in 1..1000, got %d", batch)
 	case timeout <= 0:
 		return usagef("timeout", "must be > 0, got %s", timeout)
+	case cmd.Duration("progress-every") < 0:
+		return usagef("progress-every", "must be >= 0, got %s", cmd.Duration("progress-every"))
 	}
 	if gc, set := defaultGCPercent(getenv); set {
 		debug.SetGCPercent(gc) // as serve does: the load generator's heap is small too
@@ -134,9 +141,9 @@ func runBench(ctx context.Context, cmd *cli.Command, getenv func(string) (string
 			return err
 		}
 	}
-	var progress io.Writer
-	if f, ok := cmd.Root().ErrWriter.(*os.File); ok && term.IsTerminal(int(f.Fd())) && !cmd.Bool("json") {
-		progress = f
+	progress := progress{w: cmd.Root().ErrWriter, every: cmd.Duration("progress-every")}
+	if f, ok := progress.w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		progress.terminal = true
 	}
 	var sum benchSummary
 	var err error
@@ -199,7 +206,7 @@ type workerStats struct {
 
 // benchLoad runs the closed loop of spread, hot and batched.
 func benchLoad(ctx context.Context, clients []sluicev1.RateLimitServiceClient, workload string, conc, perRPC, keys int,
-	warmup, dur, timeout time.Duration, progress io.Writer) (benchSummary, error) {
+	warmup, dur, timeout time.Duration, progress progress) (benchSummary, error) {
 	// Each goroutine reuses one request and draws fresh keys into it before
 	// each RPC (gRPC has marshalled it by the time Check returns): a few
 	// nanoseconds a check and no garbage but the key strings. A prebuilt
@@ -220,8 +227,8 @@ func benchLoad(ctx context.Context, clients []sluicev1.RateLimitServiceClient, w
 	start := time.Now()
 	ws, we := start.Add(warmup), start.Add(warmup+dur)
 	stats := make([]workerStats, conc)
-	var live, liveErrs atomic.Int64
-	stop := startProgress(progress, start, warmup, &live, &liveErrs)
+	var all, window liveCounts // all answers; those in the measured window
+	stop := progress.start(start, warmup, dur, &all, &window)
 	var wg sync.WaitGroup
 	for g := 0; g < conc; g++ {
 		wg.Go(func() {
@@ -242,16 +249,14 @@ func benchLoad(ctx context.Context, clients []sluicev1.RateLimitServiceClient, w
 				resp, err := clients[(g+n)%len(clients)].Check(cctx, req)
 				cancel()
 				t1 := time.Now()
-				live.Add(int64(perRPC))
 				if err == nil && len(resp.Decisions) != perRPC {
 					err = fmt.Errorf("%d decisions for %d checks", len(resp.Decisions), perRPC)
 				}
-				if err != nil {
-					liveErrs.Add(1)
-				}
+				all.add(perRPC, err)
 				if t1.Before(ws) || !t1.Before(we) {
 					continue
 				}
+				window.add(perRPC, err)
 				if err != nil {
 					st.errors++
 					continue
@@ -301,7 +306,7 @@ func benchLoad(ctx context.Context, clients []sluicev1.RateLimitServiceClient, w
 // minute) over all nodes and counts the allowed ones per key. It first
 // waits, if needed, until at least 30 s remain in the current minute, so
 // that all checks fall into one window.
-func benchExact(ctx context.Context, clients []sluicev1.RateLimitServiceClient, conc int, timeout time.Duration, progress io.Writer) (benchSummary, error) {
+func benchExact(ctx context.Context, clients []sluicev1.RateLimitServiceClient, conc int, timeout time.Duration, progress progress) (benchSummary, error) {
 	if left := time.Minute - time.Duration(wallNow().UnixNano()%int64(time.Minute)); left < 30*time.Second {
 		select {
 		case <-time.After(left):
@@ -310,12 +315,13 @@ func benchExact(ctx context.Context, clients []sluicev1.RateLimitServiceClient, 
 		}
 	}
 	runID := strconv.FormatInt(time.Now().UnixNano()%1_000_000_007, 36)
-	var next, live, liveErrs atomic.Int64
+	var next atomic.Int64
+	var live liveCounts
 	var mu sync.Mutex
 	sum := benchSummary{ChecksPerRPC: 1, AllowedPerKey: map[string]int64{}}
 	var lat []time.Duration
 	start := time.Now()
-	stop := startProgress(progress, start, 0, &live, &liveErrs)
+	stop := progress.start(start, 0, 0, &live, &live)
 	var wg sync.WaitGroup
 	for g := 0; g < conc; g++ {
 		wg.Go(func() {
@@ -337,11 +343,13 @@ func benchExact(ctx context.Context, clients []sluicev1.RateLimitServiceClient, 
 				resp, err := clients[int(n)%len(clients)].Check(cctx, req)
 				cancel()
 				myLat = append(myLat, time.Since(t0))
-				live.Add(1)
+				if err == nil && (len(resp.Decisions) != 1 || resp.Decisions[0].Error != "") {
+					err = errors.New("no decision")
+				}
+				live.add(1, err)
 				switch {
-				case err != nil || len(resp.Decisions) != 1 || resp.Decisions[0].Error != "":
+				case err != nil:
 					my.Errors++
-					liveErrs.Add(1)
 				case resp.Decisions[0].Allowed:
 					my.Allowed++
 					myAllowed[key]++
@@ -381,34 +389,86 @@ func benchExact(ctx context.Context, clients []sluicev1.RateLimitServiceClient, 
 	return sum, ctx.Err()
 }
 
-// startProgress prints checks/s and errors so far to w once a second (w
-// nil: nothing) and returns a function that stops it.
-func startProgress(w io.Writer, start time.Time, warmup time.Duration, checks, errs *atomic.Int64) func() {
-	if w == nil {
+// liveCounts are a bench's answers so far, read by its progress reports.
+type liveCounts struct {
+	checks atomic.Int64 // checks answered, errors included
+	errs   atomic.Int64 // RPCs that failed
+}
+
+// add counts one RPC of checks checks that ended with err.
+func (c *liveCounts) add(checks int, err error) {
+	c.checks.Add(int64(checks))
+	if err != nil {
+		c.errs.Add(1)
+	}
+}
+
+// progress is where and how often a bench reports its progress.
+type progress struct {
+	w        io.Writer     // stderr
+	every    time.Duration // between reports; 0: none
+	terminal bool          // w is a terminal: one line, rewritten in place
+}
+
+// start reports progress every p.every from start until the returned
+// function is called (see progressLine): during warmup from all, after it
+// from window, the counts of the measured window alone. dur is the
+// measured window's length (0: unknown).
+func (p progress) start(start time.Time, warmup, dur time.Duration, all, window *liveCounts) (stop func()) {
+	if p.w == nil || p.every <= 0 {
 		return func() {}
 	}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		tick := time.NewTicker(time.Second)
+		tick := time.NewTicker(p.every)
 		defer tick.Stop()
 		for {
 			select {
 			case <-done:
-				fmt.Fprint(w, "\r\033[K")
+				if p.terminal {
+					fmt.Fprint(p.w, "\r\033[K")
+				}
 				return
 			case now := <-tick.C:
 				el := now.Sub(start)
-				phase := "measuring"
-				if el < warmup {
-					phase = "warming up"
+				c := all
+				if el >= warmup {
+					c = window
 				}
-				fmt.Fprintf(w, "\r\033[K%5.1fs %s: %.0f checks/s so far, %d errors", el.Seconds(), phase,
-					float64(checks.Load())/el.Seconds(), errs.Load())
+				line := progressLine(el, warmup, dur, c.checks.Load(), c.errs.Load())
+				if p.terminal {
+					fmt.Fprint(p.w, "\r\033[K"+line)
+				} else {
+					fmt.Fprintln(p.w, line)
+				}
 			}
 		}
 	})
 	return func() { close(done); wg.Wait() }
+}
+
+// progressLine is the report at el after a bench's start: while warming
+// up (el < warmup), the time into the warm-up and its rate so far; then
+// the time into the measured window (the warm-up left out) of dur (0:
+// unknown), and the window's rate and errors so far (checks and errs
+// count the phase's answers only).
+func progressLine(el, warmup, dur time.Duration, checks, errs int64) string {
+	rate := func(d time.Duration) float64 {
+		if d <= 0 {
+			return 0
+		}
+		return float64(checks) / d.Seconds()
+	}
+	if el < warmup {
+		return fmt.Sprintf("warming up %.1fs of %s: %.0f checks/s, %d errors (not counted)", el.Seconds(), warmup, rate(el), errs)
+	}
+	m := el - warmup
+	of := ""
+	if dur > 0 {
+		of = " of " + dur.String()
+	}
+	return fmt.Sprintf("measuring %.1fs%s: %.0f checks/s, %d errors", m.Seconds(), of, rate(m), errs)
 }
 
 // drawKeys gives each check of req a key drawn uniformly at random out of

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"math/rand/v2"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -125,5 +126,70 @@ func TestDrawKeysIsUniformOverKeys(t *testing.T) {
 	// Two checks of one RPC share a key 1 time in 10 when drawn apart.
 	if sameInRPC < rpcs/20 || sameInRPC > rpcs*3/20 {
 		t.Errorf("checks 0 and 1 of an RPC had the same key in %d of %d RPCs, want about %d", sameInRPC, rpcs, rpcs/10)
+	}
+}
+
+// A progress report while warming up counts the warm-up; once measuring,
+// its clock and rate are the measured window's alone.
+func TestProgressLine(t *testing.T) {
+	tests := []struct {
+		el, warmup, dur time.Duration
+		checks, errs    int64
+		want            string
+	}{
+		{time.Second, 2 * time.Second, 10 * time.Second, 5000, 0, "warming up 1.0s of 2s: 5000 checks/s, 0 errors (not counted)"},
+		// 4 s after the start is 2 s into the window: 3000 checks there.
+		{4 * time.Second, 2 * time.Second, 10 * time.Second, 3000, 1, "measuring 2.0s of 10s: 1500 checks/s, 1 errors"},
+		{2 * time.Second, 2 * time.Second, 10 * time.Second, 0, 0, "measuring 0.0s of 10s: 0 checks/s, 0 errors"},
+		{1500 * time.Millisecond, 0, 0, 3000, 0, "measuring 1.5s: 2000 checks/s, 0 errors"}, // exact: no warm-up, no set length
+	}
+	for _, tt := range tests {
+		if got := progressLine(tt.el, tt.warmup, tt.dur, tt.checks, tt.errs); got != tt.want {
+			t.Errorf("progressLine(%s, %s, %s, %d, %d) = %q, want %q", tt.el, tt.warmup, tt.dur, tt.checks, tt.errs, got, tt.want)
+		}
+	}
+}
+
+// Progress goes to stderr also when it is not a terminal: one line per
+// report, no escape codes; while measuring, its clock leaves the warm-up
+// out (every measuring report is under the 600 ms warm-up, where counting
+// it would put each at 600 ms or more). The summary stays alone on
+// stdout.
+func TestBenchProgressWithoutATerminal(t *testing.T) {
+	n := startManualNode(t, "p1")
+	code, out, errOut := sluice(t, "bench", "--addrs", n.GRPCAddr(), "--workload", "spread", "--concurrency", "2",
+		"--warmup", "600ms", "--duration", "300ms", "--progress-every", "50ms", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var s benchSummary
+	if err := json.Unmarshal([]byte(out), &s); err != nil || s.RPCs == 0 {
+		t.Fatalf("stdout is not the summary alone (%v): %q", err, out)
+	}
+	if strings.ContainsAny(errOut, "\r\033") {
+		t.Fatalf("escape codes on a stderr that is no terminal: %q", errOut)
+	}
+	lines := strings.Split(strings.TrimSuffix(errOut, "\n"), "\n")
+	warming := regexp.MustCompile(`^warming up \d+\.\ds of 600ms: \d+ checks/s, 0 errors \(not counted\)$`)
+	measuring := regexp.MustCompile(`^measuring (\d+\.\d)s of 300ms: \d+ checks/s, 0 errors$`)
+	var warm, measured int
+	for _, l := range lines {
+		switch m := measuring.FindStringSubmatch(l); {
+		case warming.MatchString(l):
+			warm++
+		case m != nil:
+			measured++
+			if sec, _ := strconv.ParseFloat(m[1], 64); sec >= 0.6 {
+				t.Errorf("a measuring report at %ss: the warm-up was counted (%q)", m[1], l)
+			}
+		default:
+			t.Errorf("unexpected stderr line %q", l)
+		}
+	}
+	if warm == 0 || measured == 0 {
+		t.Fatalf("%d warming up and %d measuring reports, want some of each:\n%s", warm, measured, errOut)
+	}
+	if code, _, errOut := sluice(t, "bench", "--addrs", n.GRPCAddr(), "--progress-every", "-1s"); code != 2 || !strings.Contains(errOut, "--progress-every") {
+		t.Fatalf("a negative --progress-every: exit %d %s", code, errOut)
 	}
 }

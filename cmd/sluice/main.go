@@ -29,11 +29,19 @@ import (
 	"syscall"
 
 	"github.com/urfave/cli/v3"
+
+	"github.com/sluicehq/sluice/internal/buildinfo"
 )
 
-// version is the sluice version, set at build time with
-// -ldflags "-X main.version=...".
-var version = "dev"
+// version and revision are what the build stamped with -ldflags
+// "-X main.version=... -X main.revision=..." (make build and make docker:
+// git describe --tags --always --dirty, and the commit); "" when nothing
+// was, and build then takes them from what the Go toolchain recorded.
+var version, revision string
+
+// build is this binary's build: `sluice --version` prints it, serve
+// gossips its version and exports it in sluice_build_info.
+var build = buildinfo.Read(version, revision)
 
 // Exit codes.
 const (
@@ -57,11 +65,18 @@ func run(ctx context.Context, args []string, getenv func(string) (string, bool),
 	root := &cli.Command{
 		Name:      "sluice",
 		Usage:     "a distributed rate limiter",
-		Version:   version,
 		Writer:    stdout,
 		ErrWriter: stderr,
 		Commands:  []*cli.Command{serveCommand(e), checkCommand(e), membersCommand(e), benchCommand(e), scenarioCommand(e), healthcheckCommand(e), keygenCommand(), tlsCommand(), proxyCommand(e), keyCommand(e), limitsCommand(e), validateCommand()},
+		// --version is ours (cli's prints the version only): the
+		// version, the revision and the Go that built the binary.
+		HideVersion: true,
+		Flags:       []cli.Flag{&cli.BoolFlag{Name: "version", Aliases: []string{"v"}, Usage: "print the version, the revision and the Go version"}},
 		Action: func(ctx context.Context, cmd *cli.Command) error {
+			if cmd.Bool("version") {
+				_, err := fmt.Fprint(stdout, build.String())
+				return err
+			}
 			if cmd.Args().Len() > 0 {
 				return usageError{fmt.Errorf("unknown command %q (want serve, check, members, bench, scenario, healthcheck, proxy, keygen, tls, key, limits or validate; see sluice --help)", cmd.Args().First())}
 			}

@@ -25,6 +25,7 @@ type memberJSON struct {
 	Region     string  `json:"region"`
 	State      string  `json:"state"`
 	RingShare  float64 `json:"ring_share"` // fraction of the ring's partitions, 0..1
+	Version    string  `json:"version"`    // the sluice build it runs (see sluice --version); "" when it gossips none
 }
 
 func membersCommand(e env) *cli.Command {
@@ -51,20 +52,20 @@ func membersCommand(e env) *cli.Command {
 				mj := membersJSON{Members: make([]memberJSON, 0, len(resp.Members))}
 				for _, m := range resp.Members {
 					mj.Members = append(mj.Members, memberJSON{Name: m.Name, GRPCAddr: m.GrpcAddr, GossipAddr: m.GossipAddr,
-						Region: m.Region, State: m.State, RingShare: m.RingShare})
+						Region: m.Region, State: m.State, RingShare: m.RingShare, Version: m.Version})
 				}
 				b, _ := json.Marshal(mj)
 				fmt.Fprintf(out, "%s\n", b)
 				return nil
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tGRPC\tGOSSIP\tREGION\tSTATE\tRING SHARE")
+			fmt.Fprintln(tw, "NAME\tGRPC\tGOSSIP\tREGION\tSTATE\tRING SHARE\tVERSION")
 			for _, m := range resp.Members {
 				self := ""
 				if m.Name == resp.Self {
 					self = " (answering)"
 				}
-				fmt.Fprintf(tw, "%s%s\t%s\t%s\t%s\t%s\t%.1f%%\n", m.Name, self, m.GrpcAddr, m.GossipAddr, m.Region, m.State, 100*m.RingShare)
+				fmt.Fprintf(tw, "%s%s\t%s\t%s\t%s\t%s\t%.1f%%\t%s\n", m.Name, self, m.GrpcAddr, m.GossipAddr, m.Region, m.State, 100*m.RingShare, m.Version)
 			}
 			if err := tw.Flush(); err != nil {
 				return err

@@ -40,7 +40,7 @@ func TestServeRLSConfig(t *testing.T) {
 	errBuf, m, stop := startServeLog(t, nil, env, regexp.MustCompile(`msg="node started" node=rls-node grpc_addr=(\S+)`))
 	defer stop()
 	addr := m[0][1]
-	if !strings.Contains(errBuf.String(), `msg="rls rules loaded" component=rls domains=edge files=1`) {
+	if !strings.Contains(errBuf.String(), `msg="rls rules loaded" node=rls-node component=rls domains=edge files=1`) {
 		t.Errorf("no rules line in the log:\n%s", errBuf.String())
 	}
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -88,7 +88,7 @@ func TestServeRLSPeerSettings(t *testing.T) {
 		"SLUICE_RLS_RESPONSE_DYNAMIC_METADATA": "true", "SLUICE_RLS_INCREMENT_WHEN_OVER_LIMIT": "true",
 	}
 	errBuf, ms, stop := startServeLog(t, nil, env, regexp.MustCompile(`msg="node started" node=peer-node grpc_addr=(\S+) .*http_addr=(\S+)`),
-		regexp.MustCompile(`msg="debug endpoints up" addr=(\S+)`))
+		regexp.MustCompile(`msg="debug endpoints up" node=peer-node addr=(\S+)`))
 	defer stop()
 	m, dm := ms[0], ms[1]
 	if !strings.Contains(errBuf.String(), "no rls rules yet") {

@@ -55,10 +55,13 @@ func serveCommand(e env) *cli.Command {
 			if err != nil {
 				return err
 			}
-			cfg, err := nodeConfig(cmd, table, rpc.NodeConfig{Version: version, Logger: logger})
+			cfg, err := nodeConfig(cmd, table, rpc.NodeConfig{Version: build.Version, Revision: build.Revision, Logger: logger})
 			if err != nil {
 				return err
 			}
+			// Every line names the node, as the node's own do (rpc adds
+			// node= to cfg.Logger itself).
+			logger = logger.With("node", cfg.Name)
 			if want, warn := tracingWanted(e.getenv); warn != "" {
 				logger.Warn(warn)
 			} else if want {

@@ -52,6 +52,11 @@ const ClockSlack = time.Minute
 // ErrLeaving refuses what a leaving node no longer takes.
 var ErrLeaving = errors.New("node is leaving the cluster")
 
+// ErrNoneToTake says why a leaving node's keys were not handed off: every
+// other member of its ring is leaving too (as when a whole cluster stops at
+// once), so no member can take them.
+var ErrNoneToTake = errors.New("every other member is leaving too: none can take the keys")
+
 // ErrNotMember refuses a peer call whose sender is not in the receiver's
 // ring, now or lately (VetSender); a pull waits a moment on it.
 var ErrNotMember = errors.New("not a member of the receiver's ring")
@@ -636,11 +641,15 @@ func takeoverOf(e replica.Entry) custody.Takeover {
 // member can take them. Members found gone or leaving too are left out of
 // the ring it pushes by (gossip may tell of them late). It returns an
 // error saying how many keys were not handed off (counted in
-// MovedWithoutState).
+// MovedWithoutState), wrapping ErrNoneToTake when every other member
+// refused them as leaving too. A try that failed only because members
+// were leaving is logged at debug (the next goes without them), any other
+// at warn.
 func (m *Mover) LeaveAll(ctx context.Context) error {
 	var (
 		lastErr error
 		skip    = map[string]bool{} // members that cannot take keys: gone or leaving too
+		gone    = false             // a member in skip was unreachable, not leaving
 	)
 	for attempt := 0; ; attempt++ {
 		v := m.cfg.Node.View()
@@ -648,6 +657,9 @@ func (m *Mover) LeaveAll(ctx context.Context) error {
 			r, err := m.cfg.Rings.Without(v.Ring, skip)
 			if err != nil {
 				lastErr = err
+				if errors.Is(err, ring.ErrNoMembers) && !gone {
+					lastErr = fmt.Errorf("%w (%w)", ErrNoneToTake, err)
+				}
 				break
 			}
 			v.Ring = r
@@ -678,12 +690,20 @@ func (m *Mover) LeaveAll(ctx context.Context) error {
 			// after its key was handed off: hand it off too.
 			continue
 		}
+		onlyLeaving := len(failed) > 0 // every failure a member leaving too
 		for member, err := range failed {
-			if c := status.Code(err); c == codes.Unavailable || c == codes.Canceled || errors.Is(err, ErrLeaving) {
+			switch c := status.Code(err); {
+			case errors.Is(err, ErrLeaving):
 				skip[member] = true
+			case c == codes.Unavailable || c == codes.Canceled:
+				skip[member], gone, onlyLeaving = true, true, false
+			default:
+				onlyLeaving = false
 			}
 		}
-		if attempt%20 == 0 {
+		if onlyLeaving {
+			m.log.Debug("hand-off before leaving: members leaving too; retrying without them", "keys", m.cfg.Store.Len(), "error", lastErr)
+		} else if attempt%20 == 0 {
 			m.log.Warn("hand-off before leaving incomplete, retrying", "keys", m.cfg.Store.Len(), "error", lastErr)
 		}
 		select {
@@ -705,10 +725,19 @@ func (m *Mover) LeaveAll(ctx context.Context) error {
 // current view, and returns its answer: it merges the states a member
 // may hand this node (see vetKeyState) and refuses the rest, naming the
 // field; a refusal of the whole request is in the answer's error. A
-// leaving node refuses (it hands everything off itself). A request marked
-// stand_in goes to standIn, which merges it into the stand-in windows.
+// sender this node has not heard of is waited for up to MemberWait (it
+// may have just joined) before it is refused. A leaving node refuses (it
+// hands everything off itself). A request marked stand_in goes to
+// standIn, which merges it into the stand-in windows.
 func (m *Mover) Receive(ctx context.Context, req *sluicev1.HandOffRequest, standIn func(ctx context.Context, v View, req *sluicev1.HandOffRequest) (int64, string)) *sluicev1.HandOffResponse {
 	resp := &sluicev1.HandOffResponse{}
+	if req.Sender != "" && !req.StandIn && len(req.States) <= Batch && !m.cfg.Node.Leaving() {
+		// A member that just joined says done to every member it knows,
+		// some of which have not heard of it yet: wait a moment for
+		// gossip to bring it (and the ring it pushes by) rather than
+		// refuse it. A stranger is refused below, after MemberWait.
+		_ = m.awaitMember(ctx, req.Sender)
+	}
 	// One view for the ring check and the states' vetting: a ring that
 	// changed in between would refuse honest states silently.
 	v := m.cfg.Node.View()
@@ -867,15 +896,34 @@ func (m *Mover) VetSender(ctx context.Context, sender string) error {
 	return fmt.Errorf("sender: %q is %w", sender, ErrNotMember)
 }
 
-// PullerWait bounds how long a Pull from a member this node has not heard
-// of yet waits for gossip to bring it (a new member may pull before the
-// news of its join has reached every node).
-const PullerWait = 500 * time.Millisecond
+// MemberWait bounds how long a Pull or a HandOff from a member this node
+// has not heard of yet waits for gossip to bring it: a new member may pull,
+// or say done to every member it knows, before the news of its join has
+// reached every node (make run's third node, a few hundred milliseconds
+// before the second hears of it).
+const MemberWait = 500 * time.Millisecond
+
+// awaitMember returns VetSender's answer for sender, asked again every
+// 10 ms while it is ErrNotMember, for up to MemberWait or until ctx ends.
+func (m *Mover) awaitMember(ctx context.Context, sender string) error {
+	deadline := time.Now().Add(MemberWait)
+	for {
+		err := m.VetSender(ctx, sender)
+		if err == nil || !errors.Is(err, ErrNotMember) || !time.Now().Before(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
 
 // PullOwnerWait bounds how long a Pull waits for this node to build the
 // ring the puller pulled under (the puller saw the ring change first). The
 // puller gives a pull half the forward timeout (its ctx here), the
-// PullerWait included.
+// MemberWait included.
 const PullOwnerWait = 900 * time.Millisecond
 
 // PullChurnWindow is how long after its ring changed a node takes a pull
@@ -928,29 +976,16 @@ func (m *Mover) waitPullerOwns(ctx context.Context, sender, fp string, keys [][]
 // VetPuller returns nil when a Pull from sender may go on, else a gRPC
 // PermissionDenied status saying why (counting the keys refused): a pull
 // takes keys' state away, so it must come from a member (see VetSender),
-// waiting up to PullerWait for one that is not in this node's ring yet
+// waiting up to MemberWait for one that is not in this node's ring yet
 // (while the refusal is ErrNotMember).
 func (m *Mover) VetPuller(ctx context.Context, sender string, keys int) error {
-	deadline := time.Now().Add(PullerWait)
-	for {
-		err := m.VetSender(ctx, sender)
-		if err == nil {
-			return nil
-		}
-		wait := errors.Is(err, ErrNotMember) && !time.Now().After(deadline)
-		if wait {
-			select {
-			case <-ctx.Done():
-				wait = false
-			case <-time.After(10 * time.Millisecond):
-			}
-		}
-		if !wait {
-			m.Counters.Refused.Add(int64(keys))
-			m.log.Warn("pull refused", "sender", sender, "keys", keys, "reason", err)
-			return status.Error(codes.PermissionDenied, "sluice: pull refused: "+err.Error())
-		}
+	err := m.awaitMember(ctx, sender)
+	if err == nil {
+		return nil
 	}
+	m.Counters.Refused.Add(int64(keys))
+	m.log.Warn("pull refused", "sender", sender, "keys", keys, "reason", err)
+	return status.Error(codes.PermissionDenied, "sluice: pull refused: "+err.Error())
 }
 
 // vetKeyState returns why the handed-off state st of key from req's
