@@ -4,6 +4,7 @@ package layout
 
 import (
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -12,6 +13,12 @@ import (
 // other non-allowed dependencies, cluster depends on anything of ours, or
 // client, middleware or proxyrules reach past rpc's generated types.
 func TestImportDirections(t *testing.T) {
+	// OpenTelemetry's tracing API (no SDK, no exporter), which the client,
+	// the middleware and the proxy's rules reach through the client's
+	// optional TracerProvider (issue 22); its attributes hash with xxhash.
+	otelAPI := []string{"go.opentelemetry.io/otel/attribute", "go.opentelemetry.io/otel/codes", "go.opentelemetry.io/otel/baggage",
+		"go.opentelemetry.io/otel/trace", "go.opentelemetry.io/otel/propagation", "go.opentelemetry.io/otel/semconv/",
+		"go.opentelemetry.io/otel/internal/", "github.com/cespare/xxhash/v2"}
 	allowed := map[string][]string{
 		// the package: prefixes of the non-standard imports it may have (transitively)
 		"github.com/sluicehq/sluice/window": {"github.com/sluicehq/sluice/window"},
@@ -25,8 +32,8 @@ func TestImportDirections(t *testing.T) {
 		"github.com/sluicehq/sluice/rpc/internal/forward": {"github.com/sluicehq/sluice/rpc/internal/forward", "github.com/sluicehq/sluice/rpc/sluicev1", "google.golang.org/", "golang.org/x/", "github.com/planetscale/vtprotobuf/protohelpers"},
 		// the SDK: rpc's generated types and gRPC, never the server, memberlist or the windows
 		// (vtprotobuf's helpers come with the generated types' fast marshalling code)
-		"github.com/sluicehq/sluice/client":     {"github.com/sluicehq/sluice/client", "github.com/sluicehq/sluice/rpc/sluicev1", "google.golang.org/", "golang.org/x/", "github.com/planetscale/vtprotobuf/protohelpers"},
-		"github.com/sluicehq/sluice/middleware": {"github.com/sluicehq/sluice/middleware", "github.com/sluicehq/sluice/client", "github.com/sluicehq/sluice/rpc/sluicev1", "google.golang.org/", "golang.org/x/", "github.com/dunglas/httpsfv", "github.com/planetscale/vtprotobuf/protohelpers"},
+		"github.com/sluicehq/sluice/client":     slices.Concat([]string{"github.com/sluicehq/sluice/client", "github.com/sluicehq/sluice/rpc/sluicev1", "google.golang.org/", "golang.org/x/", "github.com/planetscale/vtprotobuf/protohelpers"}, otelAPI),
+		"github.com/sluicehq/sluice/middleware": slices.Concat([]string{"github.com/sluicehq/sluice/middleware", "github.com/sluicehq/sluice/client", "github.com/sluicehq/sluice/rpc/sluicev1", "google.golang.org/", "golang.org/x/", "github.com/dunglas/httpsfv", "github.com/planetscale/vtprotobuf/protohelpers"}, otelAPI),
 		// the scenario runner and its oracle: pure (the windows, the region list, YAML); the
 		// command drives real nodes through a Target of its own
 		"github.com/sluicehq/sluice/scenario": {"github.com/sluicehq/sluice/scenario", "github.com/sluicehq/sluice/window", "github.com/sluicehq/sluice/region", "github.com/cespare/xxhash/v2", "go.yaml.in/yaml/v3"},
@@ -36,7 +43,7 @@ func TestImportDirections(t *testing.T) {
 		// bring it), memberlist or Prometheus; the windows and the ring only
 		"github.com/sluicehq/sluice/rpc/internal/custody":  {"github.com/sluicehq/sluice/rpc/internal/custody", "github.com/sluicehq/sluice/window", "github.com/sluicehq/sluice/ring", "github.com/buraksezer/consistent", "github.com/cespare/xxhash/v2"},
 		"github.com/sluicehq/sluice/rpc/internal/ringview": {"github.com/sluicehq/sluice/rpc/internal/ringview", "github.com/sluicehq/sluice/ring", "github.com/buraksezer/consistent", "github.com/cespare/xxhash/v2"},
-		"github.com/sluicehq/sluice/proxyrules":            {"github.com/sluicehq/sluice/proxyrules", "github.com/sluicehq/sluice/middleware", "github.com/sluicehq/sluice/client", "github.com/sluicehq/sluice/limits", "github.com/sluicehq/sluice/region", "github.com/cespare/xxhash/v2", "github.com/sluicehq/sluice/window", "github.com/sluicehq/sluice/internal/filewatch", "github.com/sluicehq/sluice/rpc/sluicev1", "github.com/fsnotify/fsnotify", "go.yaml.in/yaml/v3", "google.golang.org/", "golang.org/x/", "github.com/dunglas/httpsfv", "github.com/planetscale/vtprotobuf/protohelpers"},
+		"github.com/sluicehq/sluice/proxyrules":            slices.Concat([]string{"github.com/sluicehq/sluice/proxyrules", "github.com/sluicehq/sluice/middleware", "github.com/sluicehq/sluice/client", "github.com/sluicehq/sluice/limits", "github.com/sluicehq/sluice/region", "github.com/cespare/xxhash/v2", "github.com/sluicehq/sluice/window", "github.com/sluicehq/sluice/internal/filewatch", "github.com/sluicehq/sluice/rpc/sluicev1", "github.com/fsnotify/fsnotify", "go.yaml.in/yaml/v3", "google.golang.org/", "golang.org/x/", "github.com/dunglas/httpsfv", "github.com/planetscale/vtprotobuf/protohelpers"}, otelAPI),
 	}
 	for pkg, prefixes := range allowed {
 		out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", pkg).CombinedOutput()
