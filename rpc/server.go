@@ -492,7 +492,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		fbBase:        map[string]*standInEntry{},
 		standInSignal: make(chan struct{}, 1),
 		custody: custody.New(custody.Config{Self: cfg.Name, Store: cfg.Store, HandOffTimeout: cfg.HandOffTimeout,
-			Logger: cfg.Logger}),
+			Logger: cfg.Logger, Hooks: cfg.hooks.custodyHooks()}),
 		dialOpts:  slices.Concat([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), codecDialOption}, WindowDialOptions(), cfg.DialOptions),
 		peerCreds: cfg.PeerCredentials,
 	}
@@ -1028,6 +1028,17 @@ type testHooks struct {
 	// holdMembers, set by tests that call SetMembers by hand, makes the
 	// node ignore gossip's member lists meanwhile.
 	holdMembers atomic.Bool
+	// custody, when set, are the seams of the node's custody (see
+	// custody.Hooks).
+	custody *custody.Hooks
+}
+
+// custodyHooks returns h's custody seams (nil: none, as for a nil h).
+func (h *testHooks) custodyHooks() *custody.Hooks {
+	if h == nil {
+		return nil
+	}
+	return h.custody
 }
 
 // decide applies one validated check to this node's store at the store's

@@ -58,6 +58,20 @@ type Config struct {
 	// Now reads the wall clock that tombs' times are read on. Default
 	// time.Now; tests inject theirs. (Optional)
 	Now func() time.Time
+	// Hooks are tests' seams (nil outside tests). (Optional)
+	Hooks *Hooks
+}
+
+// Hooks are the seams through which a test holds custody where the order
+// of a pull and a push matters. Each runs on the goroutine of the call
+// named, with no lock held; a nil field runs nothing.
+type Hooks struct {
+	// BeforeGiveUpGate runs in GiveUp once key was found not on its way
+	// out, before GiveUp takes the gate.
+	BeforeGiveUpGate func(key string)
+	// Waiting runs in WaitOutgoing (and so in GiveUp) when key is on its
+	// way out, before it waits for the way's end.
+	Waiting func(key string)
 }
 
 // Custody is the custody of one node's owned keys. It is safe for
@@ -86,6 +100,8 @@ type Custody struct {
 	takenOver map[string]Takeover      // keys taken over from a copy of a live owner
 
 	handOffTimeouts, returned atomic.Int64
+
+	hooks Hooks // tests' seams; zero outside tests
 }
 
 // New returns an empty Custody.
@@ -96,9 +112,13 @@ func New(cfg Config) *Custody {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Custody{self: cfg.Self, store: cfg.Store, timeout: cfg.HandOffTimeout, log: cfg.Logger, now: cfg.Now,
+	c := &Custody{self: cfg.Self, store: cfg.Store, timeout: cfg.HandOffTimeout, log: cfg.Logger, now: cfg.Now,
 		doneFrom: map[string]string{}, outgoing: map[string]chan struct{}{},
 		tombs: map[string]tomb{}, takenOver: map[string]Takeover{}}
+	if cfg.Hooks != nil {
+		c.hooks = *cfg.Hooks
+	}
+	return c
 }
 
 // Stats counts custody's events.
@@ -353,8 +373,12 @@ func (c *Custody) TombFor(key []byte) string {
 // GiveUp takes key's state out of this node's windows for the member to
 // (process toInstance), which pulls it. It waits first while key is on its
 // way out (a push or a stand-in send not yet answered), until ctx ends
-// (ctx's error). Under the gate's write lock (a decision of key made here
-// ends before; a later one sees the tomb) and mu, it takes the state
+// (ctx's error), and looks again under the gate and mu, where TakeOut and
+// MarkOutgoingIf mark keys: a push that took key after the wait is waited
+// for too (else the puller, told there is nothing, would decide key
+// before the push had brought its count). Under the gate's write lock (a
+// decision of key made here ends before; a later one sees the tomb) and
+// mu, it takes the state
 // (without a copy it was taken over from when to sent that copy; see
 // TakeOut), then calls also, which may take the key's other holdings (a
 // replica, stand-in hits) and reports whether this node holds the key for
@@ -362,12 +386,22 @@ func (c *Custody) TombFor(key []byte) string {
 // ring), and to is not this node, a tomb sends key's checks to to for the
 // hand-off timeout. It returns the state and whether there was one.
 func (c *Custody) GiveUp(ctx context.Context, key, to, toInstance string, owned bool, also func() bool) (window.State, bool, error) {
-	if err := c.WaitOutgoing(ctx, key); err != nil {
-		return window.State{}, false, err
+	for {
+		if err := c.WaitOutgoing(ctx, key); err != nil {
+			return window.State{}, false, err
+		}
+		if h := c.hooks.BeforeGiveUpGate; h != nil {
+			h(key)
+		}
+		c.gate.Lock()
+		c.mu.Lock()
+		if _, busy := c.outgoing[key]; !busy {
+			break // both held: taken below
+		}
+		c.mu.Unlock()
+		c.gate.Unlock()
 	}
-	c.gate.Lock()
 	defer c.gate.Unlock()
-	c.mu.Lock()
 	defer c.mu.Unlock()
 	st, ok := c.store.Take(key)
 	if ok {
@@ -408,6 +442,9 @@ func (c *Custody) WaitOutgoing(ctx context.Context, key string) error {
 		c.mu.Unlock()
 		if !busy {
 			return nil
+		}
+		if h := c.hooks.Waiting; h != nil {
+			h(key)
 		}
 		select {
 		case <-ch:

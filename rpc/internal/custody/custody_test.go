@@ -312,6 +312,62 @@ func TestGiveUpWaitsForAKeyOnItsWayOut(t *testing.T) {
 	})
 }
 
+// TestGiveUpWaitsForAPushThatTookTheKeyAfterItsWait: a pull that found
+// the key not on its way out, but takes the gate only after a push took
+// the key out (the push's TakeOut got the gate first, e.g. while a
+// decision held it), waits for that push too. Answered at once, with no
+// state, the puller would count the key as settled and decide it from its
+// own window, before the push brought the key's count there
+// (TestRollingReplacementKeepsCounts admitted 101 of 100 so).
+func TestGiveUpWaitsForAPushThatTookTheKeyAfterItsWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(t)
+		f.hit(t, "k", 10) // used up
+		waited, proceed := make(chan struct{}), make(chan struct{})
+		calls := 0 // touched by the GiveUp goroutine only
+		f.c.hooks.BeforeGiveUpGate = func(string) {
+			if calls++; calls == 1 {
+				close(waited)
+				<-proceed
+			}
+		}
+		type result struct {
+			ok  bool
+			err error
+		}
+		res := make(chan result, 1)
+		go func() {
+			_, ok, err := f.c.GiveUp(context.Background(), "k", "c", "", false, nil)
+			res <- result{ok, err}
+		}()
+		<-waited // the pull found the key here, not on its way out
+		b := f.c.TakeOut([]string{"k"}, "c", "")
+		if len(b.Keys) != 1 || remaining(t, b.States[0]) != 0 {
+			t.Fatalf("the push took %v, want k used up", b.Keys)
+		}
+		close(proceed)
+		synctest.Wait()
+		select {
+		case r := <-res:
+			t.Fatalf("the pull was answered (state %v, error %v) while the push carrying the key's count was on its way", r.ok, r.err)
+		default:
+		}
+		f.c.End(b) // the push was answered: the puller has merged the count
+		synctest.Wait()
+		select {
+		case r := <-res:
+			if r.ok || r.err != nil {
+				t.Fatalf("the pull after the push: state %v, error %v; want none (the push took it)", r.ok, r.err)
+			}
+		default:
+			t.Fatal("the pull was not answered after the push ended")
+		}
+		if calls != 2 {
+			t.Fatalf("GiveUp waited %d times, want 2 (before the push, then for it)", calls)
+		}
+	})
+}
+
 func TestMarkOutgoingIfSkipsKeysOnTheirWayOut(t *testing.T) {
 	f := newFixture(t)
 	f.hit(t, "busy", 1)
