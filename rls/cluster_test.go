@@ -39,6 +39,13 @@ func testLogger() *slog.Logger {
 // RLS from cfg, sharing clock, and waits until their rings agree.
 func startCluster(t *testing.T, n int, cfg *rls.Config, clock window.Clock) []*clusterNode {
 	t.Helper()
+	return startClusterOpts(t, n, cfg, rls.Options{}, clock)
+}
+
+// startClusterOpts is startCluster with the rate limit service's settings
+// opts.
+func startClusterOpts(t *testing.T, n int, cfg *rls.Config, opts rls.Options, clock window.Clock) []*clusterNode {
+	t.Helper()
 	var nodes []*clusterNode
 	for i := 1; i <= n; i++ {
 		var join []string
@@ -48,7 +55,7 @@ func startCluster(t *testing.T, n int, cfg *rls.Config, clock window.Clock) []*c
 		node, err := rpc.StartNode(rpc.NodeConfig{
 			Name: fmt.Sprintf("node%d", i), GRPCAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
 			Join: join, Profile: cluster.Local, Clock: clock, Logger: testLogger(),
-			ForwardTimeout: 2 * time.Second, LeaveTimeout: time.Second, RLS: cfg,
+			ForwardTimeout: 2 * time.Second, LeaveTimeout: time.Second, RLS: cfg, RLSOptions: opts,
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -65,7 +72,7 @@ func startCluster(t *testing.T, n int, cfg *rls.Config, clock window.Clock) []*c
 		t.Cleanup(func() { conn.Close() })
 		nodes = append(nodes, &clusterNode{Node: node, rls: rlsv3.NewRateLimitServiceClient(conn), members: sluicev1.NewRateLimitServiceClient(conn)})
 	}
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		fps := map[string]bool{}
 		for _, nd := range nodes {

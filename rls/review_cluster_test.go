@@ -10,73 +10,26 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/rls"
 	"github.com/sluicehq/sluice/rpc"
-	"github.com/sluicehq/sluice/rpc/sluicev1"
 	"github.com/sluicehq/sluice/window"
 )
 
 // reviewStartCluster starts n real nodes (gossip and gRPC on 127.0.0.1)
 // serving RLS from cfg with opts, sharing clock, and returns an RLS
-// client of each once their rings agree.
+// client of each once their rings agree (startClusterOpts).
 func reviewStartCluster(t *testing.T, n int, cfg *rls.Config, opts rls.Options, clock window.Clock) ([]rlsv3.RateLimitServiceClient, []*rpc.Node) {
 	t.Helper()
 	var (
 		clients []rlsv3.RateLimitServiceClient
-		members []sluicev1.RateLimitServiceClient
 		nodes   []*rpc.Node
 	)
-	for i := 1; i <= n; i++ {
-		var join []string
-		if i > 1 {
-			join = []string{nodes[0].GossipAddr()}
-		}
-		node, err := rpc.StartNode(rpc.NodeConfig{
-			Name: fmt.Sprintf("rev%d", i), GRPCAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
-			Join: join, Profile: cluster.Local, Clock: clock, Logger: testLogger(),
-			ForwardTimeout: 5 * time.Second, LeaveTimeout: time.Second, RLS: cfg, RLSOptions: opts,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = node.Close(ctx)
-		})
-		conn, err := grpc.NewClient(node.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		nodes = append(nodes, node)
-		clients = append(clients, rlsv3.NewRateLimitServiceClient(conn))
-		members = append(members, sluicev1.NewRateLimitServiceClient(conn))
+	for _, nd := range startClusterOpts(t, n, cfg, opts, clock) {
+		clients, nodes = append(clients, nd.rls), append(nodes, nd.Node)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		fps := map[string]bool{}
-		for _, m := range members {
-			resp, err := m.Members(context.Background(), &sluicev1.MembersRequest{})
-			if err == nil && len(resp.Members) == n {
-				fps[resp.RingFingerprint] = true
-			} else {
-				fps[""] = true
-			}
-		}
-		if len(fps) == 1 && !fps[""] {
-			return clients, nodes
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("timed out waiting for the rings to agree")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return clients, nodes
 }
 
 // reviewClusterRules: two rate limits, two quota descriptors, a rule of
