@@ -29,7 +29,7 @@ const MaxHTTPBodyBytes = 1 << 20
 
 // HTTPConfig configures a node's HTTP face.
 type HTTPConfig struct {
-	// Server answers /v1/check and /v1/members. (Required)
+	// Server answers /v1/check, /v1/members and /v1/routes. (Required)
 	Server *Server
 	// Ready reports nil when the node should take traffic, else why not;
 	// it backs /readyz. nil: always ready. (Optional)
@@ -53,6 +53,7 @@ type HTTPConfig struct {
 //     CheckResponse. Bad input gets 400 and a google.rpc.Status JSON
 //     naming the field.
 //   - GET /v1/members: the MembersResponse.
+//   - GET /v1/routes: the RoutingTable (docs/routing.md).
 //   - POST /v1/admin/key/inspect, POST /v1/admin/key/reset, GET
 //     /v1/admin/limits: the admin API (InspectKey, ResetKey, ListLimits;
 //     docs/admin.md), authorised apart from the rest: an admin token or
@@ -218,7 +219,7 @@ func routingError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshale
 		return
 	}
 	allow := http.MethodPost
-	if r.URL.Path == "/v1/members" || r.URL.Path == "/v1/admin/limits" {
+	if r.URL.Path == "/v1/members" || r.URL.Path == "/v1/routes" || r.URL.Path == "/v1/admin/limits" {
 		allow = http.MethodGet
 	}
 	msg, _ := json.Marshal(fmt.Sprintf("method %s not allowed: use %s", r.Method, allow))

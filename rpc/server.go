@@ -234,6 +234,9 @@ type view struct {
 	// bootstrap marks the view a Server starts with (a ring of itself
 	// alone, before it heard of any member): it owned nothing yet.
 	bootstrap bool
+	// routes is the view's routing table for clients, built on first use
+	// (see Server.routingTable).
+	routes atomic.Pointer[sluicev1.RoutingTable]
 }
 
 // counters count routing events; read them with Server.Stats.
@@ -802,7 +805,7 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (*sluice
 			s.obs.Checked(name, outcome)
 		}
 	}
-	return &sluicev1.CheckResponse{Decisions: out}, nil
+	return &sluicev1.CheckResponse{Decisions: out, Routes: s.routesFor(req, s.view.Load())}, nil
 }
 
 // failure is a check whose owner could not be reached.

@@ -672,9 +672,17 @@ type CheckRequest struct {
 	// owners and they are answered refunded. Unset, each check is decided
 	// on its own, as a batch of independent checks (e.g. many users' checks
 	// sent together) must be.
-	AllOrNothing  bool `protobuf:"varint,2,opt,name=all_or_nothing,json=allOrNothing,proto3" json:"all_or_nothing,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	AllOrNothing bool `protobuf:"varint,2,opt,name=all_or_nothing,json=allOrNothing,proto3" json:"all_or_nothing,omitempty"`
+	// The ring_fingerprint of the routing table the client routed this
+	// request by (see Routes). When it differs from the answering node's,
+	// the response carries the node's table (CheckResponse.routes), so a
+	// client's stale table is corrected by the next answer. Empty: the
+	// client routes no checks and wants no table. Never a reason to refuse
+	// a request: the node decides or forwards every check as it would
+	// without it.
+	RoutingFingerprint string `protobuf:"bytes,3,opt,name=routing_fingerprint,json=routingFingerprint,proto3" json:"routing_fingerprint,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *CheckRequest) Reset() {
@@ -721,10 +729,20 @@ func (x *CheckRequest) GetAllOrNothing() bool {
 	return false
 }
 
+func (x *CheckRequest) GetRoutingFingerprint() string {
+	if x != nil {
+		return x.RoutingFingerprint
+	}
+	return ""
+}
+
 type CheckResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One decision per check, in request order.
-	Decisions     []*Decision `protobuf:"bytes,1,rep,name=decisions,proto3" json:"decisions,omitempty"`
+	Decisions []*Decision `protobuf:"bytes,1,rep,name=decisions,proto3" json:"decisions,omitempty"`
+	// The answering node's routing table, set only when the request's
+	// routing_fingerprint was set and differs from its ring's fingerprint.
+	Routes        *RoutingTable `protobuf:"bytes,2,opt,name=routes,proto3" json:"routes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -764,6 +782,263 @@ func (x *CheckResponse) GetDecisions() []*Decision {
 		return x.Decisions
 	}
 	return nil
+}
+
+func (x *CheckResponse) GetRoutes() *RoutingTable {
+	if x != nil {
+		return x.Routes
+	}
+	return nil
+}
+
+type RoutesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RoutesRequest) Reset() {
+	*x = RoutesRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RoutesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RoutesRequest) ProtoMessage() {}
+
+func (x *RoutesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RoutesRequest.ProtoReflect.Descriptor instead.
+func (*RoutesRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{4}
+}
+
+// RoutingTable is a node's ring as a client needs it to find a key's
+// owner: build a consistent-hashing ring (buraksezer/consistent with
+// bounded loads, library) over the members' names, each name followed by
+// '#', with partition_count, replication_factor, load and the xxhash64
+// hasher (hash), and place the bytes of (uvarint length of the limit name,
+// the name, the key). The result's fingerprint must equal ring_fingerprint;
+// when it does not (another library version), route to any node.
+type RoutingTable struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Identifies the placement of keys: equal fingerprints mean equal owners
+	// for every key (as MembersResponse.ring_fingerprint).
+	RingFingerprint string `protobuf:"bytes,1,opt,name=ring_fingerprint,json=ringFingerprint,proto3" json:"ring_fingerprint,omitempty"`
+	// The answering node's count of ring builds that changed its
+	// fingerprint. Local to that node: compare fingerprints, not epochs,
+	// across nodes.
+	RingEpoch uint64 `protobuf:"varint,2,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"`
+	// Partitions keys hash into (>= 2 per member).
+	PartitionCount int32 `protobuf:"varint,3,opt,name=partition_count,json=partitionCount,proto3" json:"partition_count,omitempty"`
+	// Virtual nodes per member on the hash ring.
+	ReplicationFactor int32 `protobuf:"varint,4,opt,name=replication_factor,json=replicationFactor,proto3" json:"replication_factor,omitempty"`
+	// The bounded-loads factor: a member owns at most
+	// ceil(partition_count / members * load) partitions; >= 1.
+	Load float64 `protobuf:"fixed64,5,opt,name=load,proto3" json:"load,omitempty"`
+	// The key hash: "xxhash64".
+	Hash string `protobuf:"bytes,6,opt,name=hash,proto3" json:"hash,omitempty"`
+	// The consistent-hashing library and version the placement depends on,
+	// e.g. "buraksezer/consistent@v0.10.0".
+	Library string `protobuf:"bytes,7,opt,name=library,proto3" json:"library,omitempty"`
+	// The fingerprint of the cluster's region list ("" for one region); part
+	// of ring_fingerprint, places no key.
+	Regions string `protobuf:"bytes,8,opt,name=regions,proto3" json:"regions,omitempty"`
+	// The answering node's region ("" without regions). The members are
+	// this region's: a client sends each check to its owner in the region
+	// it called.
+	Region string `protobuf:"bytes,9,opt,name=region,proto3" json:"region,omitempty"`
+	// The ring's members, sorted by name.
+	Members []*RouteMember `protobuf:"bytes,10,rep,name=members,proto3" json:"members,omitempty"`
+	// Name of the node that answered.
+	Self          string `protobuf:"bytes,11,opt,name=self,proto3" json:"self,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RoutingTable) Reset() {
+	*x = RoutingTable{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RoutingTable) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RoutingTable) ProtoMessage() {}
+
+func (x *RoutingTable) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RoutingTable.ProtoReflect.Descriptor instead.
+func (*RoutingTable) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *RoutingTable) GetRingFingerprint() string {
+	if x != nil {
+		return x.RingFingerprint
+	}
+	return ""
+}
+
+func (x *RoutingTable) GetRingEpoch() uint64 {
+	if x != nil {
+		return x.RingEpoch
+	}
+	return 0
+}
+
+func (x *RoutingTable) GetPartitionCount() int32 {
+	if x != nil {
+		return x.PartitionCount
+	}
+	return 0
+}
+
+func (x *RoutingTable) GetReplicationFactor() int32 {
+	if x != nil {
+		return x.ReplicationFactor
+	}
+	return 0
+}
+
+func (x *RoutingTable) GetLoad() float64 {
+	if x != nil {
+		return x.Load
+	}
+	return 0
+}
+
+func (x *RoutingTable) GetHash() string {
+	if x != nil {
+		return x.Hash
+	}
+	return ""
+}
+
+func (x *RoutingTable) GetLibrary() string {
+	if x != nil {
+		return x.Library
+	}
+	return ""
+}
+
+func (x *RoutingTable) GetRegions() string {
+	if x != nil {
+		return x.Regions
+	}
+	return ""
+}
+
+func (x *RoutingTable) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *RoutingTable) GetMembers() []*RouteMember {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *RoutingTable) GetSelf() string {
+	if x != nil {
+		return x.Self
+	}
+	return ""
+}
+
+// RouteMember is one member of a routing table's ring.
+type RouteMember struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node's name: what the ring places keys on.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// host:port of the node's gRPC server, as it advertises it.
+	GrpcAddr string `protobuf:"bytes,2,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
+	// The node's region ("" without regions).
+	Region        string `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RouteMember) Reset() {
+	*x = RouteMember{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouteMember) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouteMember) ProtoMessage() {}
+
+func (x *RouteMember) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouteMember.ProtoReflect.Descriptor instead.
+func (*RouteMember) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *RouteMember) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RouteMember) GetGrpcAddr() string {
+	if x != nil {
+		return x.GrpcAddr
+	}
+	return ""
+}
+
+func (x *RouteMember) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
 }
 
 type ForwardRequest struct {
@@ -822,7 +1097,7 @@ type ForwardRequest struct {
 
 func (x *ForwardRequest) Reset() {
 	*x = ForwardRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -834,7 +1109,7 @@ func (x *ForwardRequest) String() string {
 func (*ForwardRequest) ProtoMessage() {}
 
 func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -847,7 +1122,7 @@ func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequest.ProtoReflect.Descriptor instead.
 func (*ForwardRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{4}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ForwardRequest) GetChecks() []*RateLimitCheck {
@@ -940,7 +1215,7 @@ type TraceContext struct {
 
 func (x *TraceContext) Reset() {
 	*x = TraceContext{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -952,7 +1227,7 @@ func (x *TraceContext) String() string {
 func (*TraceContext) ProtoMessage() {}
 
 func (x *TraceContext) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -965,7 +1240,7 @@ func (x *TraceContext) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TraceContext.ProtoReflect.Descriptor instead.
 func (*TraceContext) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{5}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *TraceContext) GetChecks() uint32 {
@@ -1015,7 +1290,7 @@ type ForwardResponse struct {
 
 func (x *ForwardResponse) Reset() {
 	*x = ForwardResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1027,7 +1302,7 @@ func (x *ForwardResponse) String() string {
 func (*ForwardResponse) ProtoMessage() {}
 
 func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1040,7 +1315,7 @@ func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardResponse.ProtoReflect.Descriptor instead.
 func (*ForwardResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{6}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ForwardResponse) GetDecisions() []*Decision {
@@ -1065,7 +1340,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1077,7 +1352,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1090,7 +1365,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{7}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
 }
 
 // Member is one node of the cluster.
@@ -1114,7 +1389,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1126,7 +1401,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1139,7 +1414,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Member) GetName() string {
@@ -1209,7 +1484,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1221,7 +1496,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1234,7 +1509,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *MembersResponse) GetMembers() []*Member {
@@ -1287,7 +1562,7 @@ type KeyState struct {
 
 func (x *KeyState) Reset() {
 	*x = KeyState{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1299,7 +1574,7 @@ func (x *KeyState) String() string {
 func (*KeyState) ProtoMessage() {}
 
 func (x *KeyState) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1312,7 +1587,7 @@ func (x *KeyState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyState.ProtoReflect.Descriptor instead.
 func (*KeyState) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *KeyState) GetKey() []byte {
@@ -1385,7 +1660,7 @@ type HandOffRequest struct {
 
 func (x *HandOffRequest) Reset() {
 	*x = HandOffRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1397,7 +1672,7 @@ func (x *HandOffRequest) String() string {
 func (*HandOffRequest) ProtoMessage() {}
 
 func (x *HandOffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1410,7 +1685,7 @@ func (x *HandOffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandOffRequest.ProtoReflect.Descriptor instead.
 func (*HandOffRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *HandOffRequest) GetSender() string {
@@ -1495,7 +1770,7 @@ type HandOffResponse struct {
 
 func (x *HandOffResponse) Reset() {
 	*x = HandOffResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1507,7 +1782,7 @@ func (x *HandOffResponse) String() string {
 func (*HandOffResponse) ProtoMessage() {}
 
 func (x *HandOffResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1520,7 +1795,7 @@ func (x *HandOffResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandOffResponse.ProtoReflect.Descriptor instead.
 func (*HandOffResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *HandOffResponse) GetMerged() int64 {
@@ -1551,7 +1826,7 @@ type PullRequest struct {
 
 func (x *PullRequest) Reset() {
 	*x = PullRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1563,7 +1838,7 @@ func (x *PullRequest) String() string {
 func (*PullRequest) ProtoMessage() {}
 
 func (x *PullRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1576,7 +1851,7 @@ func (x *PullRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullRequest.ProtoReflect.Descriptor instead.
 func (*PullRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PullRequest) GetSender() string {
@@ -1618,7 +1893,7 @@ type PullResponse struct {
 
 func (x *PullResponse) Reset() {
 	*x = PullResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1630,7 +1905,7 @@ func (x *PullResponse) String() string {
 func (*PullResponse) ProtoMessage() {}
 
 func (x *PullResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1643,7 +1918,7 @@ func (x *PullResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullResponse.ProtoReflect.Descriptor instead.
 func (*PullResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PullResponse) GetStates() []*KeyState {
@@ -1683,7 +1958,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1695,7 +1970,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1708,7 +1983,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReplicateRequest) GetSender() string {
@@ -1740,7 +2015,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1752,7 +2027,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1765,7 +2040,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
 }
 
 // LeaseMessage is one message about one key's window of a global limit.
@@ -1833,7 +2108,7 @@ type LeaseMessage struct {
 
 func (x *LeaseMessage) Reset() {
 	*x = LeaseMessage{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1845,7 +2120,7 @@ func (x *LeaseMessage) String() string {
 func (*LeaseMessage) ProtoMessage() {}
 
 func (x *LeaseMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1858,7 +2133,7 @@ func (x *LeaseMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseMessage.ProtoReflect.Descriptor instead.
 func (*LeaseMessage) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *LeaseMessage) GetKind() LeaseKind {
@@ -2013,7 +2288,7 @@ type LeaseRequest struct {
 
 func (x *LeaseRequest) Reset() {
 	*x = LeaseRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2025,7 +2300,7 @@ func (x *LeaseRequest) String() string {
 func (*LeaseRequest) ProtoMessage() {}
 
 func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2038,7 +2313,7 @@ func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseRequest.ProtoReflect.Descriptor instead.
 func (*LeaseRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *LeaseRequest) GetSender() string {
@@ -2065,7 +2340,7 @@ type LeaseResponse struct {
 
 func (x *LeaseResponse) Reset() {
 	*x = LeaseResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2077,7 +2352,7 @@ func (x *LeaseResponse) String() string {
 func (*LeaseResponse) ProtoMessage() {}
 
 func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2090,7 +2365,7 @@ func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseResponse.ProtoReflect.Descriptor instead.
 func (*LeaseResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *LeaseResponse) GetMessages() []*LeaseMessage {
@@ -2139,12 +2414,33 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05scope\x18\x13 \x01(\x0e2\x10.sluice.v1.ScopeR\x05scope\x12\x16\n" +
 	"\x06region\x18\x14 \x01(\tR\x06region\x12\x14\n" +
 	"\x05slice\x18\x15 \x01(\x03R\x05slice\x12'\n" +
-	"\x0fslice_exhausted\x18\x16 \x01(\bR\x0esliceExhausted\"g\n" +
+	"\x0fslice_exhausted\x18\x16 \x01(\bR\x0esliceExhausted\"\x98\x01\n" +
 	"\fCheckRequest\x121\n" +
 	"\x06checks\x18\x01 \x03(\v2\x19.sluice.v1.RateLimitCheckR\x06checks\x12$\n" +
-	"\x0eall_or_nothing\x18\x02 \x01(\bR\fallOrNothing\"B\n" +
+	"\x0eall_or_nothing\x18\x02 \x01(\bR\fallOrNothing\x12/\n" +
+	"\x13routing_fingerprint\x18\x03 \x01(\tR\x12routingFingerprint\"s\n" +
 	"\rCheckResponse\x121\n" +
-	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\"\x8c\x03\n" +
+	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\x12/\n" +
+	"\x06routes\x18\x02 \x01(\v2\x17.sluice.v1.RoutingTableR\x06routes\"\x0f\n" +
+	"\rRoutesRequest\"\xea\x02\n" +
+	"\fRoutingTable\x12)\n" +
+	"\x10ring_fingerprint\x18\x01 \x01(\tR\x0fringFingerprint\x12\x1d\n" +
+	"\n" +
+	"ring_epoch\x18\x02 \x01(\x04R\tringEpoch\x12'\n" +
+	"\x0fpartition_count\x18\x03 \x01(\x05R\x0epartitionCount\x12-\n" +
+	"\x12replication_factor\x18\x04 \x01(\x05R\x11replicationFactor\x12\x12\n" +
+	"\x04load\x18\x05 \x01(\x01R\x04load\x12\x12\n" +
+	"\x04hash\x18\x06 \x01(\tR\x04hash\x12\x18\n" +
+	"\alibrary\x18\a \x01(\tR\alibrary\x12\x18\n" +
+	"\aregions\x18\b \x01(\tR\aregions\x12\x16\n" +
+	"\x06region\x18\t \x01(\tR\x06region\x120\n" +
+	"\amembers\x18\n" +
+	" \x03(\v2\x16.sluice.v1.RouteMemberR\amembers\x12\x12\n" +
+	"\x04self\x18\v \x01(\tR\x04self\"V\n" +
+	"\vRouteMember\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
+	"\tgrpc_addr\x18\x02 \x01(\tR\bgrpcAddr\x12\x16\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\"\x8c\x03\n" +
 	"\x0eForwardRequest\x121\n" +
 	"\x06checks\x18\x01 \x03(\v2\x19.sluice.v1.RateLimitCheckR\x06checks\x12\x16\n" +
 	"\x06sender\x18\x02 \x01(\tR\x06sender\x12)\n" +
@@ -2270,10 +2566,11 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0eLEASE_KIND_ACK\x10\x04\x12\x14\n" +
 	"\x10LEASE_KIND_STAND\x10\x05\x12\x18\n" +
 	"\x14LEASE_KIND_STAND_ACK\x10\x06\x12\x18\n" +
-	"\x14LEASE_KIND_GIVE_BACK\x10\a2\x90\x01\n" +
+	"\x14LEASE_KIND_GIVE_BACK\x10\a2\xcd\x01\n" +
 	"\x10RateLimitService\x12:\n" +
 	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse\x12@\n" +
-	"\aMembers\x12\x19.sluice.v1.MembersRequest\x1a\x1a.sluice.v1.MembersResponse2\x9e\x03\n" +
+	"\aMembers\x12\x19.sluice.v1.MembersRequest\x1a\x1a.sluice.v1.MembersResponse\x12;\n" +
+	"\x06Routes\x12\x18.sluice.v1.RoutesRequest\x1a\x17.sluice.v1.RoutingTable2\x9e\x03\n" +
 	"\vPeerService\x12@\n" +
 	"\aForward\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponse\x12J\n" +
 	"\rForwardStream\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponse(\x010\x01\x12D\n" +
@@ -2295,7 +2592,7 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),              // 0: sluice.v1.Algorithm
 	(Scope)(0),                  // 1: sluice.v1.Scope
@@ -2305,22 +2602,25 @@ var file_sluice_v1_sluice_proto_goTypes = []any{
 	(*Decision)(nil),            // 5: sluice.v1.Decision
 	(*CheckRequest)(nil),        // 6: sluice.v1.CheckRequest
 	(*CheckResponse)(nil),       // 7: sluice.v1.CheckResponse
-	(*ForwardRequest)(nil),      // 8: sluice.v1.ForwardRequest
-	(*TraceContext)(nil),        // 9: sluice.v1.TraceContext
-	(*ForwardResponse)(nil),     // 10: sluice.v1.ForwardResponse
-	(*MembersRequest)(nil),      // 11: sluice.v1.MembersRequest
-	(*Member)(nil),              // 12: sluice.v1.Member
-	(*MembersResponse)(nil),     // 13: sluice.v1.MembersResponse
-	(*KeyState)(nil),            // 14: sluice.v1.KeyState
-	(*HandOffRequest)(nil),      // 15: sluice.v1.HandOffRequest
-	(*HandOffResponse)(nil),     // 16: sluice.v1.HandOffResponse
-	(*PullRequest)(nil),         // 17: sluice.v1.PullRequest
-	(*PullResponse)(nil),        // 18: sluice.v1.PullResponse
-	(*ReplicateRequest)(nil),    // 19: sluice.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),   // 20: sluice.v1.ReplicateResponse
-	(*LeaseMessage)(nil),        // 21: sluice.v1.LeaseMessage
-	(*LeaseRequest)(nil),        // 22: sluice.v1.LeaseRequest
-	(*LeaseResponse)(nil),       // 23: sluice.v1.LeaseResponse
+	(*RoutesRequest)(nil),       // 8: sluice.v1.RoutesRequest
+	(*RoutingTable)(nil),        // 9: sluice.v1.RoutingTable
+	(*RouteMember)(nil),         // 10: sluice.v1.RouteMember
+	(*ForwardRequest)(nil),      // 11: sluice.v1.ForwardRequest
+	(*TraceContext)(nil),        // 12: sluice.v1.TraceContext
+	(*ForwardResponse)(nil),     // 13: sluice.v1.ForwardResponse
+	(*MembersRequest)(nil),      // 14: sluice.v1.MembersRequest
+	(*Member)(nil),              // 15: sluice.v1.Member
+	(*MembersResponse)(nil),     // 16: sluice.v1.MembersResponse
+	(*KeyState)(nil),            // 17: sluice.v1.KeyState
+	(*HandOffRequest)(nil),      // 18: sluice.v1.HandOffRequest
+	(*HandOffResponse)(nil),     // 19: sluice.v1.HandOffResponse
+	(*PullRequest)(nil),         // 20: sluice.v1.PullRequest
+	(*PullResponse)(nil),        // 21: sluice.v1.PullResponse
+	(*ReplicateRequest)(nil),    // 22: sluice.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),   // 23: sluice.v1.ReplicateResponse
+	(*LeaseMessage)(nil),        // 24: sluice.v1.LeaseMessage
+	(*LeaseRequest)(nil),        // 25: sluice.v1.LeaseRequest
+	(*LeaseResponse)(nil),       // 26: sluice.v1.LeaseResponse
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	0,  // 0: sluice.v1.RateLimitCheck.algorithm:type_name -> sluice.v1.Algorithm
@@ -2329,39 +2629,43 @@ var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	1,  // 3: sluice.v1.Decision.scope:type_name -> sluice.v1.Scope
 	4,  // 4: sluice.v1.CheckRequest.checks:type_name -> sluice.v1.RateLimitCheck
 	5,  // 5: sluice.v1.CheckResponse.decisions:type_name -> sluice.v1.Decision
-	4,  // 6: sluice.v1.ForwardRequest.checks:type_name -> sluice.v1.RateLimitCheck
-	9,  // 7: sluice.v1.ForwardRequest.traces:type_name -> sluice.v1.TraceContext
-	5,  // 8: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
-	12, // 9: sluice.v1.MembersResponse.members:type_name -> sluice.v1.Member
-	14, // 10: sluice.v1.HandOffRequest.states:type_name -> sluice.v1.KeyState
-	14, // 11: sluice.v1.PullResponse.states:type_name -> sluice.v1.KeyState
-	14, // 12: sluice.v1.PullResponse.replicas:type_name -> sluice.v1.KeyState
-	14, // 13: sluice.v1.PullResponse.stand_in:type_name -> sluice.v1.KeyState
-	14, // 14: sluice.v1.ReplicateRequest.states:type_name -> sluice.v1.KeyState
-	3,  // 15: sluice.v1.LeaseMessage.kind:type_name -> sluice.v1.LeaseKind
-	21, // 16: sluice.v1.LeaseRequest.messages:type_name -> sluice.v1.LeaseMessage
-	21, // 17: sluice.v1.LeaseResponse.messages:type_name -> sluice.v1.LeaseMessage
-	6,  // 18: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
-	11, // 19: sluice.v1.RateLimitService.Members:input_type -> sluice.v1.MembersRequest
-	8,  // 20: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
-	8,  // 21: sluice.v1.PeerService.ForwardStream:input_type -> sluice.v1.ForwardRequest
-	15, // 22: sluice.v1.PeerService.HandOff:input_type -> sluice.v1.HandOffRequest
-	17, // 23: sluice.v1.PeerService.Pull:input_type -> sluice.v1.PullRequest
-	19, // 24: sluice.v1.PeerService.Replicate:input_type -> sluice.v1.ReplicateRequest
-	22, // 25: sluice.v1.PeerService.Lease:input_type -> sluice.v1.LeaseRequest
-	7,  // 26: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
-	13, // 27: sluice.v1.RateLimitService.Members:output_type -> sluice.v1.MembersResponse
-	10, // 28: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
-	10, // 29: sluice.v1.PeerService.ForwardStream:output_type -> sluice.v1.ForwardResponse
-	16, // 30: sluice.v1.PeerService.HandOff:output_type -> sluice.v1.HandOffResponse
-	18, // 31: sluice.v1.PeerService.Pull:output_type -> sluice.v1.PullResponse
-	20, // 32: sluice.v1.PeerService.Replicate:output_type -> sluice.v1.ReplicateResponse
-	23, // 33: sluice.v1.PeerService.Lease:output_type -> sluice.v1.LeaseResponse
-	26, // [26:34] is the sub-list for method output_type
-	18, // [18:26] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	9,  // 6: sluice.v1.CheckResponse.routes:type_name -> sluice.v1.RoutingTable
+	10, // 7: sluice.v1.RoutingTable.members:type_name -> sluice.v1.RouteMember
+	4,  // 8: sluice.v1.ForwardRequest.checks:type_name -> sluice.v1.RateLimitCheck
+	12, // 9: sluice.v1.ForwardRequest.traces:type_name -> sluice.v1.TraceContext
+	5,  // 10: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
+	15, // 11: sluice.v1.MembersResponse.members:type_name -> sluice.v1.Member
+	17, // 12: sluice.v1.HandOffRequest.states:type_name -> sluice.v1.KeyState
+	17, // 13: sluice.v1.PullResponse.states:type_name -> sluice.v1.KeyState
+	17, // 14: sluice.v1.PullResponse.replicas:type_name -> sluice.v1.KeyState
+	17, // 15: sluice.v1.PullResponse.stand_in:type_name -> sluice.v1.KeyState
+	17, // 16: sluice.v1.ReplicateRequest.states:type_name -> sluice.v1.KeyState
+	3,  // 17: sluice.v1.LeaseMessage.kind:type_name -> sluice.v1.LeaseKind
+	24, // 18: sluice.v1.LeaseRequest.messages:type_name -> sluice.v1.LeaseMessage
+	24, // 19: sluice.v1.LeaseResponse.messages:type_name -> sluice.v1.LeaseMessage
+	6,  // 20: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
+	14, // 21: sluice.v1.RateLimitService.Members:input_type -> sluice.v1.MembersRequest
+	8,  // 22: sluice.v1.RateLimitService.Routes:input_type -> sluice.v1.RoutesRequest
+	11, // 23: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
+	11, // 24: sluice.v1.PeerService.ForwardStream:input_type -> sluice.v1.ForwardRequest
+	18, // 25: sluice.v1.PeerService.HandOff:input_type -> sluice.v1.HandOffRequest
+	20, // 26: sluice.v1.PeerService.Pull:input_type -> sluice.v1.PullRequest
+	22, // 27: sluice.v1.PeerService.Replicate:input_type -> sluice.v1.ReplicateRequest
+	25, // 28: sluice.v1.PeerService.Lease:input_type -> sluice.v1.LeaseRequest
+	7,  // 29: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
+	16, // 30: sluice.v1.RateLimitService.Members:output_type -> sluice.v1.MembersResponse
+	9,  // 31: sluice.v1.RateLimitService.Routes:output_type -> sluice.v1.RoutingTable
+	13, // 32: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
+	13, // 33: sluice.v1.PeerService.ForwardStream:output_type -> sluice.v1.ForwardResponse
+	19, // 34: sluice.v1.PeerService.HandOff:output_type -> sluice.v1.HandOffResponse
+	21, // 35: sluice.v1.PeerService.Pull:output_type -> sluice.v1.PullResponse
+	23, // 36: sluice.v1.PeerService.Replicate:output_type -> sluice.v1.ReplicateResponse
+	26, // 37: sluice.v1.PeerService.Lease:output_type -> sluice.v1.LeaseResponse
+	29, // [29:38] is the sub-list for method output_type
+	20, // [20:29] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -2376,7 +2680,7 @@ func file_sluice_v1_sluice_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   20,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

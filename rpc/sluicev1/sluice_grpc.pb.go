@@ -26,6 +26,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	RateLimitService_Check_FullMethodName   = "/sluice.v1.RateLimitService/Check"
 	RateLimitService_Members_FullMethodName = "/sluice.v1.RateLimitService/Members"
+	RateLimitService_Routes_FullMethodName  = "/sluice.v1.RateLimitService/Routes"
 )
 
 // RateLimitServiceClient is the client API for RateLimitService service.
@@ -42,6 +43,13 @@ type RateLimitServiceClient interface {
 	Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckResponse, error)
 	// Members returns the cluster as the answering node sees it.
 	Members(ctx context.Context, in *MembersRequest, opts ...grpc.CallOption) (*MembersResponse, error)
+	// Routes returns the answering node's routing table: what a client
+	// needs to place every key on the ring exactly as the nodes do and send
+	// each check straight to its owner (docs/routing.md). Any caller the
+	// node authenticates may call it; it counts nothing. A client keeps the
+	// table fresh by sending its fingerprint in CheckRequest.routing_fingerprint:
+	// an answer from a node whose ring differs carries the node's table.
+	Routes(ctx context.Context, in *RoutesRequest, opts ...grpc.CallOption) (*RoutingTable, error)
 }
 
 type rateLimitServiceClient struct {
@@ -72,6 +80,16 @@ func (c *rateLimitServiceClient) Members(ctx context.Context, in *MembersRequest
 	return out, nil
 }
 
+func (c *rateLimitServiceClient) Routes(ctx context.Context, in *RoutesRequest, opts ...grpc.CallOption) (*RoutingTable, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RoutingTable)
+	err := c.cc.Invoke(ctx, RateLimitService_Routes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RateLimitServiceServer is the server API for RateLimitService service.
 // All implementations must embed UnimplementedRateLimitServiceServer
 // for forward compatibility.
@@ -86,6 +104,13 @@ type RateLimitServiceServer interface {
 	Check(context.Context, *CheckRequest) (*CheckResponse, error)
 	// Members returns the cluster as the answering node sees it.
 	Members(context.Context, *MembersRequest) (*MembersResponse, error)
+	// Routes returns the answering node's routing table: what a client
+	// needs to place every key on the ring exactly as the nodes do and send
+	// each check straight to its owner (docs/routing.md). Any caller the
+	// node authenticates may call it; it counts nothing. A client keeps the
+	// table fresh by sending its fingerprint in CheckRequest.routing_fingerprint:
+	// an answer from a node whose ring differs carries the node's table.
+	Routes(context.Context, *RoutesRequest) (*RoutingTable, error)
 	mustEmbedUnimplementedRateLimitServiceServer()
 }
 
@@ -101,6 +126,9 @@ func (UnimplementedRateLimitServiceServer) Check(context.Context, *CheckRequest)
 }
 func (UnimplementedRateLimitServiceServer) Members(context.Context, *MembersRequest) (*MembersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Members not implemented")
+}
+func (UnimplementedRateLimitServiceServer) Routes(context.Context, *RoutesRequest) (*RoutingTable, error) {
+	return nil, status.Error(codes.Unimplemented, "method Routes not implemented")
 }
 func (UnimplementedRateLimitServiceServer) mustEmbedUnimplementedRateLimitServiceServer() {}
 func (UnimplementedRateLimitServiceServer) testEmbeddedByValue()                          {}
@@ -159,6 +187,24 @@ func _RateLimitService_Members_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RateLimitService_Routes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RoutesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimitServiceServer).Routes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimitService_Routes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimitServiceServer).Routes(ctx, req.(*RoutesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RateLimitService_ServiceDesc is the grpc.ServiceDesc for RateLimitService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -173,6 +219,10 @@ var RateLimitService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Members",
 			Handler:    _RateLimitService_Members_Handler,
+		},
+		{
+			MethodName: "Routes",
+			Handler:    _RateLimitService_Routes_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -84,6 +84,27 @@ func local_request_RateLimitService_Members_0(ctx context.Context, marshaler run
 	return msg, metadata, err
 }
 
+func request_RateLimitService_Routes_0(ctx context.Context, marshaler runtime.Marshaler, client extSluicev1.RateLimitServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq extSluicev1.RoutesRequest
+		metadata runtime.ServerMetadata
+	)
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	msg, err := client.Routes(ctx, &protoReq, grpc.Header(&metadata.HeaderMD), grpc.Trailer(&metadata.TrailerMD))
+	return msg, metadata, err
+}
+
+func local_request_RateLimitService_Routes_0(ctx context.Context, marshaler runtime.Marshaler, server extSluicev1.RateLimitServiceServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq extSluicev1.RoutesRequest
+		metadata runtime.ServerMetadata
+	)
+	msg, err := server.Routes(ctx, &protoReq)
+	return msg, metadata, err
+}
+
 // RegisterRateLimitServiceHandlerServer registers the http handlers for service RateLimitService to "mux".
 // UnaryRPC     :call RateLimitServiceServer directly.
 // StreamingRPC :currently unsupported pending https://github.com/grpc/grpc-go/issues/906.
@@ -129,6 +150,26 @@ func RegisterRateLimitServiceHandlerServer(ctx context.Context, mux *runtime.Ser
 			return
 		}
 		forward_RateLimitService_Members_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
+	mux.Handle(http.MethodGet, pattern_RateLimitService_Routes_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		var stream runtime.ServerTransportStream
+		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/sluice.v1.RateLimitService/Routes", runtime.WithHTTPPathPattern("/v1/routes"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := local_request_RateLimitService_Routes_0(annotatedContext, inboundMarshaler, server, req, pathParams)
+		md.HeaderMD, md.TrailerMD = metadata.Join(md.HeaderMD, stream.Header()), metadata.Join(md.TrailerMD, stream.Trailer())
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_RateLimitService_Routes_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
 
 	return nil
@@ -204,15 +245,34 @@ func RegisterRateLimitServiceHandlerClient(ctx context.Context, mux *runtime.Ser
 		}
 		forward_RateLimitService_Members_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodGet, pattern_RateLimitService_Routes_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/sluice.v1.RateLimitService/Routes", runtime.WithHTTPPathPattern("/v1/routes"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := request_RateLimitService_Routes_0(annotatedContext, inboundMarshaler, client, req, pathParams)
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_RateLimitService_Routes_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
 	return nil
 }
 
 var (
 	pattern_RateLimitService_Check_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "check"}, ""))
 	pattern_RateLimitService_Members_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "members"}, ""))
+	pattern_RateLimitService_Routes_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "routes"}, ""))
 )
 
 var (
 	forward_RateLimitService_Check_0   = runtime.ForwardResponseMessage
 	forward_RateLimitService_Members_0 = runtime.ForwardResponseMessage
+	forward_RateLimitService_Routes_0  = runtime.ForwardResponseMessage
 )

@@ -382,7 +382,7 @@ func (a *Authenticator) authorize(method string, pr principal, req any) error {
 			}
 		}
 		return nil
-	case sluicev1.RateLimitService_Members_FullMethodName:
+	case sluicev1.RateLimitService_Members_FullMethodName, sluicev1.RateLimitService_Routes_FullMethodName:
 		return nil
 	}
 	if slices.Contains(pr.token.prefixes, "*") {
