@@ -8,8 +8,15 @@
 //	if err != nil { ... } // invalid check, or the cluster is unreachable and the client fails closed
 //	if !d.Allowed { ... } // over limit: d.RetryAfter says for how long
 //
-// Calls start at the next node in turn (round robin), so load spreads over
-// the addresses; a node whose call fails is skipped for [Config.SkipFor]
+// Each check goes straight to the node that owns its key ([RouteOwner],
+// the default): the client keeps the cluster's routing table (which the
+// first answer brings, and any answer from a node whose ring differs
+// corrects) and places keys on the ring as the nodes do, so a check costs
+// one network hop, not two. A check whose owner is unknown, skipped or
+// does not answer within half the time left goes to the addresses in turn
+// (round robin), as every check does under [RouteAny]; that node forwards
+// it to the owner. [Client.CheckBatch] splits a batch of independent
+// checks by owner. A node whose call fails is skipped for [Config.SkipFor]
 // and the call moves on to the next node, all within one [Config.Timeout]:
 // the client never retries past it. When no node answers in time the
 // failure mode decides: [FailOpen] (the default) answers allowed and marks
@@ -36,8 +43,8 @@
 // ([SpanCheck]) whose trace context the node receives, so a trace follows
 // the check to the node and on to the key's owner (docs/tracing.md).
 //
-// The package imports only sluice's generated API types (rpc/sluicev1),
-// never the server.
+// The package imports only sluice's generated API types (rpc/sluicev1)
+// and its ring (package ring, no I/O), never the server.
 package client
 
 import (
@@ -371,6 +378,11 @@ type Config struct {
 	// nodes tried and the answers; never a key or an address (see
 	// docs/tracing.md). nil: no spans, and nothing is sent. (Optional)
 	TracerProvider trace.TracerProvider
+	// Route says which node a check goes to: RouteOwner (the default)
+	// straight to its key's owner, found with the cluster's routing table,
+	// falling back to the nodes of Addrs; RouteAny to the nodes of Addrs
+	// in turn. (Optional)
+	Route Route
 }
 
 // node is one address and its connection.
@@ -396,6 +408,9 @@ type shared struct {
 	once   sync.Once
 	log    *slog.Logger
 	tracer trace.Tracer // nil: no spans
+
+	table   atomic.Pointer[table] // RouteOwner's routing table; nil until the first answer brings one
+	routing routing
 }
 
 // New validates cfg and returns a Client. Connections are made lazily, so
@@ -412,6 +427,9 @@ func New(cfg Config) (*Client, error) {
 	}
 	if cfg.FailureMode != FailOpen && cfg.FailureMode != FailClosed {
 		return nil, fmt.Errorf("client: Config.FailureMode: unknown mode %d", cfg.FailureMode)
+	}
+	if cfg.Route != RouteOwner && cfg.Route != RouteAny {
+		return nil, fmt.Errorf("client: Config.Route: unknown route %d", cfg.Route)
 	}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = time.Second
@@ -430,6 +448,7 @@ func New(cfg Config) (*Client, error) {
 		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	}
 	c := &Client{shared: &shared{cfg: cfg, log: cfg.Logger.With("package", "client")}, mode: cfg.FailureMode}
+	c.routing = routing{byAddr: make(map[string]*node, len(cfg.Addrs)), opts: opts}
 	if cfg.TracerProvider != nil {
 		c.tracer = cfg.TracerProvider.Tracer(tracerName)
 	}
@@ -443,7 +462,11 @@ func New(cfg Config) (*Client, error) {
 			c.closeConns()
 			return nil, fmt.Errorf("client: Config.Addrs[%d]: %w", i, err)
 		}
-		c.nodes = append(c.nodes, &node{addr: addr, conn: conn, api: sluicev1.NewRateLimitServiceClient(conn)})
+		n := &node{addr: addr, conn: conn, api: sluicev1.NewRateLimitServiceClient(conn)}
+		c.nodes = append(c.nodes, n)
+		if _, dup := c.routing.byAddr[addr]; !dup {
+			c.routing.byAddr[addr] = n
+		}
 	}
 	return c, nil
 }
@@ -462,6 +485,13 @@ func (c *Client) Close() error {
 func (c *Client) closeConns() {
 	for _, n := range c.nodes {
 		_ = n.conn.Close()
+	}
+	c.routing.mu.Lock()
+	defer c.routing.mu.Unlock()
+	for _, n := range c.routing.byAddr {
+		if !slices.Contains(c.nodes, n) {
+			_ = n.conn.Close()
+		}
 	}
 }
 
@@ -575,17 +605,113 @@ func (c *Client) CheckAll(ctx context.Context, checks []Check) ([]Decision, erro
 }
 
 // check is Check and CheckAll; field names the checks in errors ("":
-// one check, named by its fields alone). With tracing on it is the span
+// one check, named by its fields alone), and a call with a field is one
+// request's checks, all or nothing. With tracing on it is the span
 // SpanCheck.
 func (c *Client) check(ctx context.Context, chs []Check, field string) ([]Decision, error) {
 	ctx, tr := c.startCall(ctx, chs, field != "")
-	ds, err := c.send(ctx, chs, field, tr)
+	req, err := c.build(chs, field, field != "")
+	var ds []Decision
+	if err == nil {
+		// One request's checks go together, to the owner of the first:
+		// that node decides it and forwards the others (all or nothing
+		// needs one node to see every answer).
+		ds, err = c.send(ctx, req, chs, c.ownerNode(chs[0].Name, chs[0].Key), false, tr)
+	}
 	tr.end(ds, err)
 	return ds, err
 }
 
-// send is check's work; tr (nil: untraced) hears of each attempt.
-func (c *Client) send(ctx context.Context, chs []Check, field string, tr *callTrace) ([]Decision, error) {
+// CheckBatch sends independent checks (1..MaxChecks, e.g. many users'
+// checks gathered by a proxy) and returns one decision per check, in
+// order: each is decided on its own, as Check decides one. Under
+// RouteOwner the checks are split by their keys' owners and the parts
+// sent at once, each straight to its owner's node (a part whose owner is
+// unknown goes to any node); under RouteAny they go in one call to one
+// node, which forwards them. Each part is bounded by Config.Timeout and
+// falls back as Check does. Bad input is ErrInvalid naming the check,
+// e.g. "checks[1].key: must not be empty", and nothing is sent. A check
+// that could not be decided is answered by the failure mode: under
+// FailOpen allowed and Degraded; under FailClosed not allowed and
+// Degraded with Cause set, and the call's error is the first such Cause
+// (wrapping ErrUnavailable); the other checks' decisions stand. The
+// error is ErrClosed after Close, or ctx's error when ctx ended first.
+func (c *Client) CheckBatch(ctx context.Context, checks []Check) ([]Decision, error) {
+	ctx, tr := c.startCall(ctx, checks, true)
+	ds, err := c.batch(ctx, checks, tr)
+	tr.end(ds, err)
+	return ds, err
+}
+
+// batch is CheckBatch's work.
+func (c *Client) batch(ctx context.Context, chs []Check, tr *callTrace) ([]Decision, error) {
+	req, err := c.build(chs, "checks", false)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		parts map[*node][]int
+		rest  []int // checks of no known owner
+	)
+	if t := c.table.Load(); t != nil && t.ring != nil {
+		parts = make(map[*node][]int, len(t.owners))
+		for i, ch := range chs {
+			if n := c.ownerNode(ch.Name, ch.Key); n != nil {
+				parts[n] = append(parts[n], i)
+			} else {
+				rest = append(rest, i)
+			}
+		}
+	}
+	if len(parts) == 0 || (len(parts) == 1 && len(rest) == 0) {
+		var first *node
+		for n := range parts {
+			first = n
+		}
+		return c.send(ctx, req, chs, first, true, tr)
+	}
+	if len(rest) > 0 {
+		parts[nil] = rest
+	}
+	out := make([]Decision, len(chs))
+	var (
+		mu    sync.Mutex
+		cause error
+		wg    sync.WaitGroup
+	)
+	for n, is := range parts {
+		wg.Go(func() {
+			sub := &sluicev1.CheckRequest{Checks: make([]*sluicev1.RateLimitCheck, len(is))}
+			subChs := make([]Check, len(is))
+			for j, i := range is {
+				sub.Checks[j], subChs[j] = req.Checks[i], chs[i]
+			}
+			ds, err := c.send(ctx, sub, subChs, n, true, tr)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && (len(ds) != len(is) || !errors.Is(err, ErrUnavailable)) {
+				cause = cmp.Or(cause, err) // ctx ended, or closed: no decisions
+				return
+			}
+			if err != nil {
+				cause = cmp.Or(cause, err)
+			}
+			for j, i := range is {
+				out[i] = ds[j]
+			}
+		})
+	}
+	wg.Wait()
+	if cause != nil && !errors.Is(cause, ErrUnavailable) {
+		return nil, cause
+	}
+	return out, cause
+}
+
+// build validates chs (1..MaxChecks) and returns their request; field
+// prefixes the names of bad fields in errors (e.g. "checks[2]."; "": one
+// check, named by its fields alone).
+func (c *Client) build(chs []Check, field string, allOrNothing bool) (*sluicev1.CheckRequest, error) {
 	if c.closed.Load() {
 		return nil, ErrClosed
 	}
@@ -595,8 +721,7 @@ func (c *Client) send(ctx context.Context, chs []Check, field string, tr *callTr
 	case len(chs) > MaxChecks:
 		return nil, fmt.Errorf("%w: %s: at most %d per call, got %d", ErrInvalid, field, MaxChecks, len(chs))
 	}
-	// CheckAll's checks are one request's limits: all or nothing.
-	req := &sluicev1.CheckRequest{Checks: make([]*sluicev1.RateLimitCheck, len(chs)), AllOrNothing: field != ""}
+	req := &sluicev1.CheckRequest{Checks: make([]*sluicev1.RateLimitCheck, len(chs)), AllOrNothing: allOrNothing}
 	for i, ch := range chs {
 		prefix := ""
 		if field != "" {
@@ -608,15 +733,39 @@ func (c *Client) send(ctx context.Context, chs []Check, field string, tr *callTr
 		}
 		req.Checks[i] = rc
 	}
+	return req, nil
+}
+
+// send sends req (the checks chs) to first, when set, then to the nodes
+// of Config.Addrs in turn, until one answers or Config.Timeout (or ctx)
+// ends; first gets half the time left when another node could still be
+// tried. each says how a check the cluster could not decide fails closed:
+// alone (independent checks) or with the whole call (one request's). tr
+// (nil: untraced) hears of each attempt.
+func (c *Client) send(ctx context.Context, req *sluicev1.CheckRequest, chs []Check, first *node, each bool, tr *callTrace) ([]Decision, error) {
+	if c.closed.Load() {
+		return nil, ErrClosed
+	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
 
 	var last error
-	for _, n := range c.order() {
+	for k, n := range c.attempts(first) {
 		if ctx.Err() != nil {
 			break
 		}
-		resp, err := n.api.Check(ctx, req)
+		actx := ctx
+		if k == 0 && n == first && (len(c.nodes) > 1 || c.nodes[0] != first) {
+			if d, ok := ctx.Deadline(); ok {
+				var acancel context.CancelFunc
+				actx, acancel = context.WithDeadline(ctx, ownerDeadline(c.cfg.Now(), d))
+				defer acancel()
+			}
+		}
+		// Each attempt says which table routed it: a node whose ring
+		// differs answers with its own.
+		req.RoutingFingerprint = c.routeFingerprint()
+		resp, err := n.api.Check(actx, req)
 		if err == nil && len(resp.GetDecisions()) != len(chs) {
 			err = status.Errorf(codes.Internal, "%d decisions for %d checks", len(resp.GetDecisions()), len(chs))
 		}
@@ -626,7 +775,7 @@ func (c *Client) send(ctx context.Context, chs []Check, field string, tr *callTr
 			if code == codes.InvalidArgument || (code == codes.Internal && strings.Contains(status.Convert(err).Message(), "invalid UTF-8")) {
 				return nil, fmt.Errorf("%w: %s", ErrInvalid, status.Convert(err).Message())
 			}
-			if code != codes.Canceled { // also a node that used up the whole timeout
+			if code != codes.Canceled { // also a node that used up its time (the owner its share)
 				n.downUntil.Store(c.cfg.Now().Add(c.cfg.SkipFor).UnixNano())
 			}
 			c.log.WarnContext(ctx, "rate limit check failed", "event", "rate_limit.unavailable",
@@ -635,7 +784,8 @@ func (c *Client) send(ctx context.Context, chs []Check, field string, tr *callTr
 			continue
 		}
 		tr.answered()
-		return c.answer(ctx, n, chs, resp.Decisions)
+		c.install(resp.GetRoutes())
+		return c.answer(ctx, n, chs, resp.Decisions, each)
 	}
 	if err := ctx.Err(); err != nil {
 		if errors.Is(err, context.Canceled) { // the caller gave up: no answer is wanted
@@ -700,7 +850,11 @@ func (c *Client) Probe(ctx context.Context, names ...string) []error {
 // answer converts node n's decisions of chs, applying the failure mode to
 // those it could not make from the owner's count. Another entry node
 // would forward to the same owners, so this is the answer.
-func (c *Client) answer(ctx context.Context, n *node, chs []Check, ds []*sluicev1.Decision) ([]Decision, error) {
+//
+// With each (independent checks), a check that fails closed fails alone:
+// it is answered not allowed and Degraded with its Cause, and the error
+// returned is the first Cause; else it fails the whole call.
+func (c *Client) answer(ctx context.Context, n *node, chs []Check, ds []*sluicev1.Decision, each bool) ([]Decision, error) {
 	out := make([]Decision, len(ds))
 	var cause error // the first check that fails the call closed
 	for i, d := range ds {
@@ -712,6 +866,7 @@ func (c *Client) answer(ctx context.Context, n *node, chs []Check, ds []*sluicev
 			err := fmt.Errorf("%w: owner %s unreachable", ErrUnavailable, d.Owner)
 			if c.mode == FailClosed {
 				cause = cmp.Or(cause, err)
+				out[i] = Decision{Degraded: true, Cause: err}
 				continue
 			}
 			out[i] = Decision{Allowed: true, Degraded: true, Cause: err}
@@ -720,12 +875,17 @@ func (c *Client) answer(ctx context.Context, n *node, chs []Check, ds []*sluicev
 			// reached) or refused for want of room: not the owner's count.
 			c.log.WarnContext(ctx, "rate limit check answered degraded", "event", "rate_limit.unavailable",
 				"name", chs[i].Name, "addr", n.addr, "node", d.Owner, "code", "degraded")
-			cause = cmp.Or(cause, fmt.Errorf("%w: node %s answered degraded, not from the owner's count", ErrUnavailable, d.Owner))
+			err := fmt.Errorf("%w: node %s answered degraded, not from the owner's count", ErrUnavailable, d.Owner)
+			cause = cmp.Or(cause, err)
+			out[i] = Decision{Degraded: true, Cause: err}
 		default:
 			out[i] = decision(d)
 		}
 	}
-	if cause != nil {
+	switch {
+	case cause != nil && each:
+		return out, cause
+	case cause != nil:
 		return c.fail(len(ds), cause)
 	}
 	return out, nil

@@ -264,6 +264,7 @@ func TestClusterSpreadAndKill(t *testing.T) {
 		Timeout:     20 * time.Second, // a loaded machine is no outage
 		FailureMode: client.FailClosed,
 		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), count},
+		Route:       client.RouteAny, // this test is about the spread over the addresses
 	})
 	ctx := context.Background()
 

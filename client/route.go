@@ -1,0 +1,247 @@
+package client
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/rpc/sluicev1"
+)
+
+// Route says which node a Client sends a check to.
+type Route int
+
+const (
+	// RouteOwner (the default) sends each check straight to the node that
+	// owns its key, found with the cluster's routing table (the Routes
+	// call; docs/routing.md): the client places the key on the ring
+	// exactly as the nodes do, so the check skips the forwarding hop.
+	// The first call, and any call whose key's owner is unknown, skipped
+	// or has no address, goes to the nodes of Config.Addrs in turn, and
+	// that call's answer brings the table. Each request carries the
+	// table's fingerprint; a node whose ring differs answers with its own
+	// table, so a stale table is corrected by the next answer. A node
+	// that gets a check it does not own forwards it as it would any
+	// check: a stale table costs a hop, never a count.
+	RouteOwner Route = iota
+	// RouteAny sends every call to the nodes of Config.Addrs in turn
+	// (round robin), as Envoy does; a node forwards each check to its
+	// key's owner: one more network hop for most checks.
+	RouteAny
+)
+
+// String returns "owner" or "any".
+func (r Route) String() string {
+	switch r {
+	case RouteOwner:
+		return "owner"
+	case RouteAny:
+		return "any"
+	}
+	return fmt.Sprintf("Route(%d)", int(r))
+}
+
+// ParseRoute returns the Route called s: "owner" (or "", the default) or
+// "any"; anything else is an error naming the valid values.
+func ParseRoute(s string) (Route, error) {
+	switch s {
+	case "", "owner":
+		return RouteOwner, nil
+	case "any":
+		return RouteAny, nil
+	}
+	return 0, fmt.Errorf("unknown route %q: want owner or any", s)
+}
+
+// askTable is the routing fingerprint a client without a table sends: it
+// equals no ring's fingerprint (16 hex digits), so the answer carries the
+// node's table.
+const askTable = "-"
+
+// tablesKept is how many tables a client keeps built, by fingerprint, so
+// that nodes answering with two rings while a change spreads (gossip takes
+// a moment) cost no rebuild per answer.
+const tablesKept = 4
+
+// table is a routing table as a client uses it.
+type table struct {
+	fp     string
+	ring   *ring.Ring       // nil: the table cannot place keys here (see install); route any
+	owners map[string]*node // by member name; a member without a usable address has none
+	why    string           // when ring is nil: why, for the log
+}
+
+// routing is the state of RouteOwner: the tables and the nodes dialed for
+// their members.
+type routing struct {
+	mu     sync.Mutex       // guards byAddr, built and installs
+	byAddr map[string]*node // every node dialed, by address: Config.Addrs' and the tables' members'
+	built  []*table         // the last tablesKept tables, newest last
+	opts   []grpc.DialOption
+}
+
+// routeFingerprint is the CheckRequest.routing_fingerprint of c's calls:
+// "" under RouteAny, the table's fingerprint, or askTable before the first.
+func (c *Client) routeFingerprint() string {
+	if c.cfg.Route != RouteOwner {
+		return ""
+	}
+	if t := c.table.Load(); t != nil {
+		return t.fp
+	}
+	return askTable
+}
+
+// ownerNode returns the node that owns (name, key) under c's table; nil
+// under RouteAny, without a usable table, or when the owner has no node.
+func (c *Client) ownerNode(name, key string) *node {
+	t := c.table.Load()
+	if t == nil || t.ring == nil {
+		return nil
+	}
+	var buf [96]byte
+	return t.owners[t.ring.Owner(ring.Key(buf[:0], name, key))]
+}
+
+// Owner returns the name of the member that c's routing table places the
+// key of limit name on: the node RouteOwner sends its checks to. It
+// returns "" under RouteAny and until a usable table arrived (the answer
+// to the first call brings it).
+func (c *Client) Owner(name, key string) string {
+	if c.cfg.Route != RouteOwner {
+		return ""
+	}
+	t := c.table.Load()
+	if t == nil || t.ring == nil {
+		return ""
+	}
+	return t.ring.Owner(ring.Key(nil, name, key))
+}
+
+// RoutingFingerprint returns the ring fingerprint of c's routing table
+// ("" under RouteAny or before the first table): equal to a node's
+// (MembersResponse.ring_fingerprint) when c places every key as it does.
+func (c *Client) RoutingFingerprint() string {
+	if t := c.table.Load(); t != nil && c.cfg.Route == RouteOwner {
+		return t.fp
+	}
+	return ""
+}
+
+// install makes rt c's routing table unless it already is. A table whose
+// ring this client cannot rebuild identically (another hash or library
+// version, a fingerprint that does not match) is kept for its fingerprint
+// (so nodes stop sending it) but routes every check to any node.
+func (c *Client) install(rt *sluicev1.RoutingTable) {
+	if rt == nil || c.cfg.Route != RouteOwner || c.closed.Load() {
+		return
+	}
+	if t := c.table.Load(); t != nil && t.fp == rt.GetRingFingerprint() {
+		return
+	}
+	r := &c.routing
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if t := c.table.Load(); t != nil && t.fp == rt.GetRingFingerprint() {
+		return
+	}
+	if i := slices.IndexFunc(r.built, func(t *table) bool { return t.fp == rt.GetRingFingerprint() }); i >= 0 {
+		c.table.Store(r.built[i])
+		return
+	}
+	t := c.buildTable(rt)
+	if t.ring == nil {
+		c.log.Warn("routing table not usable: checks go to any node, which forwards them to their owner",
+			"event", "rate_limit.routing_table", "reason", t.why, "fingerprint", t.fp)
+	}
+	if len(r.built) == tablesKept {
+		r.built = r.built[1:]
+	}
+	r.built = append(r.built, t)
+	c.table.Store(t)
+}
+
+// buildTable turns rt into a table, dialing (lazily: no I/O) the members
+// it has no node for. Called with c.routing.mu held.
+func (c *Client) buildTable(rt *sluicev1.RoutingTable) *table {
+	t := &table{fp: rt.GetRingFingerprint(), owners: make(map[string]*node, len(rt.GetMembers()))}
+	switch {
+	case rt.GetHash() != "xxhash64":
+		t.why = fmt.Sprintf("hash %q: this client places keys with xxhash64", rt.GetHash())
+		return t
+	case rt.GetLibrary() != ring.Library:
+		t.why = fmt.Sprintf("ring library %q: this client has %s", rt.GetLibrary(), ring.Library)
+		return t
+	}
+	names := make([]string, 0, len(rt.GetMembers()))
+	for _, m := range rt.GetMembers() {
+		names = append(names, m.GetName())
+	}
+	rg, err := ring.New(names, ring.Config{
+		PartitionCount:    int(rt.GetPartitionCount()),
+		ReplicationFactor: int(rt.GetReplicationFactor()),
+		Load:              rt.GetLoad(),
+		Regions:           rt.GetRegions(),
+	})
+	switch {
+	case err != nil:
+		t.why = err.Error()
+		return t
+	case rg.Fingerprint() != t.fp:
+		t.why = fmt.Sprintf("the ring built from the table has fingerprint %s, the table says %s", rg.Fingerprint(), t.fp)
+		return t
+	}
+	for _, m := range rt.GetMembers() {
+		addr := m.GetGrpcAddr()
+		if addr == "" {
+			continue // its keys go to any node
+		}
+		n := c.routing.byAddr[addr]
+		if n == nil {
+			conn, err := grpc.NewClient(addr, c.routing.opts...)
+			if err != nil {
+				c.log.Warn("routing table: cannot dial a member; its keys go to any node",
+					"event", "rate_limit.routing_table", "member", m.GetName(), "addr", addr, "error", err)
+				continue
+			}
+			n = &node{addr: addr, conn: conn, api: sluicev1.NewRateLimitServiceClient(conn)}
+			c.routing.byAddr[addr] = n
+		}
+		t.owners[m.GetName()] = n
+	}
+	t.ring = rg
+	return t
+}
+
+// attempts returns the nodes a call tries, in order: first (its key's
+// owner, when known and not skipped), then the nodes of Config.Addrs from
+// the next in turn, the healthy ones first.
+func (c *Client) attempts(first *node) []*node {
+	rest := c.order()
+	if first == nil || first.downUntil.Load() > c.cfg.Now().UnixNano() {
+		return rest
+	}
+	out := make([]*node, 0, len(rest)+1)
+	out = append(out, first)
+	for _, n := range rest {
+		if n != first {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// ownerShare is the part of the time left that a call gives its key's
+// owner before it tries another node: the rest is for that node's answer.
+const ownerShare = 2
+
+// ownerDeadline returns the deadline of the first attempt of a call
+// routed to its owner: half the time left before deadline, so a hung
+// owner leaves time for another node.
+func ownerDeadline(now, deadline time.Time) time.Time {
+	return now.Add(deadline.Sub(now) / ownerShare)
+}
