@@ -1,6 +1,7 @@
 package client
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -169,17 +170,63 @@ func (c *Client) install(rt *sluicev1.RoutingTable) {
 // it has no node for. Called with c.routing.mu held.
 func (c *Client) buildTable(rt *sluicev1.RoutingTable) *table {
 	t := &table{fp: rt.GetRingFingerprint(), owners: make(map[string]*node, len(rt.GetMembers()))}
-	switch {
-	case rt.GetHash() != "xxhash64":
-		t.why = fmt.Sprintf("hash %q: this client places keys with xxhash64", rt.GetHash())
-		return t
-	case rt.GetLibrary() != ring.Library:
-		t.why = fmt.Sprintf("ring library %q: this client has %s", rt.GetLibrary(), ring.Library)
+	rr, err := NewRouter(rt)
+	if err != nil {
+		t.why = err.Error()
 		return t
 	}
+	for name, addr := range rr.addrs {
+		if addr == "" {
+			continue // its keys go to any node
+		}
+		n := c.routing.byAddr[addr]
+		if n == nil {
+			conn, err := grpc.NewClient(addr, c.routing.opts...)
+			if err != nil {
+				c.log.Warn("routing table: cannot dial a member; its keys go to any node",
+					"event", "rate_limit.routing_table", "member", name, "addr", addr, "error", err)
+				continue
+			}
+			n = &node{addr: addr, conn: conn, api: sluicev1.NewRateLimitServiceClient(conn)}
+			c.routing.byAddr[addr] = n
+		}
+		t.owners[name] = n
+	}
+	t.ring = rr.ring
+	return t
+}
+
+// Router places keys on a cluster's ring exactly as its nodes do, from a
+// routing table (RateLimitService.Routes, or CheckResponse.routes): for a
+// caller that sends checks itself (a load generator, a proxy in another
+// language's client) and wants each at its key's owner. It is immutable
+// and safe for concurrent use.
+type Router struct {
+	ring  *ring.Ring
+	fp    string
+	addrs map[string]string // member name -> gRPC address ("" when it advertised none)
+}
+
+// NewRouter builds a Router from rt. It returns an error naming the field
+// when rt cannot be placed identically here: a hash other than xxhash64,
+// another ring library version, a config the ring refuses (e.g.
+// partition_count below 2 per member), no members, or a ring whose
+// fingerprint differs from rt.ring_fingerprint. Such a table must not
+// route: send the checks to any node.
+func NewRouter(rt *sluicev1.RoutingTable) (*Router, error) {
+	switch {
+	case rt.GetHash() != "xxhash64":
+		return nil, fmt.Errorf("routing table: hash: %q, but this client places keys with xxhash64", rt.GetHash())
+	case rt.GetLibrary() != ring.Library:
+		return nil, fmt.Errorf("routing table: library: %q, but this client has %s", rt.GetLibrary(), ring.Library)
+	case len(rt.GetMembers()) == 0:
+		return nil, errors.New("routing table: members: none")
+	}
 	names := make([]string, 0, len(rt.GetMembers()))
+	addrs := make(map[string]string, len(rt.GetMembers()))
 	for _, m := range rt.GetMembers() {
 		names = append(names, m.GetName())
+		addrs[m.GetName()] = m.GetGrpcAddr()
 	}
 	rg, err := ring.New(names, ring.Config{
 		PartitionCount:    int(rt.GetPartitionCount()),
@@ -189,33 +236,31 @@ func (c *Client) buildTable(rt *sluicev1.RoutingTable) *table {
 	})
 	switch {
 	case err != nil:
-		t.why = err.Error()
-		return t
-	case rg.Fingerprint() != t.fp:
-		t.why = fmt.Sprintf("the ring built from the table has fingerprint %s, the table says %s", rg.Fingerprint(), t.fp)
-		return t
+		return nil, fmt.Errorf("routing table: %w", err)
+	case rg.Fingerprint() != rt.GetRingFingerprint():
+		return nil, fmt.Errorf("routing table: ring_fingerprint: %q, but the ring built from the table has %q", rt.GetRingFingerprint(), rg.Fingerprint())
 	}
-	for _, m := range rt.GetMembers() {
-		addr := m.GetGrpcAddr()
-		if addr == "" {
-			continue // its keys go to any node
-		}
-		n := c.routing.byAddr[addr]
-		if n == nil {
-			conn, err := grpc.NewClient(addr, c.routing.opts...)
-			if err != nil {
-				c.log.Warn("routing table: cannot dial a member; its keys go to any node",
-					"event", "rate_limit.routing_table", "member", m.GetName(), "addr", addr, "error", err)
-				continue
-			}
-			n = &node{addr: addr, conn: conn, api: sluicev1.NewRateLimitServiceClient(conn)}
-			c.routing.byAddr[addr] = n
-		}
-		t.owners[m.GetName()] = n
-	}
-	t.ring = rg
-	return t
+	return &Router{ring: rg, fp: rg.Fingerprint(), addrs: addrs}, nil
 }
+
+// Owner returns the name of the member that owns the key of limit name,
+// and its gRPC address ("" when the member advertised none).
+func (r *Router) Owner(name, key string) (member, addr string) {
+	var buf [96]byte
+	member = r.ring.Owner(ring.Key(buf[:0], name, key))
+	return member, r.addrs[member]
+}
+
+// Fingerprint returns the table's ring fingerprint: what a request
+// routed by r sends as CheckRequest.routing_fingerprint.
+func (r *Router) Fingerprint() string { return r.fp }
+
+// Members returns the members' names, sorted. The caller must not modify
+// it.
+func (r *Router) Members() []string { return r.ring.Members() }
+
+// Addr returns member's gRPC address ("" when unknown).
+func (r *Router) Addr(member string) string { return r.addrs[member] }
 
 // attempts returns the nodes a call tries, in order: first (its key's
 // owner, when known and not skipped), then the nodes of Config.Addrs from
