@@ -42,6 +42,13 @@ type benchSummary struct {
 	Denied        int64            `json:"denied"`
 	Errors        int64            `json:"errors"` // failed RPCs plus checks answered with an error (in the window)
 	AllowedPerKey map[string]int64 `json:"allowed_per_key,omitempty"`
+	// Route is how checks found their node: "any" (the nodes in turn)
+	// or "owner" (each straight to its key's owner; a batch split per
+	// owner, its parts sent at once and timed as one RPC).
+	Route string `json:"route"`
+	// Owned is the share of decisions made by the node the check was sent
+	// to (the rest were forwarded), 0..1.
+	Owned float64 `json:"owned"`
 }
 
 // wallNow reads the wall clock for the exact workload's wait; tests replace
@@ -80,6 +87,7 @@ func benchCommand(e env) *cli.Command {
 			&cli.DurationFlag{Name: "warmup", Value: 2 * time.Second, Usage: "load before the measured window, not counted"},
 			&cli.IntFlag{Name: "keys", Value: 100000, Usage: "distinct keys for spread and batched"},
 			&cli.IntFlag{Name: "batch", Value: 100, Usage: "checks per RPC for batched (1..1000)"},
+			&cli.StringFlag{Name: "route", Value: "any", Usage: "any: each RPC to the next node in turn, which forwards checks to their owners (as Envoy calls); owner: each check straight to its key's owner by the cluster's routing table, a batch split per owner (as the Go client and sluice proxy do)"},
 			&cli.DurationFlag{Name: "timeout", Value: 5 * time.Second, Usage: "deadline of each RPC", Sources: e.of("timeout")},
 			&cli.BoolFlag{Name: "json", Usage: "print the summary as one JSON object"},
 			&cli.DurationFlag{Name: "progress-every", Value: time.Second, Usage: "print checks/s and errors so far to stderr this often (one line each, rewritten in place on a terminal); 0: never"},
@@ -123,6 +131,8 @@ func runBench(ctx context.Context, cmd *cli.Command, getenv func(string) (string
 		return usagef("batch", "must be in 1..1000, got %d", batch)
 	case timeout <= 0:
 		return usagef("timeout", "must be > 0, got %s", timeout)
+	case cmd.String("route") != "any" && cmd.String("route") != "owner":
+		return usagef("route", "want any or owner, got %q", cmd.String("route"))
 	case cmd.Duration("progress-every") < 0:
 		return usagef("progress-every", "must be >= 0, got %s", cmd.Duration("progress-every"))
 	}
@@ -130,6 +140,7 @@ func runBench(ctx context.Context, cmd *cli.Command, getenv func(string) (string
 		debug.SetGCPercent(gc) // as serve does: the load generator's heap is small too
 	}
 	clients := make([]sluicev1.RateLimitServiceClient, len(addrs))
+	br := &benchRouter{names: make([]string, len(addrs))}
 	for i, a := range addrs {
 		conn, err := dialNode(cmd, a, rpc.WindowDialOptions()...) // a node's window: no BDP pings
 		if err != nil {
@@ -137,7 +148,14 @@ func runBench(ctx context.Context, cmd *cli.Command, getenv func(string) (string
 		}
 		defer conn.Close()
 		clients[i] = sluicev1.NewRateLimitServiceClient(conn)
-		if err := waitServing(ctx, clients[i], a, timeout); err != nil {
+		name, err := waitServing(ctx, clients[i], a, timeout)
+		if err != nil {
+			return err
+		}
+		br.names[i] = name
+	}
+	if cmd.String("route") == "owner" {
+		if err := br.fetch(ctx, clients, addrs, timeout); err != nil {
 			return err
 		}
 	}
@@ -148,18 +166,18 @@ func runBench(ctx context.Context, cmd *cli.Command, getenv func(string) (string
 	var sum benchSummary
 	var err error
 	if workload == "exact" {
-		sum, err = benchExact(ctx, clients, conc, timeout, progress)
+		sum, err = benchExact(ctx, clients, br, conc, timeout, progress)
 	} else {
 		perRPC := 1
 		if workload == "batched" {
 			perRPC = batch
 		}
-		sum, err = benchLoad(ctx, clients, workload, conc, perRPC, keys, warmup, dur, timeout, progress)
+		sum, err = benchLoad(ctx, clients, br, workload, conc, perRPC, keys, warmup, dur, timeout, progress)
 	}
 	if err != nil {
 		return err
 	}
-	sum.Workload, sum.Nodes, sum.Concurrency = workload, len(addrs), conc
+	sum.Workload, sum.Nodes, sum.Concurrency, sum.Route = workload, len(addrs), conc, cmd.String("route")
 	out := cmd.Root().Writer
 	if cmd.Bool("json") {
 		b, _ := json.Marshal(sum)
@@ -168,6 +186,7 @@ func runBench(ctx context.Context, cmd *cli.Command, getenv func(string) (string
 	}
 	fmt.Fprintf(out, "workload %s: nodes %d, goroutines %d, checks per RPC %d, measured %.1fs\n",
 		sum.Workload, sum.Nodes, sum.Concurrency, sum.ChecksPerRPC, sum.WindowS)
+	fmt.Fprintf(out, "route     %s: %.1f%% decided by the node called\n", sum.Route, 100*sum.Owned)
 	fmt.Fprintf(out, "checks/s  %.0f\n", sum.ChecksPerSec)
 	fmt.Fprintf(out, "latency   p50 %.2f ms  p90 %.2f ms  p99 %.2f ms  max %.2f ms (per RPC)\n", sum.P50Ms, sum.P90Ms, sum.P99Ms, sum.MaxMs)
 	fmt.Fprintf(out, "answers   allowed %d  denied %d  errors %d\n", sum.Allowed, sum.Denied, sum.Errors)
@@ -187,13 +206,14 @@ func runBench(ctx context.Context, cmd *cli.Command, getenv func(string) (string
 // waitServing asks a node for its members until it answers, for up to
 // timeout, so a bench started with its cluster does not count start-up
 // errors and a wrong address fails fast.
-func waitServing(ctx context.Context, c sluicev1.RateLimitServiceClient, addr string, timeout time.Duration) error {
+func waitServing(ctx context.Context, c sluicev1.RateLimitServiceClient, addr string, timeout time.Duration) (name string, err error) {
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if _, err := c.Members(cctx, &sluicev1.MembersRequest{}, grpc.WaitForReady(true)); err != nil {
-		return fmt.Errorf("node %s did not answer within --timeout %s: %w", addr, timeout, err)
+	resp, err := c.Members(cctx, &sluicev1.MembersRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		return "", fmt.Errorf("node %s did not answer within --timeout %s: %w", addr, timeout, err)
 	}
-	return nil
+	return resp.GetSelf(), nil
 }
 
 // workerStats is one goroutine's counts in the measured window.
@@ -201,11 +221,12 @@ type workerStats struct {
 	lat                     []time.Duration
 	rpcs, checks            int64
 	allowed, denied, errors int64
+	owned                   int64    // decisions by the node called
 	_                       [64]byte // no false sharing between workers
 }
 
 // benchLoad runs the closed loop of spread, hot and batched.
-func benchLoad(ctx context.Context, clients []sluicev1.RateLimitServiceClient, workload string, conc, perRPC, keys int,
+func benchLoad(ctx context.Context, clients []sluicev1.RateLimitServiceClient, br *benchRouter, workload string, conc, perRPC, keys int,
 	warmup, dur, timeout time.Duration, progress progress) (benchSummary, error) {
 	// Each goroutine reuses one request and draws fresh keys into it before
 	// each RPC (gRPC has marshalled it by the time Check returns): a few
@@ -237,6 +258,7 @@ func benchLoad(ctx context.Context, clients []sluicev1.RateLimitServiceClient, w
 			req := newRequest()
 			rng := rand.New(rand.NewPCG(seed, uint64(g)))
 			var buf []byte
+			var split benchSplit
 			for n := 0; n < benchMaxRPCsPerWorker && ctx.Err() == nil; n++ {
 				t0 := time.Now()
 				if !t0.Before(we) {
@@ -246,7 +268,7 @@ func benchLoad(ctx context.Context, clients []sluicev1.RateLimitServiceClient, w
 					buf = drawKeys(req, rng, keys, buf)
 				}
 				cctx, cancel := context.WithTimeout(ctx, timeout)
-				resp, err := clients[(g+n)%len(clients)].Check(cctx, req)
+				resp, owned, err := br.check(cctx, clients, (g+n)%len(clients), req, &split)
 				cancel()
 				t1 := time.Now()
 				if err == nil && len(resp.Decisions) != perRPC {
@@ -263,6 +285,7 @@ func benchLoad(ctx context.Context, clients []sluicev1.RateLimitServiceClient, w
 				}
 				st.rpcs++
 				st.checks += int64(perRPC)
+				st.owned += int64(owned)
 				st.lat = append(st.lat, t1.Sub(t0))
 				for _, d := range resp.Decisions {
 					switch {
@@ -281,8 +304,11 @@ func benchLoad(ctx context.Context, clients []sluicev1.RateLimitServiceClient, w
 	stop()
 	sum := benchSummary{ChecksPerRPC: perRPC, WindowS: dur.Seconds()}
 	var lat []time.Duration
+	var owned, checks int64
 	for i := range stats {
 		s := &stats[i]
+		owned += s.owned
+		checks += s.checks
 		sum.RPCs += s.rpcs
 		sum.Allowed += s.allowed
 		sum.Denied += s.denied
@@ -291,6 +317,9 @@ func benchLoad(ctx context.Context, clients []sluicev1.RateLimitServiceClient, w
 		lat = append(lat, s.lat...)
 	}
 	sum.ChecksPerSec /= dur.Seconds()
+	if checks > 0 {
+		sum.Owned = float64(owned) / float64(checks)
+	}
 	slices.Sort(lat)
 	ms := func(q float64) float64 {
 		if len(lat) == 0 {
@@ -306,7 +335,7 @@ func benchLoad(ctx context.Context, clients []sluicev1.RateLimitServiceClient, w
 // minute) over all nodes and counts the allowed ones per key. It first
 // waits, if needed, until at least 30 s remain in the current minute, so
 // that all checks fall into one window.
-func benchExact(ctx context.Context, clients []sluicev1.RateLimitServiceClient, conc int, timeout time.Duration, progress progress) (benchSummary, error) {
+func benchExact(ctx context.Context, clients []sluicev1.RateLimitServiceClient, br *benchRouter, conc int, timeout time.Duration, progress progress) (benchSummary, error) {
 	if left := time.Minute - time.Duration(wallNow().UnixNano()%int64(time.Minute)); left < 30*time.Second {
 		select {
 		case <-time.After(left):
@@ -320,12 +349,14 @@ func benchExact(ctx context.Context, clients []sluicev1.RateLimitServiceClient, 
 	var mu sync.Mutex
 	sum := benchSummary{ChecksPerRPC: 1, AllowedPerKey: map[string]int64{}}
 	var lat []time.Duration
+	var owned int64
 	start := time.Now()
 	stop := progress.start(start, 0, 0, &live, &live)
 	var wg sync.WaitGroup
 	for g := 0; g < conc; g++ {
 		wg.Go(func() {
 			var my benchSummary
+			var myOwned int64
 			myAllowed := map[string]int64{}
 			var myLat []time.Duration
 			for {
@@ -340,9 +371,10 @@ func benchExact(ctx context.Context, clients []sluicev1.RateLimitServiceClient, 
 				}}}
 				t0 := time.Now()
 				cctx, cancel := context.WithTimeout(ctx, timeout)
-				resp, err := clients[int(n)%len(clients)].Check(cctx, req)
+				resp, owned, err := br.check(cctx, clients, int(n)%len(clients), req, nil)
 				cancel()
 				myLat = append(myLat, time.Since(t0))
+				myOwned += int64(owned)
 				if err == nil && (len(resp.Decisions) != 1 || resp.Decisions[0].Error != "") {
 					err = errors.New("no decision")
 				}
@@ -361,6 +393,7 @@ func benchExact(ctx context.Context, clients []sluicev1.RateLimitServiceClient, 
 			mu.Lock()
 			defer mu.Unlock()
 			sum.RPCs += my.RPCs
+			owned += myOwned
 			sum.Allowed += my.Allowed
 			sum.Denied += my.Denied
 			sum.Errors += my.Errors
@@ -377,6 +410,9 @@ func benchExact(ctx context.Context, clients []sluicev1.RateLimitServiceClient, 
 		sum.AllowedPerKey[k] += 0 // list every key, also one with none allowed
 	}
 	elapsed := time.Since(start)
+	if sum.RPCs > 0 {
+		sum.Owned = float64(owned) / float64(sum.RPCs)
+	}
 	sum.WindowS = elapsed.Seconds()
 	sum.ChecksPerSec = float64(sum.RPCs) / elapsed.Seconds()
 	slices.Sort(lat)

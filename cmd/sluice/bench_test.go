@@ -50,40 +50,57 @@ func TestBenchExactAndSpread(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 
-	code, out, errOut := sluice(t, "bench", "--addrs", addrs, "--workload", "exact", "--concurrency", "16", "--json")
-	if code != 0 {
-		t.Fatalf("exact: exit %d: %s", code, errOut)
-	}
-	var s benchSummary
-	if err := json.Unmarshal([]byte(out), &s); err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
-	if s.Allowed != 1000 || s.Denied != 4000 || s.Errors != 0 || len(s.AllowedPerKey) != 10 {
-		t.Fatalf("exact: %+v", s)
-	}
-	for k, v := range s.AllowedPerKey {
-		if v != 100 {
-			t.Fatalf("exact: key %s allowed %d, want 100", k, v)
+	// Exact stays exact on every route; --route owner sends each check to
+	// its owner (every decision made by the node called), --route any
+	// round robin (about half forwarded on two nodes).
+	for _, route := range []string{"any", "owner"} {
+		code, out, errOut := sluice(t, "bench", "--addrs", addrs, "--workload", "exact", "--concurrency", "16", "--json", "--route", route)
+		if code != 0 {
+			t.Fatalf("exact, route %s: exit %d: %s", route, code, errOut)
 		}
-	}
+		var s benchSummary
+		if err := json.Unmarshal([]byte(out), &s); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		if s.Allowed != 1000 || s.Denied != 4000 || s.Errors != 0 || len(s.AllowedPerKey) != 10 || s.Route != route {
+			t.Fatalf("exact, route %s: %+v", route, s)
+		}
+		for k, v := range s.AllowedPerKey {
+			if v != 100 {
+				t.Fatalf("exact, route %s: key %s allowed %d, want 100", route, k, v)
+			}
+		}
+		if (route == "owner" && s.Owned != 1) || (route == "any" && (s.Owned < 0.2 || s.Owned > 0.8)) {
+			t.Fatalf("exact, route %s: %.2f decided by the node called", route, s.Owned)
+		}
 
-	code, out, errOut = sluice(t, "bench", "--addrs", addrs, "--workload", "batched", "--batch", "10",
-		"--concurrency", "4", "--duration", "300ms", "--warmup", "100ms", "--json")
-	if code != 0 {
-		t.Fatalf("batched: exit %d: %s", code, errOut)
-	}
-	s = benchSummary{}
-	if err := json.Unmarshal([]byte(out), &s); err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
-	for _, f := range []string{`"checks_per_sec"`, `"p50_ms"`, `"p90_ms"`, `"p99_ms"`, `"max_ms"`, `"allowed"`, `"denied"`, `"errors"`} {
-		if !strings.Contains(out, f) {
-			t.Fatalf("summary lacks %s: %s", f, out)
+		code, out, errOut = sluice(t, "bench", "--addrs", addrs, "--workload", "batched", "--batch", "10",
+			"--concurrency", "4", "--duration", "300ms", "--warmup", "100ms", "--json", "--route", route)
+		if code != 0 {
+			t.Fatalf("batched, route %s: exit %d: %s", route, code, errOut)
+		}
+		s = benchSummary{}
+		if err := json.Unmarshal([]byte(out), &s); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		for _, f := range []string{`"checks_per_sec"`, `"p50_ms"`, `"p90_ms"`, `"p99_ms"`, `"max_ms"`, `"allowed"`, `"denied"`, `"errors"`, `"route"`, `"owned"`} {
+			if !strings.Contains(out, f) {
+				t.Fatalf("summary lacks %s: %s", f, out)
+			}
+		}
+		if s.ChecksPerRPC != 10 || s.RPCs == 0 || s.Allowed != s.RPCs*10 || s.Denied != 0 || s.Errors != 0 ||
+			s.ChecksPerSec <= 0 || s.P50Ms <= 0 || s.P50Ms > s.P90Ms || s.P99Ms > s.MaxMs {
+			t.Fatalf("batched, route %s: %+v", route, s)
+		}
+		if (route == "owner" && s.Owned != 1) || (route == "any" && s.Owned > 0.8) {
+			t.Fatalf("batched, route %s: %.2f decided by the node called", route, s.Owned)
 		}
 	}
-	if s.ChecksPerRPC != 10 || s.RPCs == 0 || s.Allowed != s.RPCs*10 || s.Denied != 0 || s.Errors != 0 ||
-		s.ChecksPerSec <= 0 || s.P50Ms <= 0 || s.P50Ms > s.P90Ms || s.P99Ms > s.MaxMs {
-		t.Fatalf("batched: %+v", s)
+	if code, _, errOut := sluice(t, "bench", "--addrs", n1.GRPCAddr(), "--route", "owner", "--duration", "100ms"); code != 2 || !strings.Contains(errOut, "--addrs") {
+		t.Fatalf("owner route with a member missing from --addrs: exit %d %s", code, errOut)
+	}
+	if code, _, errOut := sluice(t, "bench", "--addrs", addrs, "--route", "nearest"); code != 2 || !strings.Contains(errOut, "--route") {
+		t.Fatalf("unknown route: exit %d %s", code, errOut)
 	}
 
 	if code, _, errOut := sluice(t, "bench", "--addrs", addrs, "--workload", "storm"); code != 2 || !strings.Contains(errOut, "--workload") {

@@ -53,6 +53,7 @@ func proxyCommand(e env) *cli.Command {
 			&cli.StringFlag{Name: "upstream", Usage: "base URL of the app, e.g. http://127.0.0.1:3000 (required)", Sources: e.of("upstream")},
 			&cli.StringFlag{Name: "cluster", Usage: "gRPC addresses of sluice nodes, host:port[,host:port...] (required)", Sources: e.of("cluster")},
 			&cli.StringFlag{Name: "rules", Usage: "the rules file (required)", Sources: e.of("rules")},
+			&cli.StringFlag{Name: "route", Value: "owner", Usage: "owner: send each check straight to its key's owner (the cluster's routing table; falls back to any node); any: to the --cluster nodes in turn, which forward it (docs/routing.md)", Sources: e.of("route")},
 			&cli.StringFlag{Name: "admin-addr", Usage: "host:port of the proxy's own GET /healthz, /readyz (the cluster reachable) and /metrics (empty: off; port 0 lets the OS pick; keep it off the public network)", Sources: e.of("admin-addr")},
 			&cli.DurationFlag{Name: "probe-interval", Value: defaultProbeInterval, Usage: "how often to probe the cluster (Members) for /readyz; a check no node answered also asks for a probe, at most once a second", Sources: e.of("probe-interval")},
 			&cli.DurationFlag{Name: "probe-timeout", Value: defaultProbeTimeout, Usage: "bound on each probe of the cluster, the one at start included", Sources: e.of("probe-timeout")},
@@ -89,6 +90,7 @@ type proxyConfig struct {
 	listen, admin string
 	upstream      *url.URL
 	addrs         []string
+	route         client.Route
 	rules         *proxyrules.Rules
 	auth          clientAuth
 	dial          []grpc.DialOption
@@ -112,6 +114,11 @@ func proxyConfigOf(cmd *cli.Command, e env) (proxyConfig, error) {
 	if _, err := newLogger(cfg.logLevel, cfg.logFormat, io.Discard); err != nil {
 		return cfg, err
 	}
+	route, err := client.ParseRoute(cmd.String("route"))
+	if err != nil {
+		return cfg, usagef("route", "%v", err)
+	}
+	cfg.route = route
 	for _, f := range []string{"upstream", "cluster", "rules"} {
 		if cmd.String(f) == "" {
 			return cfg, usagef(f, "required")
@@ -181,7 +188,7 @@ func runProxy(ctx context.Context, cfg proxyConfig, started func(addr, admin str
 	}
 	defer stopTracing()
 	c, err := client.New(client.Config{Addrs: cfg.addrs, Timeout: cfg.rules.Timeout, FailureMode: cfg.rules.Failure, Logger: logger, DialOptions: cfg.dial,
-		TracerProvider: tp})
+		TracerProvider: tp, Route: cfg.route})
 	if err != nil {
 		return usagef("cluster", "%v", err)
 	}

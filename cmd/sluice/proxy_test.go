@@ -334,6 +334,7 @@ func TestProxyRefusesBadFlags(t *testing.T) {
 		{[]string{"proxy", "--cluster", "x:1", "--rules", "r"}, "--upstream: required"},
 		{[]string{"proxy", "--upstream", "ftp://x", "--cluster", "x:1", "--rules", "r"}, "--upstream"},
 		{[]string{"proxy", "--upstream", "http://x", "--cluster", " , ", "--rules", "r"}, "--cluster"},
+		{[]string{"proxy", "--upstream", "http://x", "--cluster", "x:1", "--rules", "r", "--route", "nearest"}, "--route"},
 	} {
 		code, _, stderr := sluice(t, tc.args...)
 		if code != exitUsage || !strings.Contains(stderr, tc.want) {

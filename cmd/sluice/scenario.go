@@ -159,7 +159,7 @@ func runScenario(ctx context.Context, cmd *cli.Command) error {
 				if err != nil {
 					return err
 				}
-				err = waitServing(ctx, sluicev1.NewRateLimitServiceClient(conn), a, timeout)
+				_, err = waitServing(ctx, sluicev1.NewRateLimitServiceClient(conn), a, timeout)
 				conn.Close()
 				if err != nil {
 					return err
