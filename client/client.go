@@ -509,11 +509,16 @@ func (c *Client) WithFailureMode(m FailureMode) (*Client, error) {
 	return &Client{shared: c.shared, mode: m}, nil
 }
 
-// request validates ch and builds its wire form; field prefixes the
-// names of bad fields in errors (e.g. "checks[2].").
-func (c *Client) request(ch Check, field string) (*sluicev1.RateLimitCheck, error) {
+// request validates ch, the check at index of field, and builds its wire
+// form; errors name the bad field after field[index]. (e.g.
+// "checks[2].key"; field "": the field alone).
+func (c *Client) request(ch Check, field string, index int) (*sluicev1.RateLimitCheck, error) {
 	bad := func(format string, a ...any) error {
-		return fmt.Errorf("%w: %s%s", ErrInvalid, field, fmt.Sprintf(format, a...))
+		prefix := ""
+		if field != "" { // formatted only for an error: a batch's checks cost nothing here
+			prefix = fmt.Sprintf("%s[%d].", field, index)
+		}
+		return fmt.Errorf("%w: %s%s", ErrInvalid, prefix, fmt.Sprintf(format, a...))
 	}
 	switch {
 	case ch.Name == "":
@@ -723,11 +728,7 @@ func (c *Client) build(chs []Check, field string, allOrNothing bool) (*sluicev1.
 	}
 	req := &sluicev1.CheckRequest{Checks: make([]*sluicev1.RateLimitCheck, len(chs)), AllOrNothing: allOrNothing}
 	for i, ch := range chs {
-		prefix := ""
-		if field != "" {
-			prefix = fmt.Sprintf("%s[%d].", field, i)
-		}
-		rc, err := c.request(ch, prefix)
+		rc, err := c.request(ch, field, i)
 		if err != nil {
 			return nil, err
 		}
