@@ -227,7 +227,8 @@ func regionClients(t *testing.T, c *cluster, names []string) map[string]*client.
 	out := map[string]*client.Client{}
 	for r, a := range addrs {
 		cl, err := client.New(client.Config{Addrs: a, Timeout: 5 * time.Second, FailureMode: client.FailOpen,
-			Logger: slog.New(slog.DiscardHandler), DialOptions: []grpc.DialOption{regionDialOption(t)}})
+			Logger: slog.New(slog.DiscardHandler), DialOptions: []grpc.DialOption{regionDialOption(t)},
+			Route: client.RouteAny}) // the region's entry nodes, as the test's app calls them
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -347,7 +348,8 @@ func checkWAN(t *testing.T, c *cluster, names []string) {
 		for _, via := range names {
 			r := regionOf[via]
 			one, err := client.New(client.Config{Addrs: []string{c.nodes[via].grpcAddr()}, Timeout: 5 * time.Second,
-				FailureMode: client.FailClosed, Logger: slog.New(slog.DiscardHandler), DialOptions: []grpc.DialOption{regionDialOption(t)}})
+				FailureMode: client.FailClosed, Logger: slog.New(slog.DiscardHandler), DialOptions: []grpc.DialOption{regionDialOption(t)},
+				Route: client.RouteAny}) // through this node: the test measures its path
 			if err != nil {
 				t.Fatal(err)
 			}

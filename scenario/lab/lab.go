@@ -314,6 +314,9 @@ func NewClientTarget(spec scenario.Spec, name string, addrs map[string][]string,
 		c, err := client.New(client.Config{
 			Addrs: addrs[r], Timeout: timeout, FailureMode: client.FailOpen,
 			Logger: slog.New(slog.DiscardHandler), DialOptions: dial,
+			// The region's nodes in turn: the scenarios' entry paths (and
+			// their delays) are the ones they were written for.
+			Route: client.RouteAny,
 		})
 		if err != nil {
 			t.Close()
