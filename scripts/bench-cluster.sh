@@ -38,23 +38,30 @@ cpu_ticks() { # utime + stime of the node processes, in clock ticks
 hz=$(getconf CLK_TCK)
 
 rows=""
-for w in spread hot batched exact; do
+# Each workload through any node (round robin, as Envoy calls: --route any),
+# then spread, batched and exact straight to the owners (--route owner, as
+# the Go client and sluice proxy send: docs/routing.md).
+for run in spread:any hot:any batched:any exact:any spread:owner batched:owner exact:owner; do
+  w=${run%%:*} route=${run##*:}
   before=$(cpu_ticks)
-  "$bin" bench --addrs "$addrs" --workload "$w" --concurrency "$CONC" --duration "$DUR" --warmup "$WARMUP" --json >"$work/$w.json"
+  "$bin" bench --addrs "$addrs" --workload "$w" --route "$route" --concurrency "$CONC" --duration "$DUR" --warmup "$WARMUP" --json >"$work/$w-$route.json"
   after=$(cpu_ticks)
-  echo "$w: $(cat "$work/$w.json")"
-  rows+=$(python3 - "$work/$w.json" "$before" "$after" "$hz" <<'PY'
+  echo "$w --route $route: $(cat "$work/$w-$route.json")"
+  rows+=$(python3 - "$work/$w-$route.json" "$before" "$after" "$hz" "${WARMUP%s}" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
 before, after, hz = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+warmup_s = float(sys.argv[5])
 cpu_s = (after - before) / hz  # over warm-up and window (exact: the whole run)
 checks = s["checks_per_sec"] * s["window_s"]
+if s["workload"] != "exact":  # the warm-up ran at about the window's rate
+    checks *= 1 + warmup_s / s["window_s"]
 extra = ""
 if s["workload"] == "exact":
     per = s.get("allowed_per_key", {})
     extra = "allowed per key: " + ", ".join(f"{k} {v}" for k, v in sorted(per.items()))
-print(f"| {s['workload']} | {s['checks_per_rpc']} | {s['checks_per_sec']:,.0f} | {s['p50_ms']:.2f} | {s['p90_ms']:.2f} | "
-      f"{s['p99_ms']:.2f} | {s['max_ms']:.2f} | {s['allowed']:,} | {s['denied']:,} | {s['errors']:,} | {cpu_s:.2f} | {extra} |")
+print(f"| {s['workload']} | {s['route']} | {100 * s['owned']:.0f} % | {s['checks_per_rpc']} | {s['checks_per_sec']:,.0f} | {s['p50_ms']:.2f} | {s['p90_ms']:.2f} | "
+      f"{s['p99_ms']:.2f} | {s['max_ms']:.2f} | {s['allowed']:,} | {s['denied']:,} | {s['errors']:,} | {cpu_s:.2f} | {1e6 * cpu_s / checks:.1f} | {extra} |")
 PY
 )$'\n'
 done
@@ -62,12 +69,14 @@ done
 table="<!-- bench-cluster:start -->
 Written by \`make bench-cluster\` on $(date -u +%Y-%m-%dT%H:%M:%SZ): $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)),
 $(go version | cut -d' ' -f3). Three nodes on 127.0.0.1, started by the script; each workload ran
-\`$bin bench --addrs $addrs --workload W --concurrency $CONC --duration $DUR --warmup $WARMUP --json\`.
+\`$bin bench --addrs $addrs --workload W --route R --concurrency $CONC --duration $DUR --warmup $WARMUP --json\`.
 Server CPU is utime + stime of the three node processes over the warm-up and the window
-(for exact: the whole run).
+(for exact: the whole run); per check, over the checks of both (the warm-up counted at the
+window's rate). The column decided by the node called is the share of checks that took no
+forwarding hop.
 
-| workload | checks/RPC | checks/s | p50 ms | p90 ms | p99 ms | max ms | allowed | denied | errors | server CPU s | notes |
-|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|
+| workload | route | decided by the node called | checks/RPC | checks/s | p50 ms | p90 ms | p99 ms | max ms | allowed | denied | errors | server CPU s | server CPU µs/check | notes |
+|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|
 ${rows%$'\n'}
 <!-- bench-cluster:end -->"
 
