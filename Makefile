@@ -132,7 +132,7 @@ bench-cluster: build ## start 3 nodes on loopback, run the four sluice bench wor
 # ring-aware), one load generator, interleaved rounds. Its knobs (ROUNDS,
 # DUR, SYSTEMS, SLUICE_BASE_BIN, ...: bench/threeway/README.md) pass
 # through from the command line or the environment.
-bench-threeway: ## issue 23's figures: echo with sluice's settings vs gubernator vs sluice (any node, owner), 3 interleaved rounds on loopback, writes bench/threeway/results.md (about 25 min once the machine is quiet; needs the Go proxy for gubernator's toolchain and modules)
+bench-threeway: ## issue 23's figures: echo with sluice's settings vs gubernator vs sluice (any node, owner), 3 interleaved rounds on loopback, writes bench/threeway/results.md (about 20 min once the machine is quiet, 25 with SLUICE_BASE_BIN; needs the Go proxy for gubernator's toolchain and modules)
 	SLUICE_SRC=$(CURDIR) ./bench/threeway/run.sh
 
 .PHONY: bench-threeway-smoke
