@@ -126,6 +126,19 @@ bench-regions: build ## issue 19's figures: scenarios on in-process clusters of 
 bench-cluster: build ## start 3 nodes on loopback, run the four sluice bench workloads, write BENCHMARKS.md
 	./scripts/bench-cluster.sh $(BIN)
 
+.PHONY: bench-threeway
+# bench/threeway (its own Go module, built against this checkout): the gRPC
+# echo with sluice's runtime settings, gubernator and sluice (any node and
+# ring-aware), one load generator, interleaved rounds. Its knobs (ROUNDS,
+# DUR, SYSTEMS, SLUICE_BASE_BIN, ...: bench/threeway/README.md) pass
+# through from the command line or the environment.
+bench-threeway: ## issue 23's figures: echo with sluice's settings vs gubernator vs sluice (any node, owner), 3 interleaved rounds on loopback, writes bench/threeway/results.md (about 20 min once the machine is quiet, 25 with SLUICE_BASE_BIN; needs the Go proxy for gubernator's toolchain and modules)
+	SLUICE_SRC=$(CURDIR) ./bench/threeway/run.sh
+
+.PHONY: bench-threeway-smoke
+bench-threeway-smoke: ## bench-threeway in one short round of every default system (about 4 min): checks that the harness runs, not a measurement
+	ROUNDS=1 DUR=3s WARMUP=1s GATE_WAIT=0s DIAG=0 SLUICE_BENCH=0 SLUICE_SRC=$(CURDIR) ./bench/threeway/run.sh
+
 .PHONY: smoke
 smoke: build ## start a node and query it with grpcurl, a client we did not write
 	./scripts/smoke.sh $(BIN)
