@@ -196,6 +196,18 @@ func (c *Client) buildTable(rt *sluicev1.RoutingTable) *table {
 	return t
 }
 
+// Bounds on a routing table a client builds a ring from: a table beyond
+// them (from a broken or hostile node) is refused, so that building it
+// can never take the client's memory or time.
+const (
+	// MaxRouteMembers is the most members a table may list.
+	MaxRouteMembers = 10_000
+	// MaxRoutePartitions is the largest partition_count.
+	MaxRoutePartitions = 1 << 20
+	// MaxRouteReplicationFactor is the largest replication_factor.
+	MaxRouteReplicationFactor = 1000
+)
+
 // Router places keys on a cluster's ring exactly as its nodes do, from a
 // routing table (RateLimitService.Routes, or CheckResponse.routes): for a
 // caller that sends checks itself (a load generator, a proxy in another
@@ -221,6 +233,12 @@ func NewRouter(rt *sluicev1.RoutingTable) (*Router, error) {
 		return nil, fmt.Errorf("routing table: library: %q, but this client has %s", rt.GetLibrary(), ring.Library)
 	case len(rt.GetMembers()) == 0:
 		return nil, errors.New("routing table: members: none")
+	case len(rt.GetMembers()) > MaxRouteMembers:
+		return nil, fmt.Errorf("routing table: members: %d, at most %d", len(rt.GetMembers()), MaxRouteMembers)
+	case rt.GetPartitionCount() > MaxRoutePartitions:
+		return nil, fmt.Errorf("routing table: partition_count: %d, at most %d", rt.GetPartitionCount(), MaxRoutePartitions)
+	case rt.GetReplicationFactor() > MaxRouteReplicationFactor:
+		return nil, fmt.Errorf("routing table: replication_factor: %d, at most %d", rt.GetReplicationFactor(), MaxRouteReplicationFactor)
 	}
 	names := make([]string, 0, len(rt.GetMembers()))
 	addrs := make(map[string]string, len(rt.GetMembers()))

@@ -130,6 +130,13 @@ func TestRouterRefusesTablesItCannotPlace(t *testing.T) {
 		{"another fingerprint", "ring_fingerprint", func(rt *sluicev1.RoutingTable) { rt.RingFingerprint = "0123456789abcdef" }},
 		{"another load", "ring_fingerprint", func(rt *sluicev1.RoutingTable) { rt.Load = 1.5 }},
 		{"too few partitions", "partition count", func(rt *sluicev1.RoutingTable) { rt.PartitionCount = 5 }},
+		{"a billion partitions", "partition_count", func(rt *sluicev1.RoutingTable) { rt.PartitionCount = 1 << 30 }},
+		{"a huge replication factor", "replication_factor", func(rt *sluicev1.RoutingTable) { rt.ReplicationFactor = 1 << 30 }},
+		{"too many members", "members", func(rt *sluicev1.RoutingTable) {
+			for i := range client.MaxRouteMembers {
+				rt.Members = append(rt.Members, &sluicev1.RouteMember{Name: "m" + strconv.Itoa(i)})
+			}
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rt := good()
