@@ -202,10 +202,19 @@ func (c *Client) buildTable(rt *sluicev1.RoutingTable) *table {
 const (
 	// MaxRouteMembers is the most members a table may list.
 	MaxRouteMembers = 10_000
-	// MaxRoutePartitions is the largest partition_count.
-	MaxRoutePartitions = 1 << 20
+	// MaxRoutePartitions is the largest partition_count (the nodes'
+	// default is 271).
+	MaxRoutePartitions = 1 << 16
 	// MaxRouteReplicationFactor is the largest replication_factor.
 	MaxRouteReplicationFactor = 1000
+	// MaxRouteRingWork bounds members² × replication_factor, counting
+	// distinct non-empty member names: the ring library sorts its whole
+	// ring again after adding each member, so building a ring costs about
+	// that many steps (2,000 members at the default replication factor of
+	// 20 take seconds; the bound, about 0.1 s and 10 MB). 2^20 admits 228
+	// members at the default factor; the nodes' default of 271 partitions
+	// holds at most 135.
+	MaxRouteRingWork = 1 << 20
 )
 
 // Router places keys on a cluster's ring exactly as its nodes do, from a
@@ -245,6 +254,18 @@ func NewRouter(rt *sluicev1.RoutingTable) (*Router, error) {
 	for _, m := range rt.GetMembers() {
 		names = append(names, m.GetName())
 		addrs[m.GetName()] = m.GetGrpcAddr()
+	}
+	distinct := int64(len(addrs))
+	if _, empty := addrs[""]; empty {
+		distinct-- // the ring ignores empty names
+	}
+	rf := int64(rt.GetReplicationFactor())
+	if rf == 0 {
+		rf = ring.DefaultReplicationFactor
+	}
+	if work := distinct * distinct * max(rf, 1); work > MaxRouteRingWork {
+		return nil, fmt.Errorf("routing table: members: %d with replication_factor %d, too many to build a ring from here (members² × replication_factor at most %d)",
+			distinct, rt.GetReplicationFactor(), MaxRouteRingWork)
 	}
 	rg, err := ring.New(names, ring.Config{
 		PartitionCount:    int(rt.GetPartitionCount()),
