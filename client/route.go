@@ -144,9 +144,19 @@ func (c *Client) install(rt *sluicev1.RoutingTable) {
 	if t := c.table.Load(); t != nil && t.fp == rt.GetRingFingerprint() {
 		return
 	}
+	c.routing.mu.Lock()
+	defer c.routing.mu.Unlock()
+	c.installLocked(rt)
+}
+
+// installLocked is install's work; it requires c.routing.mu held. After
+// Close (which may have run while install waited for the lock) it does
+// nothing: a connection dialed now would never be closed.
+func (c *Client) installLocked(rt *sluicev1.RoutingTable) {
+	if c.closed.Load() {
+		return
+	}
 	r := &c.routing
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	if t := c.table.Load(); t != nil && t.fp == rt.GetRingFingerprint() {
 		return
 	}
@@ -159,11 +169,40 @@ func (c *Client) install(rt *sluicev1.RoutingTable) {
 		c.log.Warn("routing table not usable: checks go to any node, which forwards them to their owner",
 			"event", "rate_limit.routing_table", "reason", t.why, "fingerprint", t.fp)
 	}
-	if len(r.built) == tablesKept {
+	evicted := len(r.built) == tablesKept
+	if evicted {
 		r.built = r.built[1:]
 	}
 	r.built = append(r.built, t)
 	c.table.Store(t)
+	if evicted {
+		c.pruneLocked()
+	}
+}
+
+// pruneLocked closes the connections of the nodes that neither
+// Config.Addrs nor a kept table names, so that tables of ever new
+// addresses (members moved, or a broken node) cannot grow the client
+// without bound. A check still in flight on such a node (routed by a
+// table four changes old) fails over to Config.Addrs. Requires
+// c.routing.mu held.
+func (c *Client) pruneLocked() {
+	r := &c.routing
+	keep := make(map[*node]bool, len(c.nodes))
+	for _, n := range c.nodes {
+		keep[n] = true
+	}
+	for _, t := range r.built {
+		for _, n := range t.owners {
+			keep[n] = true
+		}
+	}
+	for addr, n := range r.byAddr {
+		if !keep[n] {
+			_ = n.conn.Close()
+			delete(r.byAddr, addr)
+		}
+	}
 }
 
 // buildTable turns rt into a table, dialing (lazily: no I/O) the members
