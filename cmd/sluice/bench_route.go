@@ -86,6 +86,7 @@ func (b *benchRouter) check(ctx context.Context, clients []sluicev1.RateLimitSer
 	for _, p := range split.parts {
 		p.Checks = p.Checks[:0]
 	}
+	clear(split.resps) // the last batch's: a stale table one brought must not be installed again
 	owner := make([]int, len(req.Checks))
 	for i, c := range req.Checks {
 		_, addr := r.Owner(c.Name, c.Key)
