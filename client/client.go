@@ -55,6 +55,7 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -635,7 +636,14 @@ func (c *Client) check(ctx context.Context, chs []Check, field string) ([]Decisi
 // unknown goes to any node); under RouteAny they go in one call to one
 // node, which forwards them. Each part is bounded by Config.Timeout and
 // falls back as Check does. Bad input is ErrInvalid naming the check,
-// e.g. "checks[1].key: must not be empty", and nothing is sent. A check
+// e.g. "checks[1].key: must not be empty", and nothing is sent. A node
+// may refuse a part the client accepted (ErrInvalid, e.g. a name no
+// limit is configured under): the part's checks are then answered not
+// allowed with that Cause, the error (naming the check by its place in
+// the batch) is returned with the decisions, and the other parts'
+// decisions stand: they were counted. (Under RouteAny the whole batch
+// goes to one node, which refuses it whole: no decisions, nothing
+// counted.) A check
 // that could not be decided is answered by the failure mode: under
 // FailOpen allowed and Degraded; under FailClosed not allowed and
 // Degraded with Cause set, and the call's error is the first such Cause
@@ -694,6 +702,17 @@ func (c *Client) batch(ctx context.Context, chs []Check, tr *callTrace) ([]Decis
 			ds, err := c.send(ctx, sub, subChs, n, true, tr)
 			mu.Lock()
 			defer mu.Unlock()
+			if errors.Is(err, ErrInvalid) {
+				// A node refused the part (e.g. a limit name it has no
+				// limit for): its checks fail, named by their place in
+				// the batch; the other parts were decided.
+				err = fmt.Errorf("%w: %s", ErrInvalid, batchIndex(strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": "), is))
+				cause = cmp.Or(cause, err)
+				for _, i := range is {
+					out[i] = Decision{Cause: err}
+				}
+				return
+			}
 			if err != nil && (len(ds) != len(is) || !errors.Is(err, ErrUnavailable)) {
 				cause = cmp.Or(cause, err) // ctx ended, or closed: no decisions
 				return
@@ -707,10 +726,25 @@ func (c *Client) batch(ctx context.Context, chs []Check, tr *callTrace) ([]Decis
 		})
 	}
 	wg.Wait()
-	if cause != nil && !errors.Is(cause, ErrUnavailable) {
+	if cause != nil && !errors.Is(cause, ErrUnavailable) && !errors.Is(cause, ErrInvalid) {
 		return nil, cause
 	}
 	return out, cause
+}
+
+// batchIndex rewrites a node's message about "checks[j]" of a part into
+// one about the check's place in the batch, is[j].
+func batchIndex(msg string, is []int) string {
+	rest, ok := strings.CutPrefix(msg, "checks[")
+	if !ok {
+		return msg
+	}
+	num, after, ok := strings.Cut(rest, "]")
+	j, err := strconv.Atoi(num)
+	if !ok || err != nil || j < 0 || j >= len(is) {
+		return msg
+	}
+	return "checks[" + strconv.Itoa(is[j]) + "]" + after
 }
 
 // build validates chs (1..MaxChecks) and returns their request; field

@@ -347,14 +347,13 @@ func TestHostileTablesNeverBreakTheClient(t *testing.T) {
 	}
 }
 
-// Finding (not fixed): a node may refuse a check the client accepted (a
-// named limit it does not have: InvalidArgument). Under RouteAny the
-// whole batch is refused and nothing is counted. Under RouteOwner
-// CheckBatch splits the batch: the other owners' parts are counted, their
-// decisions are thrown away (CheckBatch returns only ErrInvalid), and the
-// error names the check by its index in the part, not in the batch.
-func TestCheckBatchRefusedPartNamesTheCheckAndCountsNothing(t *testing.T) {
-	t.Skip("finding: a part refused InvalidArgument fails CheckBatch after the other parts were counted, naming the check by its index in the part")
+// A node may refuse a check the client accepted (a named limit it does
+// not have: InvalidArgument). Under RouteOwner CheckBatch has split the
+// batch, so the other owners' parts were counted: their decisions are
+// returned (answered, counted once), the refused part's checks are
+// answered not allowed with the error as Cause, and the error names the
+// check by its place in the batch, not in its part.
+func TestCheckBatchRefusedPartNamesTheCheckAndKeepsTheOthers(t *testing.T) {
 	var rt *sluicev1.RoutingTable
 	refuse := func(key string, i int) (*sluicev1.Decision, error) {
 		if strings.HasPrefix(key, "bad") {
@@ -381,12 +380,18 @@ func TestCheckBatchRefusedPartNamesTheCheckAndCountsNothing(t *testing.T) {
 		}
 	}
 	kb := keyOf(t, rt, "b")
-	_, err := c.CheckBatch(context.Background(), []client.Check{{Name: "api", Key: ka}, {Name: "api", Key: kb}, {Name: "api", Key: kbad}})
-	if !errors.Is(err, client.ErrInvalid) || !strings.Contains(err.Error(), "checks[2]") {
-		t.Errorf("error %v: want ErrInvalid naming checks[2]", err)
+	ds, err := c.CheckBatch(context.Background(), []client.Check{{Name: "api", Key: ka}, {Name: "api", Key: kb}, {Name: "api", Key: kbad}})
+	if !errors.Is(err, client.ErrInvalid) || !strings.Contains(err.Error(), "checks[2].name") {
+		t.Fatalf("error %v: want ErrInvalid naming checks[2].name", err)
 	}
-	if got := a.keys(); len(got) != 1 { // the check that brought the table
-		t.Errorf("a counted %v for a batch refused as invalid", got)
+	if len(ds) != 3 || !ds[0].Allowed || ds[0].Cause != nil {
+		t.Fatalf("decisions %+v: want a's check decided", ds)
+	}
+	if ds[2].Allowed || !errors.Is(ds[2].Cause, client.ErrInvalid) || ds[1].Allowed || !errors.Is(ds[1].Cause, client.ErrInvalid) {
+		t.Fatalf("the refused part's checks: %+v, %+v; want not allowed with the error", ds[1], ds[2])
+	}
+	if got := a.keys(); len(got) != 2 || got[1] != ka { // the check that brought the table, and ka
+		t.Errorf("a got %v", got)
 	}
 }
 
