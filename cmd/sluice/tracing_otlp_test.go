@@ -222,7 +222,10 @@ func TestTracesFollowChecksToTheirOwner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := client.New(client.Config{Addrs: []string{nodes[0].grpc}, TracerProvider: tr.provider, Logger: testcluster.Logger(), Timeout: 10 * time.Second})
+	// RouteAny: the checks enter at n1, which forwards them (the path
+	// this test follows).
+	c, err := client.New(client.Config{Addrs: []string{nodes[0].grpc}, TracerProvider: tr.provider, Logger: testcluster.Logger(), Timeout: 10 * time.Second,
+		Route: client.RouteAny})
 	if err != nil {
 		t.Fatal(err)
 	}
