@@ -138,6 +138,7 @@ func TestAuthorize(t *testing.T) {
 		forward = "/sluice.v1.PeerService/Forward"
 		check   = sluicev1.RateLimitService_Check_FullMethodName
 		members = sluicev1.RateLimitService_Members_FullMethodName
+		routes  = sluicev1.RateLimitService_Routes_FullMethodName
 		health  = "/grpc.health.v1.Health/Check"
 		rls     = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 	)
@@ -172,6 +173,9 @@ func TestAuthorize(t *testing.T) {
 		{"token not covering a name", either, check, principal{token: api}, checkReq("api", "billing"), codes.PermissionDenied},
 		{"token with numbers of its own", either, check, principal{token: all}, withNumbers, codes.PermissionDenied},
 		{"token, Members", either, members, principal{token: api}, nil, codes.OK},
+		{"token, Routes", either, routes, principal{token: api}, nil, codes.OK},
+		{"Routes, nobody", either, routes, principal{}, nil, codes.Unauthenticated},
+		{"Routes, a client certificate", newAuth(t, ClientAuthMTLS, true), routes, client, nil, codes.OK},
 		{"token without *, another service", either, rls, principal{token: api}, nil, codes.PermissionDenied},
 		{"token with *, another service", either, rls, principal{token: all}, nil, codes.OK},
 	} {
