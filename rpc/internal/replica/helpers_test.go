@@ -14,7 +14,7 @@ var t0 = time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
 
 // stateUntil returns a fixed window of limit 10 per w, started at t0 with
 // hits of it counted: it is back at full capacity at t0+w.
-func stateUntil(t *testing.T, w time.Duration, hits int64) window.State {
+func stateUntil(t testing.TB, w time.Duration, hits int64) window.State {
 	t.Helper()
 	s := window.NewStore(window.StoreConfig{Clock: window.NewManualClock(t0)})
 	if _, err := s.Apply("k", window.Check{Algorithm: window.FixedWindow, Limit: 10, Window: w, Hits: hits}, t0); err != nil {
