@@ -31,7 +31,7 @@ func stateUntil(t testing.TB, w time.Duration, hits int64) window.State {
 }
 
 // testRing returns a ring of members.
-func testRing(t *testing.T, members ...string) *ring.Ring {
+func testRing(t testing.TB, members ...string) *ring.Ring {
 	t.Helper()
 	r, err := ring.New(members, ring.Config{})
 	if err != nil {
@@ -41,13 +41,13 @@ func testRing(t *testing.T, members ...string) *ring.Ring {
 }
 
 // keyOf returns the n-th key (n from 0) that owner owns under r.
-func keyOf(t *testing.T, r *ring.Ring, owner string, n int) string {
+func keyOf(t testing.TB, r *ring.Ring, owner string, n int) string {
 	t.Helper()
 	return keysOf(t, r, owner, n+1)[n]
 }
 
 // keysOf returns the first n keys that owner owns under r.
-func keysOf(t *testing.T, r *ring.Ring, owner string, n int) []string {
+func keysOf(t testing.TB, r *ring.Ring, owner string, n int) []string {
 	t.Helper()
 	var keys []string
 	for i := 0; len(keys) < n; i++ {
