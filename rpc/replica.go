@@ -86,7 +86,9 @@ func (s *Server) Replicate(ctx context.Context, req *sluicev1.ReplicateRequest) 
 		return nil, invalidArgument(&fieldError{"states", fmt.Sprintf("at most %d per request, got %d", handOffBatch, len(req.States))})
 	}
 	states := make([]window.State, len(req.States))
+	keys := make([][]byte, len(req.States))
 	for i, ks := range req.States {
+		keys[i] = ks.GetKey()
 		if len(ks.GetKey()) == 0 {
 			return nil, invalidArgument(&fieldError{fmt.Sprintf("states[%d].key", i), "must not be empty"})
 		}
@@ -101,8 +103,6 @@ func (s *Server) Replicate(ctx context.Context, req *sluicev1.ReplicateRequest) 
 	if instance == "" {
 		instance = s.memberInstance(req.Sender)
 	}
-	for i, ks := range req.States {
-		s.replicas.Set(ks.Key, req.Sender, instance, states[i])
-	}
+	s.replicas.SetAll(keys, req.Sender, instance, states)
 	return &sluicev1.ReplicateResponse{}, nil
 }

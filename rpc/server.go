@@ -819,24 +819,20 @@ type failure struct {
 // decided.
 func (s *Server) route(ctx context.Context, v *view, reqs []request, idx []int, out []*sluicev1.Decision) []failure {
 	var (
-		remote, given map[string][]int
+		remote, given byOwner
 		buf           []byte
 		failed        []failure
 	)
-	for _, i := range idx {
-		r := reqs[i]
+	for k, i := range idx {
+		r := &reqs[i]
 		buf = ring.Key(buf[:0], r.name, r.key)
-		if s.regions != nil && s.crossRegion(&r) {
+		if s.regions != nil && s.crossRegion(r) {
 			// Exact: the key's owner in the home region decides.
 			if v.home == nil {
 				failed = append(failed, failure{index: i, owner: "home region " + s.regions.Home(), err: "no live member in the home region " + s.regions.Home()})
 				continue
 			}
-			if remote == nil {
-				remote = make(map[string][]int)
-			}
-			o := v.home.Owner(buf)
-			remote[o] = append(remote[o], i)
+			remote.add(v.home.Owner(buf), idx, k)
 			continue
 		}
 		owner := v.ring.Owner(buf)
@@ -845,37 +841,40 @@ func (s *Server) route(ctx context.Context, v *view, reqs []request, idx []int, 
 				// A peer pulled the key: this ring is behind. The key's
 				// state is there; it decides. (decideOwned checks again
 				// under its gate; here such checks go in one call per peer.)
-				if given == nil {
-					given = map[string][]int{}
-				}
-				given[to] = append(given[to], i)
+				given.add(to, idx, k)
 				continue
 			}
-			out[i] = s.decideOwned(ctx, v, buf, r, true)
+			out[i] = s.decideOwned(ctx, v, buf, *r, true)
 			s.stats.localChecks.Add(1)
 			continue
 		}
-		if remote == nil {
-			remote = make(map[string][]int)
+		remote.add(owner, idx, k)
+	}
+	if given.firstIs != nil {
+		s.reforward(ctx, v, given.first, reqs, given.firstIs, out)
+		for to, is := range given.more {
+			s.reforward(ctx, v, to, reqs, is, out)
 		}
-		remote[owner] = append(remote[owner], i)
 	}
-	for to, is := range given {
-		s.reforward(ctx, v, to, reqs, is, out)
-	}
-	if len(remote) == 0 {
+	switch {
+	case remote.firstIs == nil:
 		return failed
+	case remote.more == nil && len(failed) == 0: // the common case: no goroutine needed
+		return s.forward(ctx, v.peers[remote.first], remote.first, reqs, remote.firstIs, out)
 	}
-	if len(remote) == 1 && len(failed) == 0 { // the common case: no goroutine needed
-		for owner, is := range remote {
-			return s.forward(ctx, v.peers[owner], owner, reqs, is, out)
-		}
-	}
+	return append(failed, s.forwardAll(ctx, v, reqs, &remote, out)...)
+}
+
+// forwardAll forwards the checks of remote to their owners in parallel,
+// one goroutine per owner (see forward), and returns those that could not
+// be decided.
+func (s *Server) forwardAll(ctx context.Context, v *view, reqs []request, remote *byOwner, out []*sluicev1.Decision) []failure {
 	var (
-		mu sync.Mutex
-		wg sync.WaitGroup
+		mu     sync.Mutex
+		wg     sync.WaitGroup
+		failed []failure
 	)
-	for owner, is := range remote {
+	to := func(owner string, is []int) {
 		wg.Go(func() {
 			if fs := s.forward(ctx, v.peers[owner], owner, reqs, is, out); len(fs) > 0 {
 				mu.Lock()
@@ -884,8 +883,50 @@ func (s *Server) route(ctx context.Context, v *view, reqs []request, idx []int, 
 			}
 		})
 	}
+	to(remote.first, remote.firstIs)
+	for owner, is := range remote.more {
+		to(owner, is)
+	}
 	wg.Wait()
 	return failed
+}
+
+// byOwner groups the indexes of a request's checks by the member each
+// goes to, in their order, without a map while they all go to one member
+// (the common case: one check, or a batch of keys of one owner), and
+// without a slice of its own while that member's indexes are a prefix of
+// the request's (idx, which it then shares). The zero value is empty.
+type byOwner struct {
+	first   string
+	firstIs []int            // first's indexes: idx[:len(firstIs)] while prefix
+	prefix  bool             // firstIs is a prefix of idx
+	more    map[string][]int // the members after first
+}
+
+// add adds idx[k], whose check goes to member o. The indexes idx[:k] were
+// added before it, in order.
+func (g *byOwner) add(o string, idx []int, k int) {
+	switch {
+	case g.firstIs == nil:
+		g.first = o
+		if g.prefix = k == 0; g.prefix {
+			g.firstIs = idx[:1:1]
+		} else {
+			g.firstIs = []int{idx[k]}
+		}
+	case o == g.first:
+		if g.prefix && k == len(g.firstIs) {
+			g.firstIs = idx[: k+1 : k+1]
+			return
+		}
+		g.prefix = false
+		g.firstIs = append(g.firstIs, idx[k]) // a prefix's capacity is its length: this copies it
+	default:
+		if g.more == nil {
+			g.more = make(map[string][]int)
+		}
+		g.more[o] = append(g.more[o], idx[k])
+	}
 }
 
 // forward gets the checks reqs[i], i in is, decided by their owner p and

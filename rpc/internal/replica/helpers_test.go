@@ -14,7 +14,7 @@ var t0 = time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
 
 // stateUntil returns a fixed window of limit 10 per w, started at t0 with
 // hits of it counted: it is back at full capacity at t0+w.
-func stateUntil(t *testing.T, w time.Duration, hits int64) window.State {
+func stateUntil(t testing.TB, w time.Duration, hits int64) window.State {
 	t.Helper()
 	s := window.NewStore(window.StoreConfig{Clock: window.NewManualClock(t0)})
 	if _, err := s.Apply("k", window.Check{Algorithm: window.FixedWindow, Limit: 10, Window: w, Hits: hits}, t0); err != nil {
@@ -31,7 +31,7 @@ func stateUntil(t *testing.T, w time.Duration, hits int64) window.State {
 }
 
 // testRing returns a ring of members.
-func testRing(t *testing.T, members ...string) *ring.Ring {
+func testRing(t testing.TB, members ...string) *ring.Ring {
 	t.Helper()
 	r, err := ring.New(members, ring.Config{})
 	if err != nil {
@@ -41,13 +41,13 @@ func testRing(t *testing.T, members ...string) *ring.Ring {
 }
 
 // keyOf returns the n-th key (n from 0) that owner owns under r.
-func keyOf(t *testing.T, r *ring.Ring, owner string, n int) string {
+func keyOf(t testing.TB, r *ring.Ring, owner string, n int) string {
 	t.Helper()
 	return keysOf(t, r, owner, n+1)[n]
 }
 
 // keysOf returns the first n keys that owner owns under r.
-func keysOf(t *testing.T, r *ring.Ring, owner string, n int) []string {
+func keysOf(t testing.TB, r *ring.Ring, owner string, n int) []string {
 	t.Helper()
 	var keys []string
 	for i := 0; len(keys) < n; i++ {

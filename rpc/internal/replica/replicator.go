@@ -24,7 +24,8 @@ type View interface {
 type Sender interface {
 	// Replicate sends req to member, and returns once member has stored
 	// the copies, or with the error that kept them from it (e.g. no
-	// connection to member).
+	// connection to member). It must not keep req, nor anything req
+	// holds, after it returns: the Replicator reuses their memory.
 	Replicate(ctx context.Context, member string, req *sluicev1.ReplicateRequest) error
 }
 
@@ -91,7 +92,20 @@ type Replicator struct {
 	cfg    ReplicatorConfig
 	lastFP string // the fingerprint of the ring of the last tick
 	sweeps int
+
+	// The buffers of the last send, reused by the next (a send waits for
+	// its calls, and a Sender keeps nothing): the keys, the states'
+	// encodings, their messages and the pointers to them. Dropped after a
+	// send of more than maxKeptKeys keys, so that the first send after a
+	// ring change (every key) does not hold its memory for good.
+	kbuf, enc []byte
+	slab      []sluicev1.KeyState
+	states    []*sluicev1.KeyState
 }
+
+// maxKeptKeys is the most keys whose buffers a Replicator keeps between
+// sends: some 64 k keys, at most a few MB.
+const maxKeptKeys = 1 << 16
 
 // NewReplicator returns a Replicator working with cfg.
 func NewReplicator(cfg ReplicatorConfig) *Replicator {
@@ -143,18 +157,36 @@ func (r *Replicator) tick(ctx context.Context) {
 // this node owns has the same successors (the members after it on the
 // ring), so the states are built once: their keys share one buffer, their
 // encodings another and their messages one slab, so a key costs no
-// allocation of its own. The successors' calls share the messages (a
-// marshal only reads them).
+// allocation of its own; and those buffers are the last send's, reused
+// (see Replicator), so a steady send allocates none. The successors'
+// calls share the messages (a marshal only reads them).
 func (r *Replicator) once(ctx context.Context, rg *ring.Ring, to Sender, keys []string) {
 	succs := rg.SuccessorsOf(r.cfg.Self, r.cfg.Replication.Factor)
 	if len(succs) == 0 || len(keys) == 0 {
 		return // no other member: nothing to copy to
 	}
-	var (
-		kbuf, enc []byte
-		slab      = make([]sluicev1.KeyState, 0, len(keys))
-		states    = make([]*sluicev1.KeyState, 0, len(keys))
-	)
+	kn := 0
+	for _, k := range keys {
+		kn += len(k)
+	}
+	kbuf, enc := r.kbuf[:0], r.enc[:0]
+	if cap(kbuf) < kn {
+		kbuf = make([]byte, 0, kn) // exact: it never grows (a growth would leave earlier keys in the old array, harmlessly)
+	}
+	slab, states := r.slab[:0], r.states[:0]
+	if cap(slab) < len(keys) {
+		slab = make([]sluicev1.KeyState, 0, len(keys)) // never grows: states point into it
+		states = make([]*sluicev1.KeyState, 0, len(keys))
+	}
+	defer func() {
+		if len(keys) > maxKeptKeys {
+			r.kbuf, r.enc, r.slab, r.states = nil, nil, nil, nil
+			return
+		}
+		clear(slab) // no pointers into this send's buffers kept past it
+		clear(states)
+		r.kbuf, r.enc, r.slab, r.states = kbuf, enc, slab[:0], states[:0]
+	}()
 	for _, k := range keys {
 		// Capped at their ends, so a later append never writes into
 		// them (one that outgrows a buffer moves on to a new array).

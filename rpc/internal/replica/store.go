@@ -56,6 +56,45 @@ func (r *Store) Set(k []byte, owner, instance string, st window.State) {
 	sh.mu.Unlock()
 }
 
+// SetAll replaces the copies of keys[i] with states[i], all from owner
+// (process instance), as Set does for each, taking each shard's lock once:
+// a replica receives copies a thousand keys at a time. keys and states
+// have the same length.
+func (r *Store) SetAll(keys [][]byte, owner, instance string, states []window.State) {
+	// A counting sort of the keys by shard: order holds the indexes of
+	// shard 0's keys, then shard 1's, ...
+	var ends [shards + 1]int
+	sh := make([]uint8, len(keys))
+	for i, k := range keys {
+		sh[i] = uint8(r.shardBytes(k))
+		ends[sh[i]+1]++
+	}
+	for i := 1; i <= shards; i++ {
+		ends[i] += ends[i-1]
+	}
+	order := make([]int, len(keys))
+	next := ends
+	for i := range keys {
+		order[next[sh[i]]] = i
+		next[sh[i]]++
+	}
+	for s := range shards {
+		if ends[s] == ends[s+1] {
+			continue
+		}
+		shard := &r.shards[s]
+		shard.mu.Lock()
+		for _, i := range order[ends[s]:ends[s+1]] {
+			if e, ok := shard.m[string(keys[i])]; ok {
+				*e = Entry{State: states[i], Owner: owner, Instance: instance}
+			} else {
+				shard.m[string(keys[i])] = &Entry{State: states[i], Owner: owner, Instance: instance}
+			}
+		}
+		shard.mu.Unlock()
+	}
+}
+
 // Get returns key's copy.
 func (r *Store) Get(k string) (window.State, bool) {
 	sh := &r.shards[r.shard(k)]

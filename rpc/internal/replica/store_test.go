@@ -3,6 +3,7 @@ package replica
 import (
 	"maps"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -270,4 +271,70 @@ func TestOrphansCallsBackWithNoLockHeld(t *testing.T) {
 	if n := s.Len(); n != 200-67+1 {
 		t.Errorf("%d copies left, want %d", n, 200-67+1)
 	}
+}
+
+// SetAll leaves the store as Set called for each key in order does: a key
+// given twice keeps its later state, a key held already takes the new
+// owner.
+func TestStoreSetAllIsSetInOrder(t *testing.T) {
+	var keys [][]byte
+	var states []window.State
+	for i := range 300 {
+		keys = append(keys, []byte("k"+strconv.Itoa(i%250))) // keys 0..49 twice
+		states = append(states, stateUntil(t, time.Hour, int64(1+i%9)))
+	}
+	want, got := NewStore(), NewStore()
+	for _, s := range []*Store{want, got} {
+		s.Set([]byte("k7"), "node9", "old", stateUntil(t, time.Hour, 3))
+		s.Set([]byte("held"), "node9", "old", stateUntil(t, time.Hour, 3))
+	}
+	for i, k := range keys {
+		want.Set(k, "node1", "i1", states[i])
+	}
+	got.SetAll(keys, "node1", "i1", states)
+	if got.Len() != want.Len() || got.Len() != 251 {
+		t.Fatalf("Len = %d, want %d (251)", got.Len(), want.Len())
+	}
+	for i := range 250 {
+		k := "k" + strconv.Itoa(i)
+		g, _ := got.Take(k)
+		w, _ := want.Take(k)
+		if g.Owner != "node1" || g.Instance != "i1" || !sameState(g.State, w.State) {
+			t.Fatalf("%s: SetAll left %+v, Set %+v", k, g, w)
+		}
+	}
+	if e, ok := got.Take("held"); !ok || e.Owner != "node9" {
+		t.Fatalf("a key not in the request: %+v, %v; want node9's copy", e, ok)
+	}
+}
+
+// BenchmarkStoreSetAll stores one replication request's 1000 copies into
+// a store that holds them already (the steady state), with SetAll and
+// with Set per key (as Replicate did before).
+func BenchmarkStoreSetAll(b *testing.B) {
+	st := stateUntil(b, time.Hour, 1)
+	var keys [][]byte
+	var states []window.State
+	for i := range 1000 {
+		keys = append(keys, []byte("\x03apik"+strconv.Itoa(i*31)))
+		states = append(states, st)
+	}
+	s := NewStore()
+	for i := range 50000 {
+		s.Set([]byte("\x03apik"+strconv.Itoa(i)), "node1", "", st)
+	}
+	b.Run("SetAll", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			s.SetAll(keys, "node1", "i1", states)
+		}
+	})
+	b.Run("Set", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			for i, k := range keys {
+				s.Set(k, "node1", "i1", states[i])
+			}
+		}
+	})
 }
