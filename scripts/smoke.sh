@@ -2,7 +2,8 @@
 # Smoke test of a running node with clients we did not write:
 #   1. grpcurl lists the services through server reflection,
 #   2. grpcurl gets a decision from sluice.v1.RateLimitService/Check,
-#   3. grpcurl asks grpc.health.v1 and gets SERVING,
+#   3. grpcurl asks grpc.health.v1 and gets SERVING, and the node's
+#      routing table from sluice.v1.RateLimitService/Routes,
 #   4. grpcurl sends bad input and gets InvalidArgument naming the field,
 #   5. grpcurl resets a key through the admin API (loopback, no credentials)
 #      and the next check starts afresh; sluice validate takes the examples,
@@ -47,6 +48,13 @@ grep -q '"owner": "smoke"' <<<"$answer" || fail "Check did not name the owner"
 health=$("$grpcurl" -plaintext "$addr" grpc.health.v1.Health/Check)
 grep -q SERVING <<<"$health" || fail "health is not SERVING: $health"
 
+# The routing table a ring-aware client routes by (docs/routing.md).
+routes=$("$grpcurl" -plaintext "$addr" sluice.v1.RateLimitService/Routes)
+echo "$routes"
+grep -q '"self": "smoke"' <<<"$routes" || fail "Routes does not name the node"
+grep -q '"hash": "xxhash64"' <<<"$routes" || fail "Routes does not give the hash"
+grep -q '"ringFingerprint": "[0-9a-f]\{16\}"' <<<"$routes" || fail "Routes gives no ring fingerprint"
+
 if bad=$("$grpcurl" -plaintext -d '{"checks":[{"name":"api","key":"k","hits":1,"limit":0,"window_ms":60000}]}' \
   "$addr" sluice.v1.RateLimitService/Check 2>&1); then
   fail "limit 0 was accepted"
@@ -77,6 +85,8 @@ if [ -n "$want_version" ]; then
     fail "/metrics: $(grep sluice_build_info <<<"$metrics"), want version $want_version"
 fi
 "$bin" healthcheck --addr "$addr" || fail "sluice healthcheck failed on a serving node"
+hroutes=$(curl -sS "http://$http/v1/routes")
+grep -q '"self":"smoke"' <<<"$hroutes" || fail "GET /v1/routes: $hroutes"
 echo "smoke: HTTP OK"
 
 # The admin API (docs/admin.md) on loopback of a node with no credentials:
