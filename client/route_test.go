@@ -425,32 +425,8 @@ func TestStaleTableIsCorrectedWithinOneAnswer(t *testing.T) {
 // goes to the other node at once.
 func TestFallsBackToAnyNodeWhenTheOwnerHangs(t *testing.T) {
 	a := startRoutedFake(t, "a")
-	hung, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never speaks
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hung.Close()
-	var held []net.Conn
-	var hmu sync.Mutex
-	go func() {
-		for {
-			conn, err := hung.Accept()
-			if err != nil {
-				return
-			}
-			hmu.Lock()
-			held = append(held, conn)
-			hmu.Unlock()
-		}
-	}()
-	defer func() {
-		hmu.Lock()
-		defer hmu.Unlock()
-		for _, c := range held {
-			c.Close()
-		}
-	}()
-	rt := tableOf(t, []string{"a", "h"}, ring.Config{}, map[string]string{"a": a.addr, "h": hung.Addr().String()})
+	hung := hungListener(t) // accepts, never speaks
+	rt := tableOf(t, []string{"a", "h"}, ring.Config{}, map[string]string{"a": a.addr, "h": hung})
 	a.table.Store(rt)
 	c := newClient(t, client.Config{Addrs: []string{a.addr}, Timeout: 4 * time.Second, FailureMode: client.FailClosed})
 	ctx := context.Background()
