@@ -666,7 +666,7 @@ func (c *Client) batch(ctx context.Context, chs []Check, tr *callTrace) ([]Decis
 		parts map[*node][]int
 		rest  []int // checks of no known owner
 	)
-	if t := c.table.Load(); t != nil && t.ring != nil {
+	if t := c.usableTable(); t != nil {
 		parts = make(map[*node][]int, len(t.owners))
 		for i, ch := range chs {
 			if n := c.ownerNode(ch.Name, ch.Key); n != nil {

@@ -71,9 +71,8 @@ const tablesKept = 4
 // table is a routing table as a client uses it.
 type table struct {
 	fp     string
-	ring   *ring.Ring       // nil: the table cannot place keys here (see install); route any
+	router *Router          // nil: the table cannot place keys here (see install); route any
 	owners map[string]*node // by member name; a member without a usable address has none
-	why    string           // when ring is nil: why, for the log
 }
 
 // routing is the state of RouteOwner: the tables and the nodes dialed for
@@ -97,15 +96,24 @@ func (c *Client) routeFingerprint() string {
 	return askTable
 }
 
+// usableTable returns c's routing table when it can place keys; nil
+// under RouteAny (which installs none), before the first table, or when
+// the table was refused (see install).
+func (c *Client) usableTable() *table {
+	if t := c.table.Load(); t != nil && t.router != nil {
+		return t
+	}
+	return nil
+}
+
 // ownerNode returns the node that owns (name, key) under c's table; nil
-// under RouteAny, without a usable table, or when the owner has no node.
+// without a usable table, or when the owner has no node.
 func (c *Client) ownerNode(name, key string) *node {
-	t := c.table.Load()
-	if t == nil || t.ring == nil {
+	t := c.usableTable()
+	if t == nil {
 		return nil
 	}
-	var buf [96]byte
-	return t.owners[t.ring.Owner(ring.Key(buf[:0], name, key))]
+	return t.owners[t.router.member(name, key)]
 }
 
 // Owner returns the name of the member that c's routing table places the
@@ -113,14 +121,11 @@ func (c *Client) ownerNode(name, key string) *node {
 // returns "" under RouteAny and until a usable table arrived (the answer
 // to the first call brings it).
 func (c *Client) Owner(name, key string) string {
-	if c.cfg.Route != RouteOwner {
+	t := c.usableTable()
+	if t == nil {
 		return ""
 	}
-	t := c.table.Load()
-	if t == nil || t.ring == nil {
-		return ""
-	}
-	return t.ring.Owner(ring.Key(nil, name, key))
+	return t.router.member(name, key)
 }
 
 // RoutingFingerprint returns the ring fingerprint of c's routing table
@@ -164,10 +169,10 @@ func (c *Client) installLocked(rt *sluicev1.RoutingTable) {
 		c.table.Store(r.built[i])
 		return
 	}
-	t := c.buildTable(rt)
-	if t.ring == nil {
+	t, err := c.buildTable(rt)
+	if err != nil {
 		c.log.Warn("routing table not usable: checks go to any node, which forwards them to their owner",
-			"event", "rate_limit.routing_table", "reason", t.why, "fingerprint", t.fp)
+			"event", "rate_limit.routing_table", "reason", err.Error(), "fingerprint", t.fp)
 	}
 	evicted := len(r.built) == tablesKept
 	if evicted {
@@ -206,13 +211,13 @@ func (c *Client) pruneLocked() {
 }
 
 // buildTable turns rt into a table, dialing (lazily: no I/O) the members
-// it has no node for. Called with c.routing.mu held.
-func (c *Client) buildTable(rt *sluicev1.RoutingTable) *table {
+// it has no node for. A table NewRouter refuses is returned without a
+// router, with NewRouter's error. Called with c.routing.mu held.
+func (c *Client) buildTable(rt *sluicev1.RoutingTable) (*table, error) {
 	t := &table{fp: rt.GetRingFingerprint(), owners: make(map[string]*node, len(rt.GetMembers()))}
 	rr, err := NewRouter(rt)
 	if err != nil {
-		t.why = err.Error()
-		return t
+		return t, err
 	}
 	for name, addr := range rr.addrs {
 		if addr == "" {
@@ -231,8 +236,8 @@ func (c *Client) buildTable(rt *sluicev1.RoutingTable) *table {
 		}
 		t.owners[name] = n
 	}
-	t.ring = rr.ring
-	return t
+	t.router = rr
+	return t, nil
 }
 
 // Bounds on a routing table a client builds a ring from: a table beyond
@@ -324,9 +329,14 @@ func NewRouter(rt *sluicev1.RoutingTable) (*Router, error) {
 // Owner returns the name of the member that owns the key of limit name,
 // and its gRPC address ("" when the member advertised none).
 func (r *Router) Owner(name, key string) (member, addr string) {
-	var buf [96]byte
-	member = r.ring.Owner(ring.Key(buf[:0], name, key))
+	member = r.member(name, key)
 	return member, r.addrs[member]
+}
+
+// member returns the name of the member that owns the key of limit name.
+func (r *Router) member(name, key string) string {
+	var buf [96]byte
+	return r.ring.Owner(ring.Key(buf[:0], name, key))
 }
 
 // Fingerprint returns the table's ring fingerprint: what a request
