@@ -285,6 +285,18 @@ func (s *Server) standInLoop(ctx context.Context) {
 	}
 }
 
+// standInKeys returns the keys that hold stand-in hits now (a copy, in
+// no order), taken under fbMu.
+func (s *Server) standInKeys() []string {
+	s.fbMu.Lock()
+	defer s.fbMu.Unlock()
+	keys := make([]string, 0, len(s.fbBase))
+	for k := range s.fbBase {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
 // flushStandIns hands each key's stand-in hits to the key's owner under
 // this node's current ring (adding them to its own window when that is
 // this node). The window keeps deciding with them until the owner has
@@ -297,12 +309,7 @@ func (s *Server) flushStandIns(ctx context.Context) map[string]error {
 	s.flushMu.Lock()
 	defer s.flushMu.Unlock()
 	v := s.view.Load()
-	s.fbMu.Lock()
-	keys := make([]string, 0, len(s.fbBase))
-	for k := range s.fbBase {
-		keys = append(keys, k)
-	}
-	s.fbMu.Unlock()
+	keys := s.standInKeys()
 	byOwner := map[string][]string{}
 	for _, k := range keys {
 		o := v.ring.Owner([]byte(k))

@@ -321,14 +321,8 @@ func (s *Server) noneCouldTake(leaveErr error) bool {
 // unreachable owners' stead and has not handed on) to its own window of
 // the key: a leave no member could take them from keeps them so.
 func (s *Server) foldStandIns() {
-	s.fbMu.Lock()
-	keys := make([]string, 0, len(s.fbBase))
-	for k := range s.fbBase {
-		keys = append(keys, k)
-	}
-	s.fbMu.Unlock()
 	now := s.store.Now()
-	for _, k := range keys {
+	for _, k := range s.standInKeys() {
 		if d, ok := s.takeStandIn(k); ok {
 			s.store.MergeState(k, d, now)
 		}
@@ -354,13 +348,7 @@ func (s *Server) liveStates() ([]string, []window.State) {
 func (s *Server) snapshotStates() ([]string, []window.State) {
 	now := s.store.Now()
 	standIn := map[string]window.State{}
-	s.fbMu.Lock()
-	keys := make([]string, 0, len(s.fbBase))
-	for k := range s.fbBase {
-		keys = append(keys, k)
-	}
-	s.fbMu.Unlock()
-	for _, k := range keys {
+	for _, k := range s.standInKeys() {
 		if d, _, ok := s.standInHits(k, now); ok {
 			standIn[k] = d
 		}

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"crypto/subtle"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -106,19 +105,13 @@ func ParseAdminTokens(file string, data []byte) ([]AdminToken, error) {
 	return out, nil
 }
 
-// adminEntry is an AdminToken with its secret replaced by its SHA-256.
-type adminEntry struct {
-	name   string
-	digest [sha256.Size]byte
-}
-
 // AdminTokenSet holds the current tokens of an admin token file (see
 // ParseAdminTokens), reloaded by Reload. It is safe for concurrent use: a
 // reload swaps the whole set at once.
 type AdminTokenSet struct {
 	file string
 	log  *slog.Logger
-	cur  atomic.Pointer[[]adminEntry]
+	cur  atomic.Pointer[[]tokenEntry]
 }
 
 // NewAdminTokenSet reads the admin token file at path file; log receives
@@ -141,9 +134,10 @@ func (s *AdminTokenSet) load() error {
 	if err != nil {
 		return err
 	}
-	es := make([]adminEntry, len(ts))
+	es := make([]tokenEntry, len(ts))
 	for i, t := range ts {
-		es[i] = adminEntry{name: t.Name, digest: sha256.Sum256([]byte(t.Token))}
+		// No prefixes: an admin token covers no limit name.
+		es[i] = tokenEntry{name: t.Name, digest: sha256.Sum256([]byte(t.Token))}
 	}
 	s.cur.Store(&es)
 	return nil
@@ -161,20 +155,13 @@ func (s *AdminTokenSet) Reload() error {
 	return nil
 }
 
-// lookup returns the entry of token, comparing digests in constant time.
-func (s *AdminTokenSet) lookup(token string) *adminEntry {
+// lookup returns the entry of token (nil set or none: nil), as
+// TokenSet.lookup does.
+func (s *AdminTokenSet) lookup(token string) *tokenEntry {
 	if s == nil {
 		return nil
 	}
-	d := sha256.Sum256([]byte(token))
-	var found *adminEntry
-	es := *s.cur.Load()
-	for i := range es {
-		if subtle.ConstantTimeCompare(d[:], es[i].digest[:]) == 1 && found == nil {
-			found = &es[i]
-		}
-	}
-	return found
+	return lookupDigest(*s.cur.Load(), token)
 }
 
 // adminCaller is who called the admin API, as its transport shows it.

@@ -191,10 +191,13 @@ func (s *TokenSet) Reload() error {
 
 // lookup returns the entry of token; it compares the token's digest with
 // every entry's in constant time (crypto/subtle), whichever matches.
-func (s *TokenSet) lookup(token string) *tokenEntry {
+func (s *TokenSet) lookup(token string) *tokenEntry { return lookupDigest(*s.cur.Load(), token) }
+
+// lookupDigest returns the entry of es whose digest is token's SHA-256
+// (none: nil), comparing with every entry in constant time.
+func lookupDigest(es []tokenEntry, token string) *tokenEntry {
 	d := sha256.Sum256([]byte(token))
 	var found *tokenEntry
-	es := *s.cur.Load()
 	for i := range es {
 		if subtle.ConstantTimeCompare(d[:], es[i].digest[:]) == 1 && found == nil {
 			found = &es[i]
