@@ -99,15 +99,10 @@ func (r *Store) SetAll(keys [][]byte, owner, instance string, states []window.St
 	}
 }
 
-// Get returns key's copy.
+// Get returns key's copy (its state alone; see Peek).
 func (r *Store) Get(k string) (window.State, bool) {
-	sh := &r.shards[r.shard(k)]
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if e, ok := sh.m[k]; ok {
-		return e.State, true
-	}
-	return window.State{}, false
+	e, ok := r.Peek(k)
+	return e.State, ok
 }
 
 // PutBack restores a copy taken for a hand-off that failed, unless a newer
