@@ -42,8 +42,11 @@ func TestByOwnerGroups(t *testing.T) {
 			if !maps.EqualFunc(got, c.want, slices.Equal) {
 				t.Fatalf("groups %v, want %v", got, c.want)
 			}
-			if g.prefix != c.wantPre && c.wantPre {
+			if g.prefix != c.wantPre {
 				t.Fatalf("prefix %v, want %v", g.prefix, c.wantPre)
+			}
+			if c.wantPre && &g.firstIs[0] != &idx[0] {
+				t.Fatal("a prefix's indexes are a copy, not idx's")
 			}
 			if !slices.Equal(idx, orig) {
 				t.Fatalf("idx changed to %v", idx)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -288,27 +289,28 @@ func (b *batcher) send(batches ...[]*pending) {
 			batches = append(batches, b.answer(batch, nil, fmt.Errorf("owner %s unavailable: %w", b.p.name, errQueueDeadline), false)...)
 			continue
 		}
-		n, traced := 0, false
+		n := 0
 		for _, p := range batch {
 			n += len(p.checks)
-			traced = traced || p.trace != nil
 		}
 		checks := make([]*sluicev1.RateLimitCheck, 0, n)
 		for _, p := range batch {
 			checks = append(checks, p.checks...)
 		}
 		req := b.p.request(nil, checks, deadline)
-		if traced {
-			req.Traces = traces(batch)
-		}
+		req.Traces = traces(batch)
 		startCall(b.p, deadline, req, func(ds []*sluicev1.Decision, err error) { b.answer(batch, ds, err, true) })
 	}
 }
 
 // traces returns the trace contexts of a batch's checks, one run per
 // pending, in order: the pending's own (its checks field set to its
-// checks), or an empty run for an untraced one.
+// checks), or an empty run for an untraced one; nil when no pending is
+// traced (the batch carries none).
 func traces(batch []*pending) []*sluicev1.TraceContext {
+	if !slices.ContainsFunc(batch, func(p *pending) bool { return p.trace != nil }) {
+		return nil
+	}
 	out := make([]*sluicev1.TraceContext, len(batch))
 	for i, p := range batch {
 		t := p.trace

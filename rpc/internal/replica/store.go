@@ -48,12 +48,20 @@ func (r *Store) shardBytes(k []byte) int { return int(maphash.Bytes(r.seed, k) %
 func (r *Store) Set(k []byte, owner, instance string, st window.State) {
 	sh := &r.shards[r.shardBytes(k)]
 	sh.mu.Lock()
-	if e, ok := sh.m[string(k)]; ok {
-		*e = Entry{State: st, Owner: owner, Instance: instance}
-	} else {
-		sh.m[string(k)] = &Entry{State: st, Owner: owner, Instance: instance}
-	}
+	put(sh.m, k, Entry{State: st, Owner: owner, Instance: instance})
 	sh.mu.Unlock()
+}
+
+// put stores e as k's copy in a shard's map m (its lock held), updating a
+// copy m holds already in place (no allocation: e is copied, never kept).
+func put(m map[string]*Entry, k []byte, e Entry) {
+	if old, ok := m[string(k)]; ok {
+		*old = e
+		return
+	}
+	n := new(Entry)
+	*n = e
+	m[string(k)] = n
 }
 
 // SetAll replaces the copies of keys[i] with states[i], all from owner
@@ -85,25 +93,16 @@ func (r *Store) SetAll(keys [][]byte, owner, instance string, states []window.St
 		shard := &r.shards[s]
 		shard.mu.Lock()
 		for _, i := range order[ends[s]:ends[s+1]] {
-			if e, ok := shard.m[string(keys[i])]; ok {
-				*e = Entry{State: states[i], Owner: owner, Instance: instance}
-			} else {
-				shard.m[string(keys[i])] = &Entry{State: states[i], Owner: owner, Instance: instance}
-			}
+			put(shard.m, keys[i], Entry{State: states[i], Owner: owner, Instance: instance})
 		}
 		shard.mu.Unlock()
 	}
 }
 
-// Get returns key's copy.
+// Get returns key's copy (its state alone; see Peek).
 func (r *Store) Get(k string) (window.State, bool) {
-	sh := &r.shards[r.shard(k)]
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if e, ok := sh.m[k]; ok {
-		return e.State, true
-	}
-	return window.State{}, false
+	e, ok := r.Peek(k)
+	return e.State, ok
 }
 
 // PutBack restores a copy taken for a hand-off that failed, unless a newer
