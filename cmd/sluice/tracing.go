@@ -73,7 +73,7 @@ func setupTracing(ctx context.Context, logger *slog.Logger, service, instance st
 	if err != nil {
 		return nil, err
 	}
-	attrs := []attribute.KeyValue{attribute.String("service.name", service), attribute.String("service.version", version)}
+	attrs := []attribute.KeyValue{attribute.String("service.name", service), attribute.String("service.version", build.Version)}
 	if instance != "" {
 		attrs = append(attrs, attribute.String("service.instance.id", instance))
 	}
