@@ -102,8 +102,11 @@ func NewKeyHolder(region string, w time.Duration, limit, base, current, replaced
 // MakeWin returns the holder of window id, making it when there is none:
 // at the region's standing slice for the window (its base for a
 // bucket), or at 0 when unsure (the caller's judgement that the region
-// may hold less than that: see WindowHolder.Unsure).
-func (k *KeyHolder) MakeWin(id int64, unsure bool) *WindowHolder {
+// may hold less than that: see WindowHolder.Unsure), and blind (see
+// Holder.StartBlind) when blind (the caller's judgement that its process
+// cannot know what the region admitted in the window before: blind
+// implies unsure).
+func (k *KeyHolder) MakeWin(id int64, unsure, blind bool) *WindowHolder {
 	if w := k.Wins[id]; w != nil {
 		return w
 	}
@@ -115,7 +118,11 @@ func (k *KeyHolder) MakeWin(id int64, unsure bool) *WindowHolder {
 		start = k.Stand.Start(id)
 	}
 	w := &WindowHolder{H: NewHolder(k.Region, id, start)}
-	if unsure {
+	switch {
+	case blind:
+		w.H.StartBlind(rand.Uint64() | 1)
+		w.Unsure = true
+	case unsure:
 		w.H.StartAfresh(rand.Uint64() | 1)
 		w.Unsure = true
 	}

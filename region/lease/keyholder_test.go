@@ -15,9 +15,9 @@ func TestEstimate(t *testing.T) {
 	mk := func(first int64, prev int64, hasPrev bool, demand int64) (*KeyHolder, *WindowHolder) {
 		k := NewKeyHolder("a", w, 100, 1, first, 0)
 		if hasPrev {
-			k.MakeWin(9, false).Demand = prev
+			k.MakeWin(9, false, false).Demand = prev
 		}
-		cur := k.MakeWin(10, false)
+		cur := k.MakeWin(10, false, false)
 		cur.Demand = demand
 		k.first = first // as if the key's first holder here were of window first
 		return k, cur
@@ -75,7 +75,7 @@ func TestContendedHolderRules(t *testing.T) {
 		{"unsure of its start", 3, 3, 10, 9, 10, 12, true, 1, false, false},
 	} {
 		k := NewKeyHolder("a", time.Second, limit, c.base, 10, 0)
-		w := k.MakeWin(10, c.unsure)
+		w := k.MakeWin(10, c.unsure, false)
 		if c.slice < c.base && !c.unsure {
 			if _, ok := w.H.OnLower(Lower{Region: "a", Window: 10, Alloc: 1, Seq: 1, Target: c.slice}, 0); !ok {
 				t.Fatalf("%s: the holder refused a lower to %d", c.name, c.slice)
@@ -126,7 +126,7 @@ func TestWantMore(t *testing.T) {
 		{"idle: no demand", 10, false, 0, 0, 500 * time.Millisecond, 0, 0, 0, 0},
 	} {
 		k := NewKeyHolder("a", w, limit, c.base, 10, 0)
-		win := k.MakeWin(10, c.unsure)
+		win := k.MakeWin(10, c.unsure, false)
 		win.Demand, win.Consumed = c.demand, c.used
 		if c.askedAgo > 0 {
 			win.Asked, win.AskedAt, win.AskedFor = now.Add(-c.askedAgo), win.H.Slice(), c.askedFor
@@ -145,7 +145,7 @@ func TestWantMore(t *testing.T) {
 // only a hint of wanting regions makes the region give back.
 func TestSetHint(t *testing.T) {
 	k := NewKeyHolder("a", time.Second, 10, 3, 10, 0)
-	w10 := k.MakeWin(10, false)
+	w10 := k.MakeWin(10, false, false)
 	if giving := k.SetHint(10, 14, 4, 5_000); !giving || !k.Hinted(w10) || !k.Capped(w10) {
 		t.Fatalf("first hint: giving %v, hinted %v, capped %v; want all", giving, k.Hinted(w10), k.Capped(w10))
 	}
@@ -177,7 +177,7 @@ func TestSetHint(t *testing.T) {
 func TestDemandAverage(t *testing.T) {
 	k := NewKeyHolder("a", time.Second, 100, 10, 10, 0) // made in window 10: the average starts at it
 	for id, d := range map[int64]int64{10: 4, 11: 10, 12: 10} {
-		k.MakeWin(id, false).Demand = d
+		k.MakeWin(id, false, false).Demand = d
 	}
 	k.Fold(12)
 	if got := k.DemandSaid(); got != -1 {

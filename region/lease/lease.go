@@ -79,6 +79,11 @@ type Grant struct {
 	Seq    uint64
 	Slice  int64
 	Nonce  uint64 // the nonce of the region's last request (0: none): see Holder.StartAfresh
+	// Spent is, for a blind holder (Holder.StartBlind) whose nonce the
+	// grant carries, the hits its region is counted as having admitted
+	// in the window before the holder was made (0: none): the holder
+	// counts them before it admits anything.
+	Spent int64
 }
 
 // Lower asks a region to lower its slice for a window to at most Target
@@ -106,6 +111,10 @@ type Ack struct {
 	// Follows is the allocator the holder takes grants from when it is
 	// not the Lower's (0: it is the Lower's): see Allocator.OnAck.
 	Follows uint64
+	// Blind and Nonce: the holder is blind (Holder.StartBlind), with
+	// that nonce: the allocator counts the region at its spent.
+	Blind bool
+	Nonce uint64
 }
 
 // Request asks the allocator for Want more hits for a window; Consumed
@@ -118,6 +127,7 @@ type Request struct {
 	Consumed int64
 	Slice    int64
 	Nonce    uint64 // the holder's nonce (0: none): see Holder.StartAfresh
+	Blind    bool   // the holder is blind: see Holder.StartBlind
 }
 
 // Allocator keeps one key's pool for one window: the limit minus the
@@ -148,6 +158,8 @@ type Allocator struct {
 	reportLeft map[string]float64 // region -> the part of the window left when it last reported its use in the window (0: never)
 	heard      map[string]bool    // region -> it sent a message in the window (a request, an Ack or a give-back)
 	left       float64            // the part of the window still to come (0..1), as the caller last said
+	blind      map[string]uint64  // region -> the nonce of its blind holder (see Holder.StartBlind; absent: none)
+	spent      map[string]int64   // region -> what its blind holder is counted as having admitted (-1: not known yet, while learning)
 }
 
 // NewAllocator returns the allocator id of a window whose limit is limit
@@ -165,7 +177,7 @@ func NewAllocator(id uint64, window, limit int64, bases map[string]int64, demand
 		seq: map[string]uint64{}, lowerAt: map[string]uint64{}, target: map[string]int64{},
 		used: map[string]int64{}, demand: map[string]int64{}, prior: map[string]int64{}, waiting: map[string]int64{}, left: 1,
 		extra: map[string]int64{}, askedAt: map[string]float64{}, reportLeft: map[string]float64{}, heard: map[string]bool{},
-		said: map[string]int64{}, nonce: map[string]uint64{}}
+		said: map[string]int64{}, nonce: map[string]uint64{}, blind: map[string]uint64{}, spent: map[string]int64{}}
 	for r, b := range bases {
 		if b < 0 {
 			return nil, fmt.Errorf("lease: base of %s: must be >= 0, got %d", r, b)
@@ -250,6 +262,9 @@ func (a *Allocator) Free() int64 { return max(a.free, 0) }
 // were made afresh over what it had admitted: a restart, a limit
 // changed): nothing is granted then until what comes back covers it.
 func (a *Allocator) hold(r string, held int64) {
+	if sp := a.spent[r]; a.blind[r] != 0 && sp > held {
+		held = sp // unknown means spent: a blind region never counts for less
+	}
 	if !a.Learning() {
 		a.free += a.counted(r) - max(held, a.floor[r])
 	}
@@ -259,6 +274,66 @@ func (a *Allocator) hold(r string, held int64) {
 // counted returns what region r takes of the pool: its record, or its
 // floor when that is more (Slide).
 func (a *Allocator) counted(r string) int64 { return max(a.record[r], a.floor[r]) }
+
+// seeBlind notes that region r's holder of the window is blind (see
+// Holder.StartBlind) with nonce: unknown means spent, so the region is
+// counted as having admitted, before that holder was made, the most it
+// can have: its record (a grant is recorded before it is sent, a lower
+// only once acknowledged, so no region admits beyond its record), or
+// what it says it consumed, if more. From then on its record never goes
+// below that (hold), and the grants answering its requests carry it
+// (Grant.Spent). While learning the records are not known yet: spent is
+// set when learning ends (learnt). A nonce already seen changes nothing.
+func (a *Allocator) seeBlind(r string, nonce uint64, consumed int64) {
+	if _, ok := a.record[r]; !ok || nonce == 0 || a.blind[r] == nonce {
+		return
+	}
+	a.blind[r] = nonce
+	if a.Learning() {
+		a.spent[r] = max(a.spent[r], -1)
+		return
+	}
+	a.spent[r] = max(a.record[r], consumed, a.spent[r], 0)
+}
+
+// learnt sets, as learning mode ends, what each blind region is counted
+// as having spent: what the other regions' reports leave of the limit
+// (the regions together never admitted more than the limit, and each of
+// the others holds at least what it reported, since only an allocator's
+// acknowledged lower or its own give-back lowers a holder), or its own
+// record, if more. Every region has reported, so the records are the
+// reports. With two blind regions each is counted at that rest: the
+// pool goes below 0 and grants nothing until what comes back covers it
+// (under-admission, never over).
+func (a *Allocator) learnt() {
+	rest := a.limit
+	blind := false
+	for _, r := range a.regions {
+		if a.blind[r] == 0 {
+			rest -= a.counted(r)
+		} else {
+			blind = true
+		}
+	}
+	if !blind {
+		return
+	}
+	for _, r := range a.regions {
+		if a.blind[r] != 0 {
+			a.spent[r] = max(a.record[r], rest, a.spent[r], 0)
+			a.record[r] = a.spent[r]
+		}
+	}
+}
+
+// spentFor returns the Spent of a grant to region r: its blind holder's
+// spent when the grant answers that holder's requests (0 otherwise).
+func (a *Allocator) spentFor(r string) int64 {
+	if n := a.blind[r]; n != 0 && n == a.nonce[r] {
+		return max(a.spent[r], 0)
+	}
+	return 0
+}
 
 // Slide makes the allocator one of a sliding window's (Cloudflare's
 // two-window counter: a region's estimate is its last window's count,
@@ -446,6 +521,9 @@ func (a *Allocator) OnRequest(r Request) (grants []Grant, lowers []Lower) {
 		return nil, nil // not a region of the key
 	}
 	a.heard[r.Region] = true
+	if r.Blind {
+		a.seeBlind(r.Region, r.Nonce, r.Consumed)
+	}
 	switch held := max(r.Slice, r.Consumed); {
 	case r.Consumed > a.record[r.Region]:
 		// A region that admitted more than its record (a holder made
@@ -531,7 +609,7 @@ func (a *Allocator) grantWaiting() []Grant {
 		if raised[r] > 0 || behind {
 			a.seq[r]++
 			a.said[r] = a.record[r]
-			out = append(out, Grant{Region: r, Window: a.window, Alloc: a.id, Seq: a.seq[r], Slice: a.record[r], Nonce: a.nonce[r]})
+			out = append(out, Grant{Region: r, Window: a.window, Alloc: a.id, Seq: a.seq[r], Slice: a.record[r], Nonce: a.nonce[r], Spent: a.spentFor(r)})
 		}
 	}
 	return out
@@ -577,6 +655,9 @@ func (a *Allocator) OnAck(k Ack) ([]Grant, []Lower) {
 	}
 	a.lowerAt[k.Region] = 0
 	a.heard[k.Region] = true
+	if k.Blind {
+		a.seeBlind(k.Region, k.Nonce, k.Consumed)
+	}
 	a.reportLeft[k.Region] = max(a.left, 1e-3)
 	a.used[k.Region] = max(a.used[k.Region], k.Consumed)
 	a.hold(k.Region, max(k.Slice, k.Consumed, 0))
@@ -596,6 +677,7 @@ func (a *Allocator) OnAck(k Ack) ([]Grant, []Lower) {
 			return nil, nil
 		}
 		a.known = nil
+		a.learnt()
 		a.free = a.limit // below 0 when the regions admitted more (see hold)
 		for _, r := range a.regions {
 			a.free -= a.counted(r)
@@ -630,6 +712,9 @@ func (a *Allocator) OnGiveBack(k Ack) (grants []Grant, ok bool) {
 		return nil, false
 	}
 	a.heard[k.Region] = true
+	if k.Blind {
+		a.seeBlind(k.Region, k.Nonce, k.Consumed)
+	}
 	a.reportLeft[k.Region] = max(a.left, 1e-3)
 	a.used[k.Region] = max(a.used[k.Region], k.Consumed)
 	a.hold(k.Region, max(k.Slice, k.Consumed, 0))
@@ -674,7 +759,7 @@ func (a *Allocator) Offer(hunger map[string]int64) []Grant {
 			// more than the pool had.
 			a.record[r] += n
 			a.seq[r]++
-			out = append(out, Grant{Region: r, Window: a.window, Alloc: a.id, Seq: a.seq[r], Slice: a.record[r], Nonce: a.nonce[r]})
+			out = append(out, Grant{Region: r, Window: a.window, Alloc: a.id, Seq: a.seq[r], Slice: a.record[r], Nonce: a.nonce[r], Spent: a.spentFor(r)})
 		}
 	}
 	return out
@@ -694,6 +779,8 @@ type Holder struct {
 	seq    uint64 // the newest of its sequence numbers applied
 	seen   []allocSeq
 	nonce  uint64 // made afresh: its requests' nonce, which its grants must carry (0: not afresh)
+	blind  bool   // made blind: admits nothing until a grant says what its region spent (StartBlind)
+	owed   int64  // the spent of the grant that ended its blindness, not yet taken (TakeSpent)
 }
 
 // allocSeq is the newest sequence number a holder applied of one
@@ -749,6 +836,38 @@ func (h *Holder) StartAfresh(nonce uint64) {
 	}
 }
 
+// StartBlind is StartAfresh for a holder that cannot know what its
+// region admitted in the window before it was made: a process made
+// afresh with no record of the window (a region's only node restarted
+// without its state), so unknown means spent. It admits nothing (its
+// slice is 0 and only a grant raises it) until a grant that answers its
+// requests says what the region is counted as having admitted already
+// (Grant.Spent: the allocator's record of the region, the most it can
+// have admitted), which the caller counts in the region's window
+// (TakeSpent) before the holder admits anything. Its requests, Acks and
+// give-backs say it is blind (Request.Blind, Ack.Blind with its nonce),
+// so the allocator never records less for the region than that. Like
+// StartAfresh, nothing for a holder that applied a message already.
+func (h *Holder) StartBlind(nonce uint64) {
+	if h.alloc == 0 {
+		h.StartAfresh(nonce)
+		h.blind = true
+	}
+}
+
+// Blind reports whether the holder is blind still: see StartBlind.
+func (h *Holder) Blind() bool { return h.blind }
+
+// TakeSpent returns, once, the hits the grant that ended the holder's
+// blindness said its region had spent (0 after, and for a holder that
+// was never blind): the caller counts them in the region's window (at
+// least that many) under the lock it admits under, before it admits.
+func (h *Holder) TakeSpent() int64 {
+	n := h.owed
+	h.owed = 0
+	return n
+}
+
 // Nonce returns the nonce of a holder made afresh (0: not one): see
 // StartAfresh.
 func (h *Holder) Nonce() uint64 { return h.nonce }
@@ -764,7 +883,7 @@ func (h *Holder) Window() int64 { return h.window }
 
 // Request returns a request for want more hits, reporting its use.
 func (h *Holder) Request(want, consumed int64) Request {
-	return Request{Region: h.region, Window: h.window, Want: want, Consumed: consumed, Slice: h.slice, Nonce: h.nonce}
+	return Request{Region: h.region, Window: h.window, Want: want, Consumed: consumed, Slice: h.slice, Nonce: h.nonce, Blind: h.blind}
 }
 
 // OnGrant applies a grant and reports whether it raised the slice. A
@@ -780,6 +899,11 @@ func (h *Holder) OnGrant(g Grant) bool {
 		return false // made afresh, and not an answer to one of its requests
 	}
 	h.apply(g.Alloc, g.Seq)
+	if h.blind {
+		// The answer to its requests: what its region spent before it
+		// is counted first (TakeSpent), and the slice holds it.
+		h.blind, h.owed = false, max(g.Spent, 0)
+	}
 	if g.Slice <= h.slice {
 		return false
 	}
@@ -799,7 +923,7 @@ func (h *Holder) GiveBack(keep, consumed int64) (Ack, bool) {
 		return Ack{}, false
 	}
 	h.slice = keep
-	return Ack{Region: h.region, Window: h.window, Alloc: h.alloc, Seq: h.seq, Slice: h.slice, Consumed: consumed}, true
+	return Ack{Region: h.region, Window: h.window, Alloc: h.alloc, Seq: h.seq, Slice: h.slice, Consumed: consumed, Blind: h.blind, Nonce: h.blindNonce()}, true
 }
 
 // OnLower lowers the slice to at most Target, keeping consumed (what the
@@ -832,5 +956,14 @@ func (h *Holder) OnLower(l Lower, consumed int64) (Ack, bool) {
 	if l.Target != ReportOnly {
 		h.slice = max(min(h.slice, l.Target), consumed)
 	}
-	return Ack{Region: h.region, Window: h.window, Alloc: l.Alloc, Seq: l.Seq, Slice: max(h.slice, consumed), Consumed: consumed, Follows: follows}, true
+	return Ack{Region: h.region, Window: h.window, Alloc: l.Alloc, Seq: l.Seq, Slice: max(h.slice, consumed), Consumed: consumed, Follows: follows,
+		Blind: h.blind, Nonce: h.blindNonce()}, true
+}
+
+// blindNonce returns the holder's nonce while it is blind (0 otherwise).
+func (h *Holder) blindNonce() uint64 {
+	if h.blind {
+		return h.nonce
+	}
+	return 0
 }

@@ -516,8 +516,15 @@ type Decision struct {
 	// True when the check was denied because the region's slice ran out
 	// (SCOPE_GLOBAL, slice < limit): other regions may still have room.
 	SliceExhausted bool `protobuf:"varint,22,opt,name=slice_exhausted,json=sliceExhausted,proto3" json:"slice_exhausted,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// With slice_exhausted: the region has asked the key's allocator for
+	// more of the limit (or waits for what it is owed after its node
+	// started), so retry_after is about a lease round trip, not the
+	// window's end; a retry then may pass. False with slice_exhausted: the
+	// region's share of the window is what it is, and retry_after is the
+	// window's end (the limit may still not be spent in other regions).
+	SlicePending  bool `protobuf:"varint,23,opt,name=slice_pending,json=slicePending,proto3" json:"slice_pending,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Decision) Reset() {
@@ -658,6 +665,13 @@ func (x *Decision) GetSlice() int64 {
 func (x *Decision) GetSliceExhausted() bool {
 	if x != nil {
 		return x.SliceExhausted
+	}
+	return false
+}
+
+func (x *Decision) GetSlicePending() bool {
+	if x != nil {
+		return x.SlicePending
 	}
 	return false
 }
@@ -2101,7 +2115,18 @@ type LeaseMessage struct {
 	// Ack: the allocator the region's holder takes grants from, when it is
 	// not the one whose Lower this answers (0: it is): two allocators ran
 	// at once, and this one learns again.
-	Follows       uint64 `protobuf:"varint,20,opt,name=follows,proto3" json:"follows,omitempty"`
+	Follows uint64 `protobuf:"varint,20,opt,name=follows,proto3" json:"follows,omitempty"`
+	// Request, Ack, give-back: the region's holder was made afresh by a
+	// process that cannot know what its region admitted in the window
+	// before it started (a region's only node restarted without a state
+	// file of its leave): "unknown means spent". The allocator counts the
+	// region as having admitted its whole record (spent), and, while it
+	// learns, the most the other regions' reports leave room for.
+	Blind bool `protobuf:"varint,21,opt,name=blind,proto3" json:"blind,omitempty"`
+	// Grant to a blind holder (its nonce): the hits its region is counted
+	// as having admitted in the window already; the holder counts them in
+	// its window before it admits anything.
+	Spent         int64 `protobuf:"varint,22,opt,name=spent,proto3" json:"spent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2276,6 +2301,20 @@ func (x *LeaseMessage) GetFollows() uint64 {
 	return 0
 }
 
+func (x *LeaseMessage) GetBlind() bool {
+	if x != nil {
+		return x.Blind
+	}
+	return false
+}
+
+func (x *LeaseMessage) GetSpent() int64 {
+	if x != nil {
+		return x.Spent
+	}
+	return 0
+}
+
 type LeaseRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The sender's node name.
@@ -2395,7 +2434,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\frefund_at_ns\x18\x12 \x01(\x03R\n" +
 	"refundAtNs\x12&\n" +
 	"\x05scope\x18\x13 \x01(\x0e2\x10.sluice.v1.ScopeR\x05scopeB\a\n" +
-	"\x05_hits\"\xcd\x03\n" +
+	"\x05_hits\"\xf2\x03\n" +
 	"\bDecision\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
@@ -2414,7 +2453,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05scope\x18\x13 \x01(\x0e2\x10.sluice.v1.ScopeR\x05scope\x12\x16\n" +
 	"\x06region\x18\x14 \x01(\tR\x06region\x12\x14\n" +
 	"\x05slice\x18\x15 \x01(\x03R\x05slice\x12'\n" +
-	"\x0fslice_exhausted\x18\x16 \x01(\bR\x0esliceExhausted\"\x98\x01\n" +
+	"\x0fslice_exhausted\x18\x16 \x01(\bR\x0esliceExhausted\x12#\n" +
+	"\rslice_pending\x18\x17 \x01(\bR\fslicePending\"\x98\x01\n" +
 	"\fCheckRequest\x121\n" +
 	"\x06checks\x18\x01 \x03(\v2\x19.sluice.v1.RateLimitCheckR\x06checks\x12$\n" +
 	"\x0eall_or_nothing\x18\x02 \x01(\bR\fallOrNothing\x12/\n" +
@@ -2514,7 +2554,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12+\n" +
 	"\x06states\x18\x02 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\x12'\n" +
 	"\x0fsender_instance\x18\x03 \x01(\tR\x0esenderInstance\"\x13\n" +
-	"\x11ReplicateResponse\"\x8b\x04\n" +
+	"\x11ReplicateResponse\"\xb7\x04\n" +
 	"\fLeaseMessage\x12(\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x14.sluice.v1.LeaseKindR\x04kind\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
@@ -2536,7 +2576,9 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x06wanted\x18\x11 \x01(\x03R\x06wanted\x12\x18\n" +
 	"\asliding\x18\x12 \x01(\bR\asliding\x12\x14\n" +
 	"\x05nonce\x18\x13 \x01(\x04R\x05nonce\x12\x18\n" +
-	"\afollows\x18\x14 \x01(\x04R\afollows\"[\n" +
+	"\afollows\x18\x14 \x01(\x04R\afollows\x12\x14\n" +
+	"\x05blind\x18\x15 \x01(\bR\x05blind\x12\x14\n" +
+	"\x05spent\x18\x16 \x01(\x03R\x05spent\"[\n" +
 	"\fLeaseRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x123\n" +
 	"\bmessages\x18\x02 \x03(\v2\x17.sluice.v1.LeaseMessageR\bmessages\"D\n" +

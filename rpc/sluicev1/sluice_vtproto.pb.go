@@ -163,6 +163,18 @@ func (m *Decision) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if m.SlicePending {
+		i--
+		if m.SlicePending {
+			dAtA[i] = 1
+		} else {
+			dAtA[i] = 0
+		}
+		i--
+		dAtA[i] = 0x1
+		i--
+		dAtA[i] = 0xb8
+	}
 	if m.SliceExhausted {
 		i--
 		if m.SliceExhausted {
@@ -1479,6 +1491,25 @@ func (m *LeaseMessage) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if m.Spent != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.Spent))
+		i--
+		dAtA[i] = 0x1
+		i--
+		dAtA[i] = 0xb0
+	}
+	if m.Blind {
+		i--
+		if m.Blind {
+			dAtA[i] = 1
+		} else {
+			dAtA[i] = 0
+		}
+		i--
+		dAtA[i] = 0x1
+		i--
+		dAtA[i] = 0xa8
+	}
 	if m.Follows != 0 {
 		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.Follows))
 		i--
@@ -1808,6 +1839,9 @@ func (m *Decision) SizeVT() (n int) {
 		n += 2 + protohelpers.SizeOfVarint(uint64(m.Slice))
 	}
 	if m.SliceExhausted {
+		n += 3
+	}
+	if m.SlicePending {
 		n += 3
 	}
 	n += len(m.unknownFields)
@@ -2355,6 +2389,12 @@ func (m *LeaseMessage) SizeVT() (n int) {
 	}
 	if m.Follows != 0 {
 		n += 2 + protohelpers.SizeOfVarint(uint64(m.Follows))
+	}
+	if m.Blind {
+		n += 3
+	}
+	if m.Spent != 0 {
+		n += 2 + protohelpers.SizeOfVarint(uint64(m.Spent))
 	}
 	n += len(m.unknownFields)
 	return n
@@ -3081,6 +3121,26 @@ func (m *Decision) UnmarshalVT(dAtA []byte) error {
 				}
 			}
 			m.SliceExhausted = bool(v != 0)
+		case 23:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field SlicePending", wireType)
+			}
+			var v int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				v |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			m.SlicePending = bool(v != 0)
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
@@ -6525,6 +6585,45 @@ func (m *LeaseMessage) UnmarshalVT(dAtA []byte) error {
 				b := dAtA[iNdEx]
 				iNdEx++
 				m.Follows |= uint64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+		case 21:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field Blind", wireType)
+			}
+			var v int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				v |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			m.Blind = bool(v != 0)
+		case 22:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field Spent", wireType)
+			}
+			m.Spent = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.Spent |= int64(b&0x7F) << shift
 				if b < 0x80 {
 					break
 				}
