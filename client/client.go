@@ -344,6 +344,12 @@ type Decision struct {
 	// SliceExhausted is set when the check was denied because the
 	// region's slice ran out (ScopeGlobal): other regions may have room.
 	SliceExhausted bool
+	// SlicePending is set, with SliceExhausted, when the region has
+	// asked for more of the limit (or waits for its share after its node
+	// started): RetryAfter is then about a lease round trip (tens to
+	// hundreds of ms), and a retry then may pass. Unset with
+	// SliceExhausted, RetryAfter is the window's end.
+	SlicePending bool
 }
 
 // Config configures a Client. The zero value of every optional field is
@@ -996,6 +1002,7 @@ func decision(d *sluicev1.Decision) Decision {
 		Region:         d.Region,
 		Slice:          d.Slice,
 		SliceExhausted: d.SliceExhausted,
+		SlicePending:   d.SlicePending,
 	}
 	if d.RetryAfter < 0 {
 		out.RetryAfter = -1

@@ -82,6 +82,14 @@ type leases struct {
 	outbox map[string][]*sluicev1.LeaseMessage // destination node -> messages
 
 	rtt atomic.Int64 // ns: an average of Lease calls' round trips
+	// blindBefore is, in store-clock ns, the start of this process when it
+	// cannot know what its region admitted before it (see blindWin): it
+	// started with no state file of its leave and met no other member of
+	// its region to take its keys back from; 0 once it knows it can.
+	// blindSettled is set once that was decided (the first view that holds
+	// another member, or a leave's state file restored).
+	blindBefore  atomic.Int64
+	blindSettled atomic.Bool
 	// hist is what this node knows of its allocator view's history (see
 	// learning); replaced whole by viewChanged, under s.setMu.
 	hist atomic.Pointer[leaseHistory]
@@ -152,6 +160,9 @@ type leaseHistory struct {
 // leaseCounters count lease events; see Stats.
 type leaseCounters struct {
 	requests, grants, grantedHits, lowers, acks, givenBack, giveBacks, exhausted, sent, replied, calls, callErrors, stands atomic.Int64
+	// blindSpent: hits counted in windows as spent by an earlier process
+	// of this node's region (blind holders' grants: see spend).
+	blindSpent atomic.Int64
 }
 
 type holderShard struct {
@@ -232,6 +243,7 @@ func newLeases(s *Server, base float64) *leases {
 		h.goneAt[r.Name] = now
 	}
 	l.hist.Store(h)
+	l.blindBefore.Store(now)
 	l.hot = map[*holderEntry]struct{}{}
 	l.givers = map[time.Duration]*giverSet{}
 	return l
@@ -356,12 +368,56 @@ func (l *leases) entryFor(storeKey []byte, name, key string, w time.Duration, li
 }
 
 // win returns the holder of window id, creating it with the region's
-// standing slice, or at 0 when unsure. Requires e.mu.
+// standing slice, or at 0 when unsure, and blind when this process cannot
+// know what its region admitted in the window (blindWin). Requires e.mu.
 func (l *leases) win(e *holderEntry, id int64) *holderWin {
 	if w := e.Wins[id]; w != nil {
 		return w
 	}
-	return e.MakeWin(id, l.unsure(e, id))
+	blind := l.blindWin(e, id)
+	return e.MakeWin(id, blind || l.unsure(e, id), blind)
+}
+
+// blindWin reports whether a holder made now for window id of e cannot
+// know what its region admitted in it before this process started
+// ("unknown means spent"): the process started with no state file of a
+// graceful leave and no other member of its region (a region of one node
+// restarted: its counts went with the old process; with another member,
+// the keys come back from it with their counts, by hand-off or pull, as
+// in one region), and the window had begun before the process did (a
+// sliding window's: the window before it had, since its count still
+// counts; a bucket: a check came within the time its burst takes to
+// drain at its rate, for which the old process's debt may still hold).
+// Such a holder admits nothing until the allocator says what its region
+// is counted as having spent (lease.Holder.StartBlind): under-admission
+// in that window, never over.
+func (l *leases) blindWin(e *holderEntry, id int64) bool {
+	before := l.blindBefore.Load()
+	if before == 0 {
+		return false
+	}
+	switch {
+	case id == bucketLease:
+		drain := e.Window
+		if e.capacity > 0 && e.Limit > 0 {
+			drain = time.Duration(float64(e.Window) * float64(e.capacity) / float64(e.Limit))
+		}
+		return l.s.store.Now().UnixNano() < before+int64(max(drain, e.Window))
+	case e.sliding:
+		return (id-1)*int64(e.Window) < before
+	default:
+		return id*int64(e.Window) < before
+	}
+}
+
+// knowsState settles that this process knows what its region admitted
+// before it started (a leave's state file was restored, or its region has
+// another member to take the keys back from): its holders are never
+// blind. Called at most once with effect.
+func (l *leases) knowsState() {
+	if l.blindSettled.CompareAndSwap(false, true) {
+		l.blindBefore.Store(0)
+	}
 }
 
 // unsure reports whether a holder made now for window id of e may belong
@@ -452,6 +508,9 @@ func (l *leases) decide(storeKey []byte, r *request, now time.Time) *sluicev1.De
 		req = l.message(e, sluicev1.LeaseKind_LEASE_KIND_REQUEST, id)
 		req.Want, req.Consumed, req.Slice, req.Unsure = rq.Want, rq.Consumed, rq.Slice, w.Unsure
 	}
+	if !pd.Allowed && pd.Error == "" && c.Hits > 0 && slice < r.full && l.pending(w, req != nil) {
+		l.retrySoon(pd)
+	}
 	e.mu.Unlock()
 	l.decided(storeKey, e, req, !pd.Allowed && pd.Error == "" && c.Hits > 0 && slice < r.full)
 	return pd
@@ -501,8 +560,17 @@ func (l *leases) decideBucket(storeKey []byte, r *request, now time.Time) *sluic
 	var pd *sluicev1.Decision
 	if slice == 0 || c.Burst == 0 || c.Hits > c.Burst {
 		retry := l.lead()
-		pd = &sluicev1.Decision{Limit: slice, ResetTime: unixMsCeil(now.Add(retry)), RetryAfter: msCeil(retry), Owner: s.name}
+		pd = &sluicev1.Decision{Limit: slice, ResetTime: unixMsCeil(now.Add(retry)), RetryAfter: msCeil(retry), Owner: s.name,
+			SlicePending: true}
 	} else {
+		if w.Blind && !w.Drained {
+			// Unknown means spent: an earlier process of this region's
+			// only node may have emptied its bucket just before it
+			// stopped, so the bucket starts empty and fills at the
+			// region's rate (blindWin).
+			l.drain(storeKey, c, now)
+			w.Drained = true
+		}
 		pd = s.applyOwned(storeKey, c, now)
 	}
 	pd.Slice = slice
@@ -529,6 +597,48 @@ func (l *leases) decideBucket(storeKey []byte, r *request, now time.Time) *sluic
 	return pd
 }
 
+// drain empties the region's bucket of a key (check c's rate and burst
+// share): it takes what the bucket has room for now. Requires the key's
+// holder lock.
+func (l *leases) drain(sk []byte, c window.Check, now time.Time) {
+	c.Hits = 0
+	d, err := l.s.store.ApplyBytes(sk, c, now)
+	if err != nil || d.Remaining <= 0 {
+		return
+	}
+	c.Hits = d.Remaining
+	if d, err = l.s.store.ApplyBytes(sk, c, now); err == nil && d.Allowed {
+		if l.s.replication.Factor > 0 {
+			l.s.dirty.Add(sk)
+		}
+		l.st.blindSpent.Add(c.Hits)
+	}
+}
+
+// pending reports whether a denial by w's slice is one a retry about a
+// lease round trip later may pass: the region asks for more now (asked),
+// its holder waits for the grant that says what its region spent
+// (blind), or it asked within the last four round trips for more than
+// it holds and nothing answered yet. Requires e.mu.
+func (l *leases) pending(w *holderWin, asked bool) bool {
+	if asked || w.H.Blind() {
+		return true
+	}
+	rtt := time.Duration(l.rtt.Load()) + 2*leaseFlush
+	return !w.Asked.IsZero() && time.Since(w.Asked) < 4*rtt && w.AskedFor > w.H.Slice()
+}
+
+// retrySoon makes a slice denial say that the region waits for its
+// share: retry_after is a lease round trip (its flushes included), not
+// the window's end, and slice_pending says so.
+func (l *leases) retrySoon(pd *sluicev1.Decision) {
+	rt := time.Duration(l.rtt.Load()) + 2*leaseFlush
+	if ms := msCeil(rt); pd.RetryAfter < 0 || ms < pd.RetryAfter {
+		pd.RetryAfter = ms
+	}
+	pd.SlicePending = true
+}
+
 // wantMore returns the hits w's holder should ask for (0: none): see
 // lease.KeyHolder.WantMore, with this node's lead and lease round trip.
 // Requires e.mu.
@@ -543,7 +653,7 @@ func (l *leases) message(e *holderEntry, kind sluicev1.LeaseKind, id int64) *slu
 	m := &sluicev1.LeaseMessage{Kind: kind, Name: e.name, Key: e.key, WindowId: id,
 		WindowMs: e.Window.Milliseconds(), Limit: e.Limit, Region: l.s.region, Sliding: e.sliding}
 	if w := e.Wins[id]; w != nil && kind == sluicev1.LeaseKind_LEASE_KIND_REQUEST {
-		m.Nonce = w.H.Nonce()
+		m.Nonce, m.Blind = w.H.Nonce(), w.H.Blind() && id != bucketLease // a bucket's blind holder drains its bucket instead
 	}
 	return m
 }
@@ -886,6 +996,112 @@ func (l *leases) giveBack(e *holderEntry, now time.Time) *sluicev1.LeaseMessage 
 	return m
 }
 
+// giveBackAll is a leaving node's last word when it is its region's only
+// member (its keys go to nobody): for each fixed-window key it holds a
+// slice of, in the current window and those ahead, it gives back what it
+// has not admitted (lower first: its holders admit nothing more), so that
+// each key's allocator records exactly what the region admitted. When
+// the node comes back without its state (blind), the allocator counts
+// the region at that, not at the slice it held; meanwhile the other
+// regions can be granted the rest. A give-back the allocator does not
+// take (it crossed a grant or a lower, or the allocator learns) changes
+// nothing: the region stays counted at its record (under-admission). The
+// messages go out at once, and it waits for their calls (bounded by
+// ctx); it returns how many it sent. Call it once no check can be
+// decided here any more.
+func (l *leases) giveBackAll(ctx context.Context) int {
+	v := l.s.view.Load()
+	for _, m := range v.members {
+		if m.Name != l.s.name {
+			return 0 // the keys went to another member of the region, with their counts
+		}
+	}
+	now := l.s.store.Now()
+	type out struct {
+		sk []byte
+		m  *sluicev1.LeaseMessage
+	}
+	var msgs []out
+	for i := range l.shards {
+		sh := &l.shards[i]
+		sh.mu.Lock()
+		entries := slices.Collect(maps.Values(sh.m))
+		sh.mu.Unlock()
+		for _, e := range entries {
+			e.mu.Lock()
+			if e.sliding || e.Window <= 0 {
+				e.mu.Unlock()
+				continue
+			}
+			sk := ring.Key(nil, e.name, e.key)
+			cur := windowID(now, e.Window)
+			for id, w := range e.Wins {
+				if id < cur || id == bucketLease || w.H.Blind() {
+					continue
+				}
+				var consumed int64
+				if id == cur {
+					n, ok := l.counted(sk, e, window.FixedWindow, now)
+					if !ok {
+						continue
+					}
+					consumed = n
+				}
+				k, ok := w.H.GiveBack(consumed, consumed)
+				if !ok {
+					continue
+				}
+				m := l.message(e, sluicev1.LeaseKind_LEASE_KIND_GIVE_BACK, id)
+				m.Allocator, m.Seq, m.Slice, m.Consumed = k.Alloc, k.Seq, k.Slice, k.Consumed
+				msgs = append(msgs, out{sk, m})
+			}
+			e.mu.Unlock()
+		}
+	}
+	if len(msgs) == 0 {
+		return 0
+	}
+	byNode := map[string][]*sluicev1.LeaseMessage{}
+	for _, o := range msgs {
+		seed := region.SeedOf(o.m.Name, o.m.Key)
+		reg := l.allocatorRegion(v, seed)
+		if reg == "" {
+			continue
+		}
+		if to := l.ownerIn(v, reg, o.sk); to != "" {
+			byNode[to] = append(byNode[to], o.m)
+		}
+	}
+	var wg sync.WaitGroup
+	for to, ms := range byNode {
+		if to == l.s.name {
+			l.handle(ms) // this node was the key's allocator too: its records go with it
+			continue
+		}
+		p := v.peers[to]
+		if p == nil {
+			continue
+		}
+		for len(ms) > 0 {
+			n := min(len(ms), maxLeaseBatch)
+			batch := ms[:n]
+			ms = ms[n:]
+			l.st.calls.Add(1)
+			l.st.sent.Add(int64(n))
+			l.st.giveBacks.Add(int64(n))
+			wg.Go(func() {
+				cctx, cancel := context.WithTimeout(ctx, l.s.forwardTimeout)
+				defer cancel()
+				if _, err := p.Client().Lease(cctx, &sluicev1.LeaseRequest{Sender: l.s.name, Messages: batch}); err != nil {
+					l.st.callErrors.Add(1)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return len(msgs)
+}
+
 // resend sends again the allocators' lowers and reports not acknowledged
 // within a lead time, and rebalances the current windows' allocators for
 // which a region waits (now: wall clock; storeNow: the store's).
@@ -1131,6 +1347,15 @@ func (l *leases) viewChanged(v *view) {
 		live: map[string]bool{}, goneAt: maps.Clone(old.goneAt)}
 	if old.ring == nil || v.ring.Fingerprint() != old.ring.Fingerprint() {
 		h.ownChanged, h.ring, h.prev = now, v.ring, old.ring
+	}
+	if !l.blindSettled.Load() && len(v.all) > 1 && !v.bootstrap {
+		// The first view that holds another member: this node has joined.
+		// A region of its own alone: nobody holds its keys' counts.
+		if len(v.members) > 1 {
+			l.knowsState()
+		} else {
+			l.blindSettled.Store(true)
+		}
 	}
 	for _, r := range l.s.regions.Regions() {
 		h.live[r.Name] = r.Name == l.s.region || v.rings[r.Name] != nil
@@ -1497,7 +1722,7 @@ func (l *leases) onRequest(sk []byte, m *sluicev1.LeaseMessage) []*sluicev1.Leas
 		ae.sent = time.Now()
 		lowers = append(lowers, ae.a.Pending()...) // learning mode's reports
 	}
-	gs, ls := ae.a.OnRequest(lease.Request{Region: m.Region, Window: m.WindowId, Want: m.Want, Consumed: m.Consumed, Slice: m.Slice, Nonce: m.Nonce})
+	gs, ls := ae.a.OnRequest(lease.Request{Region: m.Region, Window: m.WindowId, Want: m.Want, Consumed: m.Consumed, Slice: m.Slice, Nonce: m.Nonce, Blind: m.Blind})
 	lowers = append(lowers, ls...)
 	var restate *sluicev1.LeaseMessage
 	if m.Unsure && m.WindowId != bucketLease {
@@ -1543,7 +1768,8 @@ func (l *leases) onAck(sk []byte, m *sluicev1.LeaseMessage) {
 	l.amu.Lock()
 	ae.setLeft(l.s.store.Now())
 	before := ae.a.Record(m.Region)
-	gs, ls := ae.a.OnAck(lease.Ack{Region: m.Region, Window: m.WindowId, Alloc: m.Allocator, Seq: m.Seq, Slice: m.Slice, Consumed: m.Consumed, Follows: m.Follows})
+	gs, ls := ae.a.OnAck(lease.Ack{Region: m.Region, Window: m.WindowId, Alloc: m.Allocator, Seq: m.Seq, Slice: m.Slice, Consumed: m.Consumed, Follows: m.Follows,
+		Blind: m.Blind, Nonce: m.Nonce})
 	if after := ae.a.Record(m.Region); after < before && !ae.a.Learning() {
 		l.st.givenBack.Add(before - after)
 	}
@@ -1590,7 +1816,8 @@ func (l *leases) onGiveBack(sk []byte, m *sluicev1.LeaseMessage) {
 	} else {
 		before := ae.a.Record(m.Region)
 		var ok bool
-		gs, ok = ae.a.OnGiveBack(lease.Ack{Region: m.Region, Window: m.WindowId, Alloc: m.Allocator, Seq: m.Seq, Slice: m.Slice, Consumed: m.Consumed})
+		gs, ok = ae.a.OnGiveBack(lease.Ack{Region: m.Region, Window: m.WindowId, Alloc: m.Allocator, Seq: m.Seq, Slice: m.Slice, Consumed: m.Consumed,
+			Blind: m.Blind, Nonce: m.Nonce})
 		if ok {
 			l.st.givenBack.Add(before - ae.a.Record(m.Region))
 			gs = append(gs, ae.a.Offer(l.hunger(sk, ae, m.Region))...)
@@ -1638,13 +1865,45 @@ func (l *leases) onGrant(sk []byte, m *sluicev1.LeaseMessage) {
 	w := l.win(e, m.WindowId)
 	before := w.H.Slice()
 	// A slice is never more than the limit, whatever a peer says.
-	if w.H.OnGrant(lease.Grant{Region: m.Region, Window: m.WindowId, Alloc: m.Allocator, Seq: m.Seq, Slice: min(m.Slice, e.Limit), Nonce: m.Nonce}) {
+	raised := w.H.OnGrant(lease.Grant{Region: m.Region, Window: m.WindowId, Alloc: m.Allocator, Seq: m.Seq, Slice: min(m.Slice, e.Limit), Nonce: m.Nonce,
+		Spent: min(max(m.Spent, 0), e.Limit)})
+	if sp := w.H.TakeSpent(); sp > 0 && m.WindowId != bucketLease {
+		l.spend(sk, e, w, sp)
+	}
+	if raised {
 		l.st.grantedHits.Add(w.H.Slice() - before)
 		if m.WindowId == bucketLease {
 			l.rerate(sk, e, e.Window, w.H, l.s.store.Now())
 		}
 	}
 	e.mu.Unlock()
+}
+
+// spend counts, in the region's window of the key, what a grant said its
+// region had spent before its blind holder w was made (lease.Holder.
+// StartBlind): the window's count (a sliding window's estimate) is raised
+// to at least spent hits, so that what the region admits from now on is
+// what its slice holds beyond them. A window that has ended needs none.
+// Requires e.mu.
+func (l *leases) spend(sk []byte, e *holderEntry, w *holderWin, spent int64) {
+	now := l.s.store.Now()
+	if w.H.Window() != windowID(now, e.Window) {
+		return
+	}
+	a := algorithmOf(e)
+	n, ok := l.counted(sk, e, a, now)
+	if !ok || n >= spent {
+		return
+	}
+	d, err := l.s.store.ApplyBytes(sk, window.Check{Algorithm: a, Limit: e.Limit, Window: e.Window, Hits: spent - n}, now)
+	if err != nil || !d.Allowed {
+		return // spent is at most the limit, and the count below it: cannot happen
+	}
+	if l.s.replication.Factor > 0 {
+		l.s.dirty.Add(sk)
+	}
+	w.Consumed = max(w.Consumed, spent)
+	l.st.blindSpent.Add(spent - n)
 }
 
 // bucketUsed returns what the region's bucket of the key holds of its
@@ -1740,6 +1999,9 @@ func (l *leases) onLower(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMes
 	a := &sluicev1.LeaseMessage{Kind: sluicev1.LeaseKind_LEASE_KIND_ACK, Name: m.Name, Key: m.Key, WindowId: m.WindowId,
 		WindowMs: m.WindowMs, Limit: m.Limit, Region: m.Region, Allocator: k.Alloc, Seq: k.Seq, Slice: k.Slice, Consumed: k.Consumed,
 		Follows: k.Follows}
+	if m.WindowId != bucketLease {
+		a.Blind, a.Nonce = k.Blind, k.Nonce
+	}
 	return a
 }
 

@@ -652,6 +652,16 @@ func (n *Node) Close(ctx context.Context) error {
 			herr = n.server.Leave(hctx)
 		}
 		cancel()
+		if n.server.leases != nil && !n.refused.Load() {
+			// The region's only node: what it has not admitted of its
+			// global slices goes back to the keys' allocators, which so
+			// know exactly what the region admitted when it comes back.
+			gctx, cancel := context.WithTimeout(ctx, hto)
+			if k := n.server.leases.giveBackAll(gctx); k > 0 {
+				n.log.Info("gave back the global slices not admitted: this node is its region's only member", "messages", k)
+			}
+			cancel()
+		}
 		dropped := errors.Is(herr, ErrNoneToTake) // expected when the whole cluster stops
 		switch {
 		case dropped && n.state == nil:

@@ -131,6 +131,7 @@ func (s *Server) regionAnswer(r *request, d *sluicev1.Decision) {
 	}
 	d.Limit = r.full
 	d.SliceExhausted = !d.Allowed && d.Error == "" && !d.Refunded && d.Slice < r.full
+	d.SlicePending = d.SliceExhausted && d.SlicePending
 }
 
 // regionStamp returns the ring stamp of forwards to region reg's members:

@@ -142,6 +142,11 @@ func (n *Node) applyState(f *stateFile) {
 		}
 		applied++
 	}
+	if f.kind == stateLeave && n.server.leases != nil {
+		// A graceful leave's file holds exactly what this node's region
+		// admitted (it was its only member): its holders are not blind.
+		n.server.leases.knowsState()
+	}
 	n.state.log.Info("state restored", "file", n.state.path, "kind", f.kind.String(), "keys", applied,
 		"ended", ended, "written", f.written.UTC())
 }

@@ -46,6 +46,9 @@ type Plan struct {
 	Checks []Check
 	// Cuts are the scenario's cuts, sorted by From.
 	Cuts []Cut
+	// Restarts are the scenario's restarts, sorted by At (the order they
+	// are applied in).
+	Restarts []Restart
 
 	keyIndex map[string]int
 }
@@ -66,6 +69,7 @@ func NewPlan(s *Scenario) (*Plan, error) {
 	p.Scenario.RTTPairs = slices.Clone(s.RTTPairs)
 	p.Scenario.Arrivals = slices.Clone(s.Arrivals)
 	p.Scenario.Cuts = slices.Clone(s.Cuts)
+	p.Scenario.Restarts = slices.Clone(s.Restarts)
 	if s.ClockOffsets != nil {
 		p.Scenario.ClockOffsets = make(map[string]time.Duration, len(s.ClockOffsets))
 		for r, o := range s.ClockOffsets {
@@ -127,6 +131,8 @@ func NewPlan(s *Scenario) (*Plan, error) {
 	}
 	p.Cuts = slices.Clone(s.Cuts)
 	slices.SortStableFunc(p.Cuts, func(a, b Cut) int { return cmp.Compare(a.From, b.From) })
+	p.Restarts = slices.Clone(s.Restarts)
+	slices.SortStableFunc(p.Restarts, func(a, b Restart) int { return cmp.Compare(a.At, b.At) })
 	return p, nil
 }
 

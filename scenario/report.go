@@ -69,6 +69,11 @@ type Report struct {
 	Start int64 `json:"start"`
 	// CutsEnforced is false when the scenario's cuts were not applied.
 	CutsEnforced bool `json:"cuts_enforced"`
+	// RestartsEnforced is false when the scenario's restarts were not
+	// applied.
+	RestartsEnforced bool `json:"restarts_enforced"`
+	// Restarts has one entry per restart applied, in the order applied.
+	Restarts []RestartStats `json:"restarts,omitempty"`
 	// Bound is the most over-admission the scope allows in one row (the
 	// buckets: per key): 0 for global and exact; for regional, (R−1)×L per
 	// window, and (R−1)×(B + L×duration/W) per key for the buckets.
@@ -84,6 +89,25 @@ type Report struct {
 	// Windows has one row per key and window that got checks, by key and
 	// window.
 	Windows []WindowStats `json:"windows"`
+}
+
+// RestartStats is one restart of a run, times in ms from the run's start.
+type RestartStats struct {
+	// Region is the restarted node's region.
+	Region string `json:"region"`
+	// Node is the node's index in its region.
+	Node int `json:"node"`
+	// How is graceful or kill.
+	How string `json:"how"`
+	// DownMs is how long the node was to stay down, ms.
+	DownMs float64 `json:"down_ms"`
+	// AtMs is when the restart was planned, ms.
+	AtMs float64 `json:"at_ms"`
+	// BeganMs is when it began (later than AtMs when the restart before
+	// it was still under way), ms.
+	BeganMs float64 `json:"began_ms"`
+	// BackMs is when the node served again and the others saw it, ms.
+	BackMs float64 `json:"back_ms"`
 }
 
 // Totals sums a run.
@@ -215,7 +239,11 @@ func NewReport(p *Plan, r *Results) *Report {
 	rep := &Report{
 		Scenario: p.Scenario.Name, Scope: spec.Scope.String(), Algorithm: spec.Algorithm.String(),
 		Limit: spec.Limit, Burst: spec.Burst, WindowMs: spec.Window.Milliseconds(), DurationMs: p.Duration.Milliseconds(),
-		Start: r.Start.UnixMilli(), CutsEnforced: r.CutsEnforced,
+		Start: r.Start.UnixMilli(), CutsEnforced: r.CutsEnforced, RestartsEnforced: r.RestartsEnforced,
+	}
+	for _, x := range r.Restarts {
+		rep.Restarts = append(rep.Restarts, RestartStats{Region: x.Region, Node: x.Node, How: cmp.Or(x.How, RestartGraceful),
+			DownMs: ms(x.Down), AtMs: ms(x.At), BeganMs: ms(x.Began), BackMs: ms(x.Back)})
 	}
 	rep.Bound = bound(p)
 	oracle := OracleDecisions(spec, r.Start, r.Checks)
@@ -537,6 +565,13 @@ func (r *Report) WriteText(w io.Writer) error {
 		len(r.Keys), time.Duration(r.DurationMs)*time.Millisecond, time.UnixMilli(r.Start).UTC().Format(time.RFC3339Nano))
 	if !r.CutsEnforced {
 		b.WriteString("cuts NOT enforced: the target cannot cut regions off; the scenario's cuts were skipped\n")
+	}
+	if !r.RestartsEnforced {
+		b.WriteString("restarts NOT enforced: the target cannot restart nodes; the scenario's restarts were skipped\n")
+	}
+	for _, x := range r.Restarts {
+		fmt.Fprintf(&b, "restart %s node %d (%s, down %s): stopped at %.2f s, back at %.2f s\n", x.Region, x.Node, x.How,
+			time.Duration(x.DownMs*float64(time.Millisecond)), x.BeganMs/1000, x.BackMs/1000)
 	}
 	verdict := "ok"
 	if !r.BoundOK {

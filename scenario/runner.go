@@ -79,6 +79,25 @@ type Cutter interface {
 // target that is no [Cutter], unless Options.IgnoreCuts.
 var ErrCutsUnsupported = errors.New("scenario: the target cannot cut regions off (it is no Cutter)")
 
+// Restarter is implemented by a Target that can restart its nodes, for a
+// scenario's restarts (deploys). [Run] calls Restart at each restart's At,
+// from a goroutine of its own (the checks keep being sent meanwhile), one
+// restart at a time in the order of At: a restart due while the one before
+// has not returned yet starts when it returns.
+type Restarter interface {
+	// Restart stops node r.Node of region r.Region (gracefully, or as a
+	// crash when r.Kill()), waits r.Down, starts it again under the same
+	// name and returns once it serves again and the others see it. It
+	// must honour ctx. Checks to the region while its node is down are
+	// the target's to answer (another node of the region) or fail (an
+	// error: the report counts them as errors, not admitted).
+	Restart(ctx context.Context, r Restart) error
+}
+
+// ErrRestartsUnsupported is returned by [Run] for a plan with restarts and
+// a target that is no [Restarter], unless Options.IgnoreRestarts.
+var ErrRestartsUnsupported = errors.New("scenario: the target cannot restart nodes (it is no Restarter)")
+
 // Options tune [Run]. The zero value is the defaults.
 type Options struct {
 	// Workers is the most checks in flight per region, 1..100000; 0 means
@@ -95,6 +114,10 @@ type Options struct {
 	// IgnoreCuts runs a plan with cuts against a target that is no
 	// Cutter, without the cuts (Results.CutsEnforced is then false).
 	IgnoreCuts bool
+	// IgnoreRestarts runs a plan with restarts against a target that is
+	// no Restarter, without the restarts (Results.RestartsEnforced is then
+	// false).
+	IgnoreRestarts bool
 }
 
 // Result is one check of a run and its answer.
@@ -119,9 +142,28 @@ type Results struct {
 	// CutsEnforced is true when the plan's cuts were applied (or it has
 	// none).
 	CutsEnforced bool
+	// RestartsEnforced is true when the plan's restarts were applied (or
+	// it has none).
+	RestartsEnforced bool
+	// Restarts holds one entry per restart applied, in the order applied
+	// (the plan's, by At); none when they were not.
+	Restarts []RestartResult
 	// CrossRegionMessages is the messages the target sent between regions
 	// during the run; -1 when the target does not count them.
 	CrossRegionMessages int64
+}
+
+// RestartResult is one restart of a run.
+type RestartResult struct {
+	Restart
+	// Began is when Run called Restarter.Restart, an offset from
+	// Results.Start (its At, or later when the restart before it was
+	// still under way).
+	Began time.Duration
+	// Back is when Restart returned: the node served again (or Err).
+	Back time.Duration
+	// Err is Restart's error; nil when the node came back.
+	Err error
 }
 
 // Run sends p's checks to t, each at Start + its At in real time, from a
@@ -131,10 +173,13 @@ type Results struct {
 // answered or has timed out: the run lasts p.Duration (after the wait for
 // the first window's start), plus what a region's backlog takes to drain
 // when its answers are slower than its arrivals (each check waits at most
-// Timeout for its answer, so that too is bounded). Cuts are
-// applied at their times (see [Cutter]). Errors: a FieldError naming an
-// Options field, ErrCutsUnsupported, or ctx's error when ctx ends first
-// (the cuts are healed before it returns).
+// Timeout for its answer, so that too is bounded), and until the last
+// restart has returned. Cuts are applied at their times (see [Cutter]),
+// restarts from their times on, in turn (see [Restarter]). Errors: a
+// FieldError naming an Options field, ErrCutsUnsupported,
+// ErrRestartsUnsupported, the first error of a cut, heal or restart, or
+// ctx's error when ctx ends first (the cuts are healed before it
+// returns).
 func Run(ctx context.Context, p *Plan, t Target, o Options) (*Results, error) {
 	switch {
 	case o.Workers < 0 || o.Workers > 100_000:
@@ -154,7 +199,12 @@ func Run(ctx context.Context, p *Plan, t Target, o Options) (*Results, error) {
 			return nil, fmt.Errorf("%w; scenario %q has %d cuts (run it with cuts ignored, or against a target that can cut)", ErrCutsUnsupported, p.Scenario.Name, len(p.Cuts))
 		}
 	}
-	res := &Results{Checks: make([]Result, len(p.Checks)), CutsEnforced: canCut || len(p.Cuts) == 0, CrossRegionMessages: -1}
+	restarter, canRestart := t.(Restarter)
+	if len(p.Restarts) > 0 && !canRestart && !o.IgnoreRestarts {
+		return nil, fmt.Errorf("%w; scenario %q has %d restarts (run it with restarts ignored, or against a target that can restart nodes)", ErrRestartsUnsupported, p.Scenario.Name, len(p.Restarts))
+	}
+	res := &Results{Checks: make([]Result, len(p.Checks)), CutsEnforced: canCut || len(p.Cuts) == 0,
+		RestartsEnforced: canRestart || len(p.Restarts) == 0, CrossRegionMessages: -1}
 	mc, counts := t.(MessageCounter)
 	start := o.Start
 	if start.IsZero() {
@@ -244,6 +294,32 @@ func Run(ctx context.Context, p *Plan, t Target, o Options) (*Results, error) {
 	if counts {
 		res.CrossRegionMessages = -mc.CrossRegionMessages()
 	}
+	// The restarts, in turn, on a goroutine of their own: a restart takes
+	// seconds, and the checks keep their schedule meanwhile.
+	var rwg sync.WaitGroup
+	if canRestart && len(p.Restarts) > 0 {
+		rwg.Go(func() {
+			tm := time.NewTimer(time.Hour)
+			defer tm.Stop()
+			for _, r := range p.Restarts {
+				if d := time.Until(start.Add(r.At)); d > 0 {
+					tm.Reset(d)
+					select {
+					case <-ctx.Done():
+						return
+					case <-tm.C:
+					}
+				}
+				if ctx.Err() != nil {
+					return
+				}
+				rr := RestartResult{Restart: r, Began: time.Since(start)}
+				rr.Err = restarter.Restart(ctx, r)
+				rr.Back = time.Since(start)
+				res.Restarts = append(res.Restarts, rr)
+			}
+		})
+	}
 	ei, stopped := 0, false
 	for i := 0; i < len(p.Checks) && !stopped; i++ {
 		c := p.Checks[i]
@@ -267,6 +343,7 @@ func Run(ctx context.Context, p *Plan, t Target, o Options) (*Results, error) {
 		close(q)
 	}
 	wg.Wait()
+	rwg.Wait()
 	healAll()
 	if counts {
 		res.CrossRegionMessages += mc.CrossRegionMessages()
@@ -276,6 +353,11 @@ func Run(ctx context.Context, p *Plan, t Target, o Options) (*Results, error) {
 	}
 	if cutErr != nil {
 		return nil, cutErr
+	}
+	for _, rr := range res.Restarts {
+		if rr.Err != nil {
+			return nil, fmt.Errorf("scenario: restart node %d of %s at %s: %w", rr.Node, rr.Region, rr.At, rr.Err)
+		}
 	}
 	return res, nil
 }

@@ -65,7 +65,7 @@ func bad(field, format string, a ...any) error {
 }
 
 // Scenario is one run to measure: regions, network, limit, keys, load,
-// partitions and clocks. The zero value is invalid; see [Scenario.Validate]
+// partitions, clocks and restarts of nodes (deploys). The zero value is invalid; see [Scenario.Validate]
 // for what each field accepts. A Scenario is plain data: copy it, change a
 // field (e.g. Limit.Scope) and validate again.
 type Scenario struct {
@@ -98,6 +98,9 @@ type Scenario struct {
 	Arrivals []Arrival `yaml:"arrivals" json:"arrivals"`
 	// Cuts cut regions off from the others for a while. (Optional)
 	Cuts []Cut `yaml:"cuts,omitempty" json:"cuts,omitempty"`
+	// Restarts stop a region's node and start it again under its name (a
+	// deploy; several in turn make a rolling deploy). (Optional)
+	Restarts []Restart `yaml:"restarts,omitempty" json:"restarts,omitempty"`
 	// Loss is the probability that a packet between two regions is lost,
 	// 0..0.5, on every pair: on gRPC (TCP) a lost packet is retransmitted
 	// (the call is late: later calls overtake it, and a sender that gives
@@ -213,6 +216,42 @@ type Cut struct {
 	// To is when it heals, in (From, duration].
 	To time.Duration `yaml:"to" json:"to"`
 }
+
+// How a [Restart] stops its node.
+const (
+	// RestartGraceful stops the node as SIGTERM does: it hands its keys
+	// off and leaves the cluster (the default).
+	RestartGraceful = "graceful"
+	// RestartKill stops it as kill -9 does: no hand-off, no leave; what
+	// it held is lost, and the others learn of it by gossip.
+	RestartKill = "kill"
+)
+
+// Restart stops node Node of Region at At (an offset of the run), keeps it
+// down for Down, then starts it again under the same name and region (new
+// process, no state of the old one) and waits until it serves again. The
+// target applies it ([Restarter]); restarts run one at a time, in the order
+// of At: one due while the one before is still under way waits for it, as
+// a rolling deploy waits for each node to be back. Restarts of one node
+// must not overlap.
+type Restart struct {
+	// Region is the region of the node. (Required)
+	Region string `yaml:"region" json:"region"`
+	// Node is the node's index among its region's nodes (in start order),
+	// >= 0; the target refuses an index it has no node for. (Optional)
+	Node int `yaml:"node,omitempty" json:"node,omitempty"`
+	// At is when the node is stopped, an offset of the run in [0, duration).
+	At time.Duration `yaml:"at" json:"at"`
+	// How is how the node stops: graceful (default: a SIGTERM's leave) or
+	// kill (a crash: state lost, no leave). (Optional)
+	How string `yaml:"how,omitempty" json:"how,omitempty"`
+	// Down is how long the node stays stopped before it starts again,
+	// >= 0, ending by the run's end; 0 starts it again at once. (Optional)
+	Down time.Duration `yaml:"down,omitempty" json:"down,omitempty"`
+}
+
+// Kill reports whether r stops its node as a crash (How is kill).
+func (r Restart) Kill() bool { return r.How == RestartKill }
 
 // Load reads and validates the scenario in the YAML file at path. Errors
 // name the file and the line (a YAML error, an unknown field) or the
@@ -339,6 +378,26 @@ func (s *Scenario) Validate() error {
 		for j, o := range s.Cuts[:i] {
 			if o.Region == c.Region && c.From < o.To && o.From < c.To {
 				return bad(f, "overlaps cuts[%d] of region %q", j, c.Region)
+			}
+		}
+	}
+	for i, r := range s.Restarts {
+		f := fmt.Sprintf("restarts[%d]", i)
+		switch {
+		case !cfg.Has(r.Region):
+			return bad(f+".region", "%s", notRegion(r.Region, s.Regions))
+		case r.Node < 0:
+			return bad(f+".node", "must be >= 0 (the node's index in its region), got %d", r.Node)
+		case r.At < 0 || r.At >= d:
+			return bad(f+".at", "must be in [0, %s) (the run's duration), got %s", d, r.At)
+		case r.How != "" && r.How != RestartGraceful && r.How != RestartKill:
+			return bad(f+".how", "want %s or %s, got %q", RestartGraceful, RestartKill, r.How)
+		case r.Down < 0 || r.At+r.Down > d:
+			return bad(f+".down", "must be >= 0 and end by the run's end %s, got %s from %s", d, r.Down, r.At)
+		}
+		for j, o := range s.Restarts[:i] {
+			if o.Region == r.Region && o.Node == r.Node && r.At <= o.At+o.Down && o.At <= r.At+r.Down {
+				return bad(f, "overlaps restarts[%d] of node %d of region %q", j, r.Node, r.Region)
 			}
 		}
 	}

@@ -40,6 +40,7 @@ type checkLine struct {
 	Region         string `json:"region,omitempty"`
 	Slice          int64  `json:"slice,omitempty"`
 	SliceExhausted bool   `json:"slice_exhausted,omitempty"`
+	SlicePending   bool   `json:"slice_pending,omitempty"`
 }
 
 // clientFlags are the flags every client command has.
@@ -152,7 +153,7 @@ func runCheck(ctx context.Context, cmd *cli.Command) error {
 		if cmd.Bool("json") {
 			b, _ := json.Marshal(checkLine{Name: name, Key: key, Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
 				ResetTime: d.ResetTime, RetryAfter: d.RetryAfter, Owner: d.Owner, Delay: d.Delay, Degraded: d.Degraded, Shadow: d.Shadow,
-				Scope: scopeWord(d.Scope), Region: d.Region, Slice: d.Slice, SliceExhausted: d.SliceExhausted})
+				Scope: scopeWord(d.Scope), Region: d.Region, Slice: d.Slice, SliceExhausted: d.SliceExhausted, SlicePending: d.SlicePending})
 			fmt.Fprintf(out, "%s\n", b)
 			continue
 		}
@@ -179,6 +180,9 @@ func runCheck(ctx context.Context, cmd *cli.Command) error {
 			}
 			if d.SliceExhausted {
 				regions += " slice_exhausted"
+			}
+			if d.SlicePending {
+				regions += " slice_pending"
 			}
 		}
 		fmt.Fprintf(out, "%-10s remaining=%d limit=%d reset_time=%s retry_after=%s%s owner=%s%s%s\n",

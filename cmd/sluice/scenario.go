@@ -29,11 +29,15 @@ func scenarioCommand(e env) *cli.Command {
 			"and reports, per key and window: admitted, over-admission (beyond the limit), and\n" +
 			"under-admission (denied where the oracle allowed); per region the latency; in all the\n" +
 			"slice_exhausted, degraded and failed checks. The run starts at the next window's start\n" +
-			"and stops by itself (the scenario's duration plus --timeout at most).\n" +
+			"and stops by itself (the scenario's duration plus --timeout at most); --start-now starts it\n" +
+			"at once, mid-window (a limit of an hour would otherwise wait up to an hour).\n" +
 			"The round-trip times and clock offsets of a scenario are the network's and the nodes'\n" +
 			"business here: this command only uses them to place each check in the window its\n" +
-			"deciding region saw. It cannot cut regions off either: a scenario with cuts is refused\n" +
-			"unless --ignore-cuts (cut the network yourself, e.g. with netem).\n" +
+			"deciding region saw. It cannot cut regions off or restart nodes either: a scenario with\n" +
+			"cuts is refused unless --ignore-cuts (cut the network yourself, e.g. with netem), one with\n" +
+			"restarts unless --ignore-restarts (restart the nodes yourself). --simulate applies both:\n" +
+			"a restart stops the node (graceful: as SIGTERM; kill: a crash), keeps it down for its\n" +
+			"down time and starts it again under its name, one restart at a time (a rolling deploy).\n" +
 			"Each run uses the scenario's limit name plus a run id, so runs do not share counts.\n" +
 			"Exit status: 0, 1 when the over-admission exceeds the scope's bound (global and exact:\n" +
 			"0; regional: (regions-1) x limit per window) or a call fails, 2 on invalid input.",
@@ -45,6 +49,8 @@ func scenarioCommand(e env) *cli.Command {
 			&cli.IntFlag{Name: "concurrency", Value: 64, Usage: "checks in flight per region at most (a check waits for a free slot; the report uses its actual send time)"},
 			&cli.DurationFlag{Name: "timeout", Value: 5 * time.Second, Usage: "deadline of each check", Sources: e.of("timeout")},
 			&cli.BoolFlag{Name: "ignore-cuts", Usage: "run a scenario that has cuts without them (the report says they were not enforced)"},
+			&cli.BoolFlag{Name: "ignore-restarts", Usage: "run a scenario that has restarts without them (the report says they were not enforced)"},
+			&cli.BoolFlag{Name: "start-now", Usage: "start the run at once, mid-window, instead of at the next start of a window of the limit"},
 			&cli.BoolFlag{Name: "json", Usage: "print the report as one JSON object"},
 			&cli.BoolFlag{Name: "simulate", Usage: "start the scenario's regions as a cluster in this process (real nodes on 127.0.0.1, the scenario's round-trip times simulated on their gRPC and gossip, its clock offsets and cuts applied) instead of --region's nodes"},
 			&cli.IntFlag{Name: "nodes-per-region", Value: 1, Usage: "with --simulate: nodes per region (1..16)"},
@@ -146,6 +152,18 @@ func runScenario(ctx context.Context, cmd *cli.Command) error {
 			}
 			fmt.Fprintf(cmd.Root().ErrWriter, "sluice: warning: cuts not enforced (%s): this command cannot cut regions off\n", strings.Join(cuts, "; "))
 		}
+		if len(p.Restarts) > 0 {
+			var rs []string
+			for _, r := range p.Restarts {
+				rs = append(rs, fmt.Sprintf("%s node %d at %s", r.Region, r.Node, r.At))
+			}
+			if !cmd.Bool("ignore-restarts") {
+				return usagef("file", "scenario %q restarts nodes (%s), which this command cannot do to real nodes: "+
+					"give --ignore-restarts to run it without them (restart the nodes yourself at those times), "+
+					"or run it with --simulate", s.Name, strings.Join(rs, "; "))
+			}
+			fmt.Fprintf(cmd.Root().ErrWriter, "sluice: warning: restarts not enforced (%s): this command cannot restart real nodes\n", strings.Join(rs, "; "))
+		}
 		if p.Scenario.Loss > 0 {
 			fmt.Fprintf(cmd.Root().ErrWriter, "sluice: warning: loss %v not applied: this command cannot drop real nodes' packets (use tc netem, or --simulate)\n", p.Scenario.Loss)
 		}
@@ -173,7 +191,15 @@ func runScenario(ctx context.Context, cmd *cli.Command) error {
 		target = ct
 	}
 	defer target.Close()
-	res, err := scenario.Run(ctx, p, target, scenario.Options{Workers: conc, Timeout: timeout, IgnoreCuts: !simulate})
+	opts := scenario.Options{Workers: conc, Timeout: timeout, IgnoreCuts: !simulate, IgnoreRestarts: !simulate}
+	if cmd.Bool("start-now") {
+		opts.Start = time.Now()
+	} else if w := p.Limit.Window; w > 10*time.Second {
+		now := time.Now().UnixNano()
+		wait := time.Duration((now+int64(w)-1)/int64(w)*int64(w) - now)
+		fmt.Fprintf(cmd.Root().ErrWriter, "sluice: the run starts at the next window's start, in %s (--start-now starts it at once)\n", wait.Round(time.Second))
+	}
+	res, err := scenario.Run(ctx, p, target, opts)
 	if err != nil {
 		return err
 	}

@@ -88,6 +88,10 @@ type WindowHolder struct {
 	AskedAt  int64     // the slice when it went
 	AskedFor int64     // the slice it asked to reach (its slice then and what it wanted): the allocator owes the rest
 	Unsure   bool      // it started at 0, not knowing its standing slice
+	// Blind: it was made blind (see Holder.StartBlind). A bucket's
+	// region, which has no window to count spent hits in, starts its
+	// bucket empty instead (Drained once done: the caller's).
+	Blind, Drained bool
 }
 
 // NewKeyHolder returns region's side of a key whose limit is limit hits
@@ -121,7 +125,7 @@ func (k *KeyHolder) MakeWin(id int64, unsure, blind bool) *WindowHolder {
 	switch {
 	case blind:
 		w.H.StartBlind(rand.Uint64() | 1)
-		w.Unsure = true
+		w.Unsure, w.Blind = true, true
 	case unsure:
 		w.H.StartAfresh(rand.Uint64() | 1)
 		w.Unsure = true

@@ -49,7 +49,7 @@ type sim struct {
 	// What a region truly admitted is lost + consumed - phantom.
 	lost, phantom map[string]int64
 	seed          uint64
-	crashedAt int // the tick of the last crash or split (0: none)
+	crashedAt     int // the tick of the last crash or split (0: none)
 }
 
 // giveBack is a Holder.GiveBack on the bus (an Ack no Lower asked for).

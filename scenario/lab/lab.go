@@ -4,10 +4,12 @@
 // list, with the scenario's round-trip times put between regions on both
 // gRPC and gossip by internal/wan, each region's nodes on a clock offset
 // by the scenario's, and the scenario's cuts made by cutting the region's
-// links. [Lab.Target] is the scenario.Target that sends each region's
-// checks to that region's nodes, so scenario.Run and scenario.NewReport
-// measure the cluster against the central-limiter oracle (issue 19's
-// runner; `sluice scenario --simulate` uses it).
+// links. [Lab.Restart] stops a node (gracefully or as a crash) and starts
+// it again under its name, as a deploy does. [Lab.Target] is the
+// scenario.Target that sends each region's checks to that region's nodes
+// and applies the scenario's cuts and restarts, so scenario.Run and
+// scenario.NewReport measure the cluster against the central-limiter
+// oracle (issue 19's runner; `sluice scenario --simulate` uses it).
 //
 // It is for tests and measurements on one machine: every node lives in
 // this process, and the WAN is simulated (see internal/wan for what it
@@ -25,6 +27,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice/client"
@@ -67,8 +70,17 @@ type Lab struct {
 	Net     *wan.Net
 	plan    *scenario.Plan
 	regions *region.Config
-	nodes   map[string][]*rpc.Node // by region, in start order
-	region  map[string]string      // node name -> region
+	ready   time.Duration // Config.Ready
+
+	restartMu sync.Mutex // one Restart at a time
+
+	mu      sync.Mutex
+	nodes   map[string][]*rpc.Node    // by region, in start order; a restarted node takes its old place
+	region  map[string]string         // node name -> region
+	configs map[string]rpc.NodeConfig // node name -> the config Start gave it (Restart reuses it)
+	retired []*rpc.Node               // nodes a restart replaced: their counters still count
+	targets map[*Target]struct{}      // open Targets, re-pointed on a restart
+	closed  bool
 }
 
 // offsetClock is a region's clock: the system clock plus the region's
@@ -103,8 +115,9 @@ func Start(ctx context.Context, cfg Config) (*Lab, error) {
 	}
 	p := cfg.Plan
 	regions := p.Regions
-	l := &Lab{Net: wan.New(int64(len(p.Checks))), plan: p, regions: regions,
-		nodes: map[string][]*rpc.Node{}, region: map[string]string{}}
+	l := &Lab{Net: wan.New(int64(len(p.Checks))), plan: p, regions: regions, ready: cfg.Ready,
+		nodes: map[string][]*rpc.Node{}, region: map[string]string{}, configs: map[string]rpc.NodeConfig{},
+		targets: map[*Target]struct{}{}}
 	names := p.RegionNames()
 	for i, a := range names {
 		for _, b := range names[i+1:] {
@@ -133,6 +146,7 @@ func Start(ctx context.Context, cfg Config) (*Lab, error) {
 				Clock: offsetClock{p.ClockOffset(r)}, Logger: cfg.Logger, LeaveTimeout: time.Second,
 				LeaseBase: cfg.LeaseBase,
 			}
+			l.configs[name] = nc
 			if seed != "" {
 				nc.Join = []string{seed}
 			}
@@ -150,7 +164,7 @@ func Start(ctx context.Context, cfg Config) (*Lab, error) {
 			}
 		}
 	}
-	if err := l.waitReady(ctx, cfg.Ready); err != nil {
+	if err := l.waitReady(ctx, cfg.Ready, nil); err != nil {
 		l.Close()
 		return nil, err
 	}
@@ -158,13 +172,24 @@ func Start(ctx context.Context, cfg Config) (*Lab, error) {
 }
 
 // waitReady waits until every node is ready and sees every node of the
-// cluster, and each region's nodes have one ring of exactly them.
-func (l *Lab) waitReady(ctx context.Context, within time.Duration) error {
+// cluster, and each region's nodes have one ring of exactly them; with
+// fresh set, also until every node sees fresh (a restarted node) at its
+// new gRPC address, alive: not the process it replaced, which a node may
+// still list while gossip has not declared it dead or the restarted one
+// has not refuted it yet. It gives up early when fresh fails (its name
+// refused).
+func (l *Lab) waitReady(ctx context.Context, within time.Duration, fresh *rpc.Node) error {
 	deadline := time.Now().Add(within)
-	total := len(l.region)
 	var why string
 	for {
-		why = l.notReady(ctx, total)
+		if fresh != nil {
+			select {
+			case err := <-fresh.Failed():
+				return fmt.Errorf("lab: %s: %w", fresh.Name(), err)
+			default:
+			}
+		}
+		why = l.notReady(ctx, fresh)
 		if why == "" {
 			return nil
 		}
@@ -175,9 +200,22 @@ func (l *Lab) waitReady(ctx context.Context, within time.Duration) error {
 	}
 }
 
-// notReady says what is not ready yet ("" when all is).
-func (l *Lab) notReady(ctx context.Context, total int) string {
+// snapshot returns a copy of the nodes by region and how many there are.
+func (l *Lab) snapshot() (map[string][]*rpc.Node, int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make(map[string][]*rpc.Node, len(l.nodes))
 	for r, ns := range l.nodes {
+		out[r] = slices.Clone(ns)
+	}
+	return out, len(l.region)
+}
+
+// notReady says what is not ready yet ("" when all is); see waitReady
+// for fresh.
+func (l *Lab) notReady(ctx context.Context, fresh *rpc.Node) string {
+	nodes, total := l.snapshot()
+	for r, ns := range nodes {
 		fp := ""
 		for _, n := range ns {
 			if err := n.Ready(); err != nil {
@@ -189,6 +227,12 @@ func (l *Lab) notReady(ctx context.Context, total int) string {
 			}
 			if len(resp.Members) != total {
 				return fmt.Sprintf("%s sees %d of %d members", n.Name(), len(resp.Members), total)
+			}
+			if fresh != nil {
+				i := slices.IndexFunc(resp.Members, func(m *sluicev1.Member) bool { return m.Name == fresh.Name() })
+				if i < 0 || resp.Members[i].GrpcAddr != fresh.GRPCAddr() || resp.Members[i].State != "alive" {
+					return fmt.Sprintf("%s does not see the restarted %s at %s yet", n.Name(), fresh.Name(), fresh.GRPCAddr())
+				}
 			}
 			var inRing []string
 			for _, m := range resp.Members {
@@ -209,8 +253,207 @@ func (l *Lab) notReady(ctx context.Context, total int) string {
 	return ""
 }
 
-// Nodes returns the nodes of region r, in start order.
-func (l *Lab) Nodes(r string) []*rpc.Node { return slices.Clone(l.nodes[r]) }
+// RestartKind is how [Lab.Restart] stops a node.
+type RestartKind int
+
+const (
+	// Graceful stops the node as SIGTERM does (rpc.Node.Close): it hands
+	// its keys off and leaves the cluster.
+	Graceful RestartKind = iota
+	// Kill stops it as a crash does (rpc.Node.Kill): no hand-off, no
+	// leave; its state is lost and the others learn of it by gossip.
+	Kill
+)
+
+// String returns "graceful" or "kill", as scenario.Restart.How spells them.
+func (k RestartKind) String() string {
+	switch k {
+	case Graceful:
+		return scenario.RestartGraceful
+	case Kill:
+		return scenario.RestartKill
+	}
+	return fmt.Sprintf("RestartKind(%d)", int(k))
+}
+
+// Restart restarts the node called name as a deploy does: it stops it
+// (how), waits down, then starts a new process of it: the same name,
+// region, region list, clock, lease base and other settings as Start gave
+// it, none of its state, a new gRPC port, and its old gossip address when
+// that can be bound again (as a process restarted on its host; else a new
+// one), joining the live nodes (those of its region first). It returns
+// once the new node is ready and every node sees it alive at its new
+// address and agrees on its region's ring, within twice Config.Ready:
+// after a Kill the others may still list the old process (gossip has not
+// declared it dead); at the old gossip address the new one refutes it, at
+// a new one the cluster admits it once the old is dead.
+//
+// The lab's Targets follow: while the node is down, a region with other
+// nodes sends its checks to them (a load balancer that took the node out);
+// a region of one node keeps sending to the stopped node, and those checks
+// fail (errors, not answers); once the node is back, every node of the
+// region takes checks again, the restarted one at its new address.
+//
+// A graceful stop's own error (an incomplete hand-off) is not Restart's:
+// the node stopped all the same. Restarts are applied one at a time. A
+// node stopped and never started again (ctx ended while it was down, or
+// the new process failed) stays in place, stopped; the error says why.
+func (l *Lab) Restart(ctx context.Context, name string, how RestartKind, down time.Duration) error {
+	if how != Graceful && how != Kill {
+		return fmt.Errorf("lab: restart %s: unknown kind %d", name, int(how))
+	}
+	if down < 0 {
+		return fmt.Errorf("lab: restart %s: down must be >= 0, got %s", name, down)
+	}
+	l.restartMu.Lock()
+	defer l.restartMu.Unlock()
+	l.mu.Lock()
+	r, ok := l.region[name]
+	nc := l.configs[name]
+	idx := slices.IndexFunc(l.nodes[r], func(n *rpc.Node) bool { return n.Name() == name })
+	closed := l.closed
+	var old *rpc.Node
+	var others []string // the region's other nodes' gRPC addresses
+	if ok && idx >= 0 {
+		old = l.nodes[r][idx]
+		for _, n := range l.nodes[r] {
+			if n != old {
+				others = append(others, n.GRPCAddr())
+			}
+		}
+	}
+	l.mu.Unlock()
+	switch {
+	case !ok || old == nil:
+		return fmt.Errorf("lab: restart: no node %q", name)
+	case closed:
+		return fmt.Errorf("lab: restart %s: the lab is closed", name)
+	}
+	if len(others) > 0 {
+		l.repoint(r, others)
+	}
+	gossip := old.GossipAddr()
+	switch how {
+	case Graceful:
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		_ = old.Close(cctx)
+		cancel()
+	case Kill:
+		old.Kill()
+	}
+	if down > 0 {
+		t := time.NewTimer(down)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("lab: restart %s: stopped, not started again: %w", name, ctx.Err())
+		case <-t.C:
+		}
+	}
+
+	// The new process: the old gossip address if it binds again.
+	var tr memberlist.Transport
+	var err error
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if tr, err = l.Net.Transport(r, gossip); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		if tr, err = l.Net.Transport(r, "127.0.0.1:0"); err != nil {
+			return fmt.Errorf("lab: restart %s: gossip transport: %w", name, err)
+		}
+	}
+	nc.GossipTransport = tr
+	nc.GRPCAddr = "127.0.0.1:0"
+	nc.Join = l.seeds(r, name)
+	n, err := rpc.StartNode(nc)
+	if err != nil {
+		_ = tr.Shutdown()
+		return fmt.Errorf("lab: restart %s: %w", name, err)
+	}
+	l.Net.Register(n.GRPCAddr(), r)
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		n.Kill()
+		return fmt.Errorf("lab: restart %s: the lab was closed meanwhile", name)
+	}
+	l.nodes[r][idx] = n
+	l.retired = append(l.retired, old)
+	l.mu.Unlock()
+	err = l.waitReady(ctx, 2*l.ready, n)
+	l.mu.Lock()
+	var addrs []string
+	for _, m := range l.nodes[r] {
+		addrs = append(addrs, m.GRPCAddr())
+	}
+	l.mu.Unlock()
+	l.repoint(r, addrs)
+	if err != nil {
+		return fmt.Errorf("lab: restart %s: %w", name, err)
+	}
+	return nil
+}
+
+// seeds returns the gossip addresses a restarted node (name, of region r)
+// joins: the other nodes of its region first (a region cut off can still
+// reach them), then the others, in region order.
+func (l *Lab) seeds(r, name string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	add := func(reg string) {
+		for _, n := range l.nodes[reg] {
+			if n.Name() != name {
+				out = append(out, n.GossipAddr())
+			}
+		}
+	}
+	add(r)
+	for _, reg := range l.plan.RegionNames() {
+		if reg != r {
+			add(reg)
+		}
+	}
+	return out
+}
+
+// repoint sends region r's checks of every open Target to addrs from now
+// on.
+func (l *Lab) repoint(r string, addrs []string) {
+	l.mu.Lock()
+	ts := slices.Collect(maps.Keys(l.targets))
+	l.mu.Unlock()
+	for _, t := range ts {
+		_ = t.SetAddrs(r, addrs) // addresses the lab's nodes bound: valid
+	}
+}
+
+// Nodes returns the nodes of region r, in start order (a restarted node
+// in the place of the one it replaced; during a restart, the stopped one).
+func (l *Lab) Nodes(r string) []*rpc.Node {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.nodes[r])
+}
+
+// all returns every node that ran in the lab, those replaced by restarts
+// too (their counters still count), and each one's region.
+func (l *Lab) all() map[*rpc.Node]string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[*rpc.Node]string{}
+	for r, ns := range l.nodes {
+		for _, n := range ns {
+			out[n] = r
+		}
+	}
+	for _, n := range l.retired {
+		out[n] = l.region[n.Name()]
+	}
+	return out
+}
 
 // Regions returns the cluster's region list.
 func (l *Lab) Regions() *region.Config { return l.regions }
@@ -220,15 +463,16 @@ func (l *Lab) Regions() *region.Config { return l.regions }
 // messages that took: each forward call and its answer (a batch of
 // checks is one call). That is the request path's cross-region traffic.
 // Gossip, which crosses regions off the request path, is not counted
-// (Net.Messages counts it).
+// (Net.Messages counts it). Nodes that restarts replaced count too.
 func (l *Lab) CrossRegionForwards() (checks, messages int64) {
-	for r, ns := range l.nodes {
-		for _, node := range ns {
-			for peer, ps := range node.Server().Stats().Peers {
-				if l.region[peer] != r {
-					checks += ps.Checks
-					messages += 2 * ps.Batches
-				}
+	l.mu.Lock()
+	regionOf := maps.Clone(l.region)
+	l.mu.Unlock()
+	for node, r := range l.all() {
+		for peer, ps := range node.Server().Stats().Peers {
+			if regionOf[peer] != r {
+				checks += ps.Checks
+				messages += 2 * ps.Batches
 			}
 		}
 	}
@@ -239,22 +483,26 @@ func (l *Lab) CrossRegionForwards() (checks, messages int64) {
 // nodes so far (package rpc's leases: requests, grants, lowers, acks;
 // batched in calls) and the replies they answered them with. With one
 // node per region every one crosses regions; with more, those to a node
-// of the same region are counted too.
+// of the same region are counted too, and so do nodes that restarts
+// replaced.
 func (l *Lab) LeaseMessages() int64 {
 	var n int64
-	for _, ns := range l.nodes {
-		for _, node := range ns {
-			st := node.Server().Stats()
-			n += st.LeaseMessages + st.LeaseReplies
-		}
+	for node := range l.all() {
+		st := node.Server().Stats()
+		n += st.LeaseMessages + st.LeaseReplies
 	}
 	return n
 }
 
-// Close stops every node (a graceful stop, bounded) and the WAN.
+// Close stops every node (a graceful stop, bounded) and the WAN. A
+// Restart under way when Close is called stops the node it started.
 func (l *Lab) Close() {
+	l.mu.Lock()
+	l.closed = true
+	nodes := maps.Clone(l.nodes)
+	l.mu.Unlock()
 	var wg sync.WaitGroup
-	for _, ns := range l.nodes {
+	for _, ns := range nodes {
 		for _, n := range ns {
 			wg.Go(func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -271,9 +519,13 @@ func (l *Lab) Close() {
 // that region's nodes (round robin, through the client package), with the
 // plan's limit under name (a run id appended by the caller keeps runs
 // apart) and its scope. It also cuts a region off (scenario.Cutter, on the
-// WAN) and counts the cross-region forwards (scenario.MessageCounter).
-// Close it when done.
+// WAN), restarts nodes (scenario.Restarter, by Lab.Restart; it follows
+// every restart, by Lab.Restart or its own, to the node's new address)
+// and counts the cross-region forwards (scenario.MessageCounter). Close it
+// when done.
 func (l *Lab) Target(name string, timeout time.Duration) (*Target, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	addrs := map[string][]string{}
 	for r, ns := range l.nodes {
 		for _, n := range ns {
@@ -284,12 +536,15 @@ func (l *Lab) Target(name string, timeout time.Duration) (*Target, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Target{ClientTarget: t, lab: l}, nil
+	lt := &Target{ClientTarget: t, lab: l}
+	l.targets[lt] = struct{}{}
+	return lt, nil
 }
 
 // Target is a ClientTarget to a Lab's nodes that also cuts regions off on
-// the lab's WAN (scenario.Cutter) and counts the cross-region forwards
-// (scenario.MessageCounter). Make it with [Lab.Target].
+// the lab's WAN (scenario.Cutter), restarts nodes (scenario.Restarter)
+// and counts the cross-region forwards (scenario.MessageCounter). Make it
+// with [Lab.Target].
 type Target struct {
 	*ClientTarget
 	lab *Lab
@@ -298,10 +553,14 @@ type Target struct {
 // ClientTarget is a scenario.Target over the client package: a client per
 // region, connected to that region's nodes.
 type ClientTarget struct {
-	spec     scenario.Spec
-	name     string
-	clients  map[string]*client.Client
-	borrowed bool // ClientTargetOf's: the caller closes the clients
+	spec    scenario.Spec
+	name    string
+	timeout time.Duration
+	dial    []grpc.DialOption
+
+	mu      sync.RWMutex
+	clients map[string]*client.Client // by region: where checks go now
+	mine    []*client.Client          // the clients this Target made (replaced ones too): Close closes them
 }
 
 // NewClientTarget returns a Target sending the checks of spec, under
@@ -309,22 +568,38 @@ type ClientTarget struct {
 // call within timeout; dial adds options to every connection (TLS,
 // tokens). It returns the client package's error for a bad address.
 func NewClientTarget(spec scenario.Spec, name string, addrs map[string][]string, timeout time.Duration, dial []grpc.DialOption) (*ClientTarget, error) {
-	t := &ClientTarget{spec: spec, name: name, clients: map[string]*client.Client{}}
+	t := &ClientTarget{spec: spec, name: name, timeout: timeout, dial: dial, clients: map[string]*client.Client{}}
 	for _, r := range slices.Sorted(maps.Keys(addrs)) {
-		c, err := client.New(client.Config{
-			Addrs: addrs[r], Timeout: timeout, FailureMode: client.FailOpen,
-			Logger: slog.New(slog.DiscardHandler), DialOptions: dial,
-			// The region's nodes in turn: the scenarios' entry paths (and
-			// their delays) are the ones they were written for.
-			Route: client.RouteAny,
-		})
-		if err != nil {
+		if err := t.SetAddrs(r, addrs[r]); err != nil {
 			t.Close()
-			return nil, fmt.Errorf("region %s: %w", r, err)
+			return nil, err
 		}
-		t.clients[r] = c
 	}
 	return t, nil
+}
+
+// SetAddrs sends region reg's checks to the nodes addrs (host:port each)
+// from now on, through a new client (made as NewClientTarget makes them;
+// for a ClientTargetOf target, with the client package's default timeout
+// and plain-text connections). Checks in flight finish on the client they
+// began on; Close closes it. It returns the client package's error for a
+// bad address (the region's checks then go where they went).
+func (t *ClientTarget) SetAddrs(reg string, addrs []string) error {
+	c, err := client.New(client.Config{
+		Addrs: addrs, Timeout: t.timeout, FailureMode: client.FailOpen,
+		Logger: slog.New(slog.DiscardHandler), DialOptions: t.dial,
+		// The region's nodes in turn: the scenarios' entry paths (and
+		// their delays) are the ones they were written for.
+		Route: client.RouteAny,
+	})
+	if err != nil {
+		return fmt.Errorf("region %s: %w", reg, err)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.clients[reg] = c
+	t.mine = append(t.mine, c)
+	return nil
 }
 
 // ClientTargetOf returns the Target sending the checks of spec, under
@@ -332,14 +607,16 @@ func NewClientTarget(spec scenario.Spec, name string, addrs map[string][]string,
 // (its own dial options, its own use of them besides) and keeps: it closes
 // them, not the Target's Close.
 func ClientTargetOf(spec scenario.Spec, name string, clients map[string]*client.Client) *ClientTarget {
-	return &ClientTarget{spec: spec, name: name, clients: clients, borrowed: true}
+	return &ClientTarget{spec: spec, name: name, clients: maps.Clone(clients)}
 }
 
 // Check implements scenario.Target. A check the nodes could not answer
 // (the client's fail-open answer carries its cause) is an error: the
 // report counts it as failed, not as admitted.
 func (t *ClientTarget) Check(ctx context.Context, reg, key string, hits int64) (scenario.Answer, error) {
+	t.mu.RLock()
 	c, ok := t.clients[reg]
+	t.mu.RUnlock()
 	if !ok {
 		return scenario.Answer{}, fmt.Errorf("no nodes for region %q", reg)
 	}
@@ -372,6 +649,28 @@ func (t *Target) Heal(r string) error {
 	return nil
 }
 
+// Restart implements scenario.Restarter by Lab.Restart of node r.Node of
+// region r.Region (its index in Lab.Nodes).
+func (t *Target) Restart(ctx context.Context, r scenario.Restart) error {
+	ns := t.lab.Nodes(r.Region)
+	if r.Node < 0 || r.Node >= len(ns) {
+		return fmt.Errorf("lab: region %s has %d nodes: no node %d to restart", r.Region, len(ns), r.Node)
+	}
+	how := Graceful
+	if r.Kill() {
+		how = Kill
+	}
+	return t.lab.Restart(ctx, ns[r.Node].Name(), how, r.Down)
+}
+
+// Close closes the Target's clients; the lab stops following it.
+func (t *Target) Close() {
+	t.lab.mu.Lock()
+	delete(t.lab.targets, t)
+	t.lab.mu.Unlock()
+	t.ClientTarget.Close()
+}
+
 // CrossRegionMessages implements scenario.MessageCounter: the forward
 // calls across regions and their answers (Lab.CrossRegionForwards), and
 // the lease messages (Lab.LeaseMessages).
@@ -380,20 +679,23 @@ func (t *Target) CrossRegionMessages() int64 {
 	return m + t.lab.LeaseMessages()
 }
 
-// A ClientTarget alone cannot cut regions off or count messages: the
-// runner refuses (or, told to ignore cuts, skips) a scenario's cuts.
+// A ClientTarget alone cannot cut regions off, restart nodes or count
+// messages: the runner refuses (or, told to ignore them, skips) a
+// scenario's cuts and restarts.
 var (
 	_ scenario.Target         = (*ClientTarget)(nil)
 	_ scenario.Cutter         = (*Target)(nil)
+	_ scenario.Restarter      = (*Target)(nil)
 	_ scenario.MessageCounter = (*Target)(nil)
 )
 
-// Close closes the clients (not those given to ClientTargetOf).
+// Close closes the clients it made (not those given to ClientTargetOf).
 func (t *ClientTarget) Close() {
-	if t.borrowed {
-		return
-	}
-	for _, c := range t.clients {
+	t.mu.Lock()
+	mine := t.mine
+	t.mine = nil
+	t.mu.Unlock()
+	for _, c := range mine {
 		c.Close()
 	}
 }
@@ -402,5 +704,5 @@ func (t *ClientTarget) Close() {
 // "3 regions x 3 nodes (us-east, eu-west, ap-south)".
 func (l *Lab) Describe() string {
 	names := l.plan.RegionNames()
-	return fmt.Sprintf("%d regions x %d nodes (%s)", len(names), len(l.nodes[names[0]]), strings.Join(names, ", "))
+	return fmt.Sprintf("%d regions x %d nodes (%s)", len(names), len(l.Nodes(names[0])), strings.Join(names, ", "))
 }
