@@ -1016,6 +1016,23 @@ func (l *leases) giveBackAll(ctx context.Context) int {
 			return 0 // the keys went to another member of the region, with their counts
 		}
 	}
+	// Twice: a give-back that crossed a grant on its way (the allocator
+	// sent a newer message than the holder had applied) is not taken; the
+	// grant lands meanwhile (this node still answers lease calls), raises
+	// the holder again, and the second round gives that back too.
+	n := l.giveBackRound(ctx, v)
+	if n > 0 {
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(l.rtt.Load()) + 2*leaseFlush):
+		}
+		n += l.giveBackRound(ctx, v)
+	}
+	return n
+}
+
+// giveBackRound is one round of giveBackAll.
+func (l *leases) giveBackRound(ctx context.Context, v *view) int {
 	now := l.s.store.Now()
 	type out struct {
 		sk []byte
@@ -1334,7 +1351,7 @@ func (ae *allocEntry) lowerMessage(lw lease.Lower) *sluicev1.LeaseMessage {
 
 func (ae *allocEntry) grantMessage(g lease.Grant) *sluicev1.LeaseMessage {
 	m := ae.base(sluicev1.LeaseKind_LEASE_KIND_GRANT, g.Region)
-	m.Seq, m.Slice, m.Nonce = g.Seq, g.Slice, g.Nonce
+	m.Seq, m.Slice, m.Nonce, m.Spent = g.Seq, g.Slice, g.Nonce, g.Spent
 	return m
 }
 
@@ -1348,7 +1365,7 @@ func (l *leases) viewChanged(v *view) {
 	if old.ring == nil || v.ring.Fingerprint() != old.ring.Fingerprint() {
 		h.ownChanged, h.ring, h.prev = now, v.ring, old.ring
 	}
-	if !l.blindSettled.Load() && len(v.all) > 1 && !v.bootstrap {
+	if !l.blindSettled.Load() && len(v.all) > 1 {
 		// The first view that holds another member: this node has joined.
 		// A region of its own alone: nobody holds its keys' counts.
 		if len(v.members) > 1 {
@@ -1978,6 +1995,11 @@ func (l *leases) onLower(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMes
 		// yet drained (its debt, in slice units: the burst share that
 		// holds it), and its debt drains at the lowered rate from now on.
 		consumed = l.bucketUsed(sk, e, wd, w.H.Slice(), now)
+		if w.Blind && !w.Drained {
+			// Unknown means spent: the former process of this region's
+			// only node may have left its bucket's whole share in debt.
+			consumed = e.Limit
+		}
 		defer l.rerate(sk, e, wd, w.H, now)
 	case m.WindowId == cur:
 		n, ok := l.counted(sk, e, algorithmOf(e), now)

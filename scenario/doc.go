@@ -6,8 +6,10 @@
 // between them, one limit (algorithm, numbers and scope), the keys, how
 // long the run lasts, what arrives in each region (a steady rate of checks
 // spread over the keys, and floods of checks at a window's start), the
-// partitions (a region cut off from the others for a while) and each
-// region's clock offset. It loads from YAML ([Load], [Parse]) and is
+// partitions (a region cut off from the others for a while), each
+// region's clock offset, and restarts of nodes (a node stopped gracefully
+// or killed, down for a while, and started again under its name: several
+// in turn are a rolling deploy, testdata/deploy.yaml). It loads from YAML ([Load], [Parse]) and is
 // validated with errors naming the field ([FieldError]); [Steady], [Skew],
 // [FloodAll], [Partition] and [ClockSkew] build the scenarios of issue 19 for
 // any number of regions and round-trip time (testdata/ holds them for 3
@@ -16,7 +18,11 @@
 // [NewPlan] expands a scenario into a deterministic list of timed checks
 // (the seed picks arrival times and keys). [Run] sends each check to a
 // [Target] in its region at its time, in real time, with a bounded pool of
-// workers per region, and records every answer and when it was sent.
+// workers per region, and records every answer and when it was sent; it
+// applies the cuts through a target that is a [Cutter] and the restarts,
+// one at a time while the checks go on, through a [Restarter] (a target
+// that is neither refuses them: [ErrCutsUnsupported],
+// [ErrRestartsUnsupported], unless the options skip them).
 // [NewReport] feeds the same checks, in global time order, to an [Oracle]
 // (one central limiter: a window.Store with the whole limit) and reports,
 // per key and window: what the target admitted, the over-admission (what
@@ -32,5 +38,7 @@
 // hits; the report gives latencies in ms and times in Unix ms.
 //
 // The package does no network I/O of its own: cmd/sluice's scenario
-// command drives real nodes through a Target of its own.
+// command drives real nodes through a Target of its own, and package lab
+// runs a scenario's regions as a cluster in one process (a Target that
+// cuts and restarts).
 package scenario

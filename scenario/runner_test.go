@@ -1,8 +1,10 @@
 package scenario
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -201,6 +203,80 @@ func TestRunCuts(t *testing.T) {
 		var b strings.Builder
 		if err := NewReport(p, res).WriteText(&b); err != nil || !strings.Contains(b.String(), "cuts NOT enforced") {
 			t.Errorf("text: %v\n%s", err, b.String())
+		}
+	})
+}
+
+// restarter is a fakeTarget that restarts: each restart takes took (on
+// the bubble's clock) plus its down time, or fails with fail.
+type restarter struct {
+	*fakeTarget
+	took time.Duration
+	fail error
+}
+
+func (r *restarter) Restart(ctx context.Context, x Restart) error {
+	_ = r.event(fmt.Sprintf("restart %s/%d %s", x.Region, x.Node, cmp.Or(x.How, RestartGraceful)))
+	if err := sleep(ctx, r.took+x.Down); err != nil {
+		return err
+	}
+	_ = r.event(fmt.Sprintf("back %s/%d", x.Region, x.Node))
+	return r.fail
+}
+
+// Restarts are applied in turn from their times while the checks keep
+// their schedule: one due while the one before is under way waits for it.
+// A target that cannot restart is refused unless restarts are ignored; a
+// failed restart fails the run, naming it.
+func TestRunRestarts(t *testing.T) {
+	s := Steady(DefaultParams())
+	s.Restarts = []Restart{
+		{Region: "eu-west", At: 2 * time.Second, How: RestartKill, Down: 500 * time.Millisecond},
+		{Region: "us-east", At: time.Second, Down: time.Second},
+	}
+	p, err := NewPlan(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	synctest.Test(t, func(t *testing.T) {
+		f := &restarter{fakeTarget: newFake(time.Now(), func(string) time.Duration { return 0 }), took: 500 * time.Millisecond}
+		res, err := Run(t.Context(), p, f, Options{Start: time.Now()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"1s restart us-east/0 graceful", "2.5s back us-east/0", "2.5s restart eu-west/0 kill", "3.5s back eu-west/0"}
+		if strings.Join(f.events, ",") != strings.Join(want, ",") {
+			t.Errorf("events %v, want %v", f.events, want)
+		}
+		if !res.RestartsEnforced || len(res.Restarts) != 2 || res.Restarts[1].Began != 2500*time.Millisecond || res.Restarts[1].Back != 3500*time.Millisecond {
+			t.Fatalf("restarts %v %+v", res.RestartsEnforced, res.Restarts)
+		}
+		for i, r := range res.Checks {
+			if r.Sent != r.At {
+				t.Fatalf("check %d sent at %s, planned %s: a restart held the schedule up", i, r.Sent, r.At)
+			}
+		}
+		var b strings.Builder
+		if err := NewReport(p, res).WriteText(&b); err != nil || !strings.Contains(b.String(), "restart eu-west node 0 (kill, down 500ms): stopped at 2.50 s, back at 3.50 s") {
+			t.Errorf("text: %v\n%s", err, b.String())
+		}
+
+		var plain Target = plainTarget{}
+		if _, err := Run(t.Context(), p, plain, Options{}); !errors.Is(err, ErrRestartsUnsupported) || !strings.Contains(err.Error(), `"steady" has 2 restarts`) {
+			t.Errorf("Run without a Restarter: %v", err)
+		}
+		res, err = Run(t.Context(), p, plain, Options{IgnoreRestarts: true})
+		if err != nil || res.RestartsEnforced || len(res.Restarts) != 0 {
+			t.Fatalf("IgnoreRestarts: %v %v", err, res.RestartsEnforced)
+		}
+		b.Reset()
+		if err := NewReport(p, res).WriteText(&b); err != nil || !strings.Contains(b.String(), "restarts NOT enforced") {
+			t.Errorf("text: %v\n%s", err, b.String())
+		}
+
+		f.fail = errors.New("did not converge")
+		if _, err := Run(t.Context(), p, f, Options{}); err == nil || !strings.Contains(err.Error(), "restart node 0 of us-east at 1s: did not converge") {
+			t.Errorf("a failed restart: %v", err)
 		}
 	})
 }

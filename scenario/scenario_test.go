@@ -89,6 +89,17 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"cuts[1]", func(s *Scenario) {
 			s.Cuts = []Cut{{Region: "eu-west", To: 2 * time.Second}, {Region: "eu-west", From: time.Second, To: 3 * time.Second}}
 		}},
+		{"restarts[0].region", func(s *Scenario) { s.Restarts = []Restart{{Region: "mars", At: time.Second}} }},
+		{"restarts[0].node", func(s *Scenario) { s.Restarts = []Restart{{Region: "eu-west", Node: -1}} }},
+		{"restarts[0].at", func(s *Scenario) { s.Restarts = []Restart{{Region: "eu-west", At: 5 * time.Second}} }},
+		{"restarts[0].how", func(s *Scenario) { s.Restarts = []Restart{{Region: "eu-west", How: "reboot"}} }},
+		{"restarts[0].down", func(s *Scenario) {
+			s.Restarts = []Restart{{Region: "eu-west", At: 3 * time.Second, Down: 3 * time.Second}}
+		}},
+		{"restarts[0].down", func(s *Scenario) { s.Restarts = []Restart{{Region: "eu-west", Down: -time.Second}} }},
+		{"restarts[1]", func(s *Scenario) {
+			s.Restarts = []Restart{{Region: "eu-west", At: time.Second, Down: time.Second}, {Region: "eu-west", At: 2 * time.Second, How: RestartKill}}
+		}},
 		{"clock_offsets.mars", func(s *Scenario) { s.ClockOffsets = map[string]time.Duration{"mars": 0} }},
 		{"clock_offsets.eu-west", func(s *Scenario) { s.ClockOffsets = map[string]time.Duration{"eu-west": 2 * time.Hour} }},
 		{"loss", func(s *Scenario) { s.Loss = 0.6 }},
@@ -107,6 +118,44 @@ func TestValidateNamesTheField(t *testing.T) {
 	}
 	if err := Steady(DefaultParams()).Validate(); err != nil {
 		t.Fatalf("the unedited scenario: %v", err)
+	}
+}
+
+// testdata/deploy.yaml, issue 35's rolling deploy, loads with its three
+// graceful restarts, and writes back to itself; restarts of different
+// nodes (or one node at other times) may follow each other closely.
+func TestDeployTestdata(t *testing.T) {
+	s, err := Load(filepath.Join("testdata", "deploy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Restart{
+		{Region: "ra", At: 5 * time.Second, How: RestartGraceful, Down: time.Second},
+		{Region: "rb", At: 11 * time.Second, How: RestartGraceful, Down: time.Second},
+		{Region: "rc", At: 17 * time.Second, How: RestartGraceful, Down: time.Second},
+	}
+	if !reflect.DeepEqual(s.Restarts, want) || s.Limit.Window != time.Hour || s.Keys.Count != 12 || s.RTT != 60*time.Millisecond {
+		t.Fatalf("deploy.yaml: %+v", s)
+	}
+	s.Restarts = append(s.Restarts, Restart{Region: "ra", Node: 1, At: 5 * time.Second, How: RestartKill},
+		Restart{Region: "ra", At: 6*time.Second + time.Millisecond})
+	b, err := s.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Parse(b)
+	if err != nil || !reflect.DeepEqual(got, s) {
+		t.Fatalf("round trip: %v\n%s", err, b)
+	}
+	p, err := NewPlan(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Restarts) != 5 || p.Restarts[1].Node != 1 || p.Restarts[2].At != 6*time.Second+time.Millisecond || p.Restarts[4].Region != "rc" {
+		t.Errorf("plan's restarts, by At: %+v", p.Restarts)
+	}
+	if !got.Restarts[3].Kill() || got.Restarts[0].Kill() {
+		t.Error("Kill")
 	}
 }
 

@@ -76,6 +76,48 @@ func TestScenarioCommand(t *testing.T) {
 	if code != 0 || !strings.Contains(errOut, "warning: cuts not enforced") || !strings.Contains(out, `"cuts_enforced":false`) {
 		t.Fatalf("--ignore-cuts: exit %d: %s\n%s", code, errOut, out)
 	}
+
+	// Restarts: refused, or run without them when told so (at once, mid-window).
+	rs := writeScenario(t, smokeScenario+"restarts: [{region: eu-west, at: 100ms, how: kill}]\n")
+	code, _, errOut = sluice(t, "scenario", "--file", rs, "--region", regions)
+	if code != 2 || !strings.Contains(errOut, "--ignore-restarts") || !strings.Contains(errOut, "eu-west node 0 at 100ms") {
+		t.Fatalf("restarts: exit %d: %s", code, errOut)
+	}
+	code, out, errOut = sluice(t, "scenario", "--file", rs, "--region", regions, "--ignore-restarts", "--start-now", "--json")
+	if code != 0 || !strings.Contains(errOut, "warning: restarts not enforced") || !strings.Contains(out, `"restarts_enforced":false`) {
+		t.Fatalf("--ignore-restarts: exit %d: %s\n%s", code, errOut, out)
+	}
+}
+
+// --simulate replays a scenario's restarts: a region's only node killed
+// and started again under its name, mid-window; its region's checks fail
+// while it is down, and the report says when it was back.
+func TestScenarioCommandSimulatesRestarts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a cluster for about 10 s")
+	}
+	file := writeScenario(t, `
+name: restart
+regions: [{name: ra}, {name: rb}, {name: rc}]
+rtt: 20ms
+limit: {name: restart, limit: 30, window: 1h}
+keys: {count: 2}
+duration: 6s
+arrivals: [{region: "*", rate: 10}]
+restarts: [{region: rb, at: 1s, how: kill, down: 1s}]
+`)
+	code, out, errOut := sluice(t, "scenario", "--simulate", "--start-now", "--file", file, "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s\n%s", code, errOut, out)
+	}
+	var rep scenario.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if !rep.RestartsEnforced || len(rep.Restarts) != 1 || rep.Restarts[0].Region != "rb" || rep.Restarts[0].How != "kill" ||
+		rep.Restarts[0].BackMs < 2000 || rep.Regions[1].Errors == 0 || rep.Totals.Over != 0 {
+		t.Fatalf("report %+v", rep)
+	}
 }
 
 // Bad input is refused with exit 2, naming the flag (and the field).

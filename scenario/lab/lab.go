@@ -561,6 +561,7 @@ type ClientTarget struct {
 	mu      sync.RWMutex
 	clients map[string]*client.Client // by region: where checks go now
 	mine    []*client.Client          // the clients this Target made (replaced ones too): Close closes them
+	closed  bool
 }
 
 // NewClientTarget returns a Target sending the checks of spec, under
@@ -583,8 +584,14 @@ func NewClientTarget(spec scenario.Spec, name string, addrs map[string][]string,
 // for a ClientTargetOf target, with the client package's default timeout
 // and plain-text connections). Checks in flight finish on the client they
 // began on; Close closes it. It returns the client package's error for a
-// bad address (the region's checks then go where they went).
+// bad address (the region's checks then go where they went), or
+// client.ErrClosed after Close.
 func (t *ClientTarget) SetAddrs(reg string, addrs []string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return client.ErrClosed
+	}
 	c, err := client.New(client.Config{
 		Addrs: addrs, Timeout: t.timeout, FailureMode: client.FailOpen,
 		Logger: slog.New(slog.DiscardHandler), DialOptions: t.dial,
@@ -595,8 +602,6 @@ func (t *ClientTarget) SetAddrs(reg string, addrs []string) error {
 	if err != nil {
 		return fmt.Errorf("region %s: %w", reg, err)
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	t.clients[reg] = c
 	t.mine = append(t.mine, c)
 	return nil
@@ -693,7 +698,7 @@ var (
 func (t *ClientTarget) Close() {
 	t.mu.Lock()
 	mine := t.mine
-	t.mine = nil
+	t.mine, t.closed = nil, true
 	t.mu.Unlock()
 	for _, c := range mine {
 		c.Close()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -130,5 +131,74 @@ func TestRegionalAndExactOnACluster(t *testing.T) {
 	if rep.Totals.MaxOver > p.Limit || rep.Totals.Degraded == 0 || rep.Totals.Errors != 0 {
 		t.Errorf("exact with a region cut off: max over %d per key and window (want at most the limit %d), %d degraded, %d errors",
 			rep.Totals.MaxOver, p.Limit, rep.Totals.Degraded, rep.Totals.Errors)
+	}
+}
+
+// Lab.Restart stops a node (a crash, or a graceful stop) and starts it
+// again under its name at a new gRPC address; the lab's Targets follow it.
+// A crashed node started again at once is one the others still list as
+// alive: the new process refutes it. While a region's only node is down,
+// its checks fail (errors, not answers).
+func TestLabRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a cluster for about 15 s")
+	}
+	s := scenario.Steady(short())
+	p, err := scenario.NewPlan(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	l, err := Start(ctx, Config{Plan: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	tg, err := l.Target(fmt.Sprintf("restart.%d", time.Now().UnixNano()), 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	r := p.RegionNames()[0]
+	check := func(when string) {
+		t.Helper()
+		if _, err := tg.Check(ctx, r, "k0", 1); err != nil {
+			t.Fatalf("%s: a check in %s: %v", when, r, err)
+		}
+	}
+	check("before")
+	old := l.Nodes(r)[0]
+	if err := l.Restart(ctx, old.Name(), Kill, 0); err != nil {
+		t.Fatal(err)
+	}
+	n := l.Nodes(r)[0]
+	if n == old || n.Name() != old.Name() || n.GRPCAddr() == old.GRPCAddr() {
+		t.Fatalf("after a restart: %s at %s, was %s at %s", n.Name(), n.GRPCAddr(), old.Name(), old.GRPCAddr())
+	}
+	t.Logf("%s: gossip %s, was %s", n.Name(), n.GossipAddr(), old.GossipAddr())
+	check("after a kill")
+
+	done := make(chan error, 1)
+	go func() { done <- l.Restart(ctx, n.Name(), Graceful, 2*time.Second) }()
+	time.Sleep(time.Second) // stopped, not started again yet
+	if _, err := tg.Check(ctx, r, "k0", 1); err == nil {
+		t.Error("a check to a region whose only node is down was answered")
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	check("after a graceful restart")
+	if err := tg.Restart(ctx, scenario.Restart{Region: r, Node: 1}); err == nil || !strings.Contains(err.Error(), "no node 1") {
+		t.Errorf("a restart of node 1 of a region of one: %v", err)
+	}
+	if err := l.Restart(ctx, "nobody", Graceful, 0); err == nil {
+		t.Error("a restart of no node succeeded")
+	}
+	if err := l.Restart(ctx, n.Name(), RestartKind(7), 0); err == nil {
+		t.Error("an unknown kind of restart succeeded")
+	}
+	if got := len(l.all()); got != len(p.RegionNames())+2 {
+		t.Errorf("%d nodes counted (the replaced ones too), want %d", got, len(p.RegionNames())+2)
 	}
 }
