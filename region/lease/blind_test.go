@@ -152,3 +152,30 @@ func TestLearningCountsABlindRegionAtTheRest(t *testing.T) {
 		t.Fatalf("a stale give-back lowered a blind region's record to %d", a.Record("a"))
 	}
 }
+
+// When every region is blind (a cluster started afresh mid-window: no
+// live process can know what the window admitted), a learning allocator
+// counts each at what it reports, as a whole cluster stopped without its
+// state starts afresh, and grants: the first window admits the limit,
+// not nothing.
+func TestAllBlindStartsAfresh(t *testing.T) {
+	const limit = 30
+	bases := map[string]int64{"a": 5, "b": 5, "c": 5}
+	a, _ := NewAllocator(3, 1, limit, bases, nil, true)
+	hs := map[string]*Holder{}
+	for i, r := range []string{"a", "b", "c"} {
+		hs[r] = NewHolder(r, 1, 5)
+		hs[r].StartBlind(uint64(10 + i))
+	}
+	a.OnRequest(hs["a"].Request(20, 0))
+	var gs []Grant
+	for _, l := range a.Pending() {
+		k, _ := hs[l.Region].OnLower(l, 0)
+		g, _ := a.OnAck(k)
+		gs = append(gs, g...)
+	}
+	spent := grantAll(hs, gs)
+	if a.Learning() || spent["a"] != 0 || hs["a"].Slice() < 20 {
+		t.Fatalf("learning %v, a spent %d, slice %d; want 0 and at least 20", a.Learning(), spent["a"], hs["a"].Slice())
+	}
+}

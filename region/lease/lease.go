@@ -304,18 +304,31 @@ func (a *Allocator) seeBlind(r string, nonce uint64, consumed int64) {
 // record, if more. Every region has reported, so the records are the
 // reports. With two blind regions each is counted at that rest: the
 // pool goes below 0 and grants nothing until what comes back covers it
-// (under-admission, never over).
+// (under-admission, never over). When every region is blind, no live
+// process can know what the window admitted (a cluster started afresh,
+// or every region's only node restarted within the window and no check
+// of the key came since in any region): as for a whole cluster stopped
+// without its state, the window starts afresh, each region counted at
+// what it reports (a fresh cluster's first window would otherwise admit
+// nothing).
 func (a *Allocator) learnt() {
 	rest := a.limit
-	blind := false
+	blind, sighted := false, false
 	for _, r := range a.regions {
 		if a.blind[r] == 0 {
 			rest -= a.counted(r)
+			sighted = true
 		} else {
 			blind = true
 		}
 	}
 	if !blind {
+		return
+	}
+	if !sighted {
+		for _, r := range a.regions {
+			a.spent[r] = max(a.record[r], 0)
+		}
 		return
 	}
 	for _, r := range a.regions {
