@@ -76,6 +76,11 @@ type leases struct {
 
 	amu    sync.Mutex
 	allocs map[allocKey]*allocEntry
+	// inherited is what former allocators handed over, by key and window
+	// (see onHandOver); swept when the window ends.
+	inherited map[allocKey]*inheritEntry
+	// handedView is the view handOverMoved last ran for (run loop only).
+	handedView *view
 	stands map[string]*standEntry // store key -> the key's standing slices, where this node is its allocator
 
 	omu    sync.Mutex
@@ -195,6 +200,27 @@ type holderEntry struct {
 // holderWin is a KeyHolder's side of one window.
 type holderWin = lease.WindowHolder
 
+// inheritEntry is what former allocators handed over for one key's
+// window (see onHandOver): each region's bound, for the limit they had.
+type inheritEntry struct {
+	name, key string
+	sliding   bool
+	limit     int64
+	window    time.Duration
+	bounds    map[string]int64
+}
+
+// handOver returns in's messages for window id: one per region, its
+// bound (forwarded by a node that is not the key's allocator any more).
+func (in *inheritEntry) handOver(id int64) []*sluicev1.LeaseMessage {
+	var out []*sluicev1.LeaseMessage
+	for r, b := range in.bounds {
+		out = append(out, &sluicev1.LeaseMessage{Kind: sluicev1.LeaseKind_LEASE_KIND_HAND_OVER, Name: in.name, Key: in.key,
+			WindowId: id, WindowMs: in.window.Milliseconds(), Limit: in.limit, Region: r, Slice: b, Sliding: in.sliding})
+	}
+	return out
+}
+
 type allocKey struct {
 	key    string // store key
 	window int64
@@ -231,7 +257,7 @@ func newLeases(s *Server, base float64) *leases {
 	if base <= 0 || base > 1 {
 		base = DefaultLeaseBase
 	}
-	l := &leases{s: s, base: base, inc: rand.Uint64() &^ 0xffffffff, allocs: map[allocKey]*allocEntry{},
+	l := &leases{s: s, base: base, inc: rand.Uint64() &^ 0xffffffff, allocs: map[allocKey]*allocEntry{}, inherited: map[allocKey]*inheritEntry{},
 		stands: map[string]*standEntry{}, outbox: map[string][]*sluicev1.LeaseMessage{}}
 	for i := range l.shards {
 		l.shards[i].m = map[string]*holderEntry{}
@@ -653,7 +679,7 @@ func (l *leases) message(e *holderEntry, kind sluicev1.LeaseKind, id int64) *slu
 	m := &sluicev1.LeaseMessage{Kind: kind, Name: e.name, Key: e.key, WindowId: id,
 		WindowMs: e.Window.Milliseconds(), Limit: e.Limit, Region: l.s.region, Sliding: e.sliding}
 	if w := e.Wins[id]; w != nil && kind == sluicev1.LeaseKind_LEASE_KIND_REQUEST {
-		m.Nonce, m.Blind = w.H.Nonce(), w.H.Blind() && id != bucketLease // a bucket's blind holder drains its bucket instead
+		m.Nonce, m.Blind = w.H.Nonce(), w.H.Blind()
 	}
 	return m
 }
@@ -755,6 +781,10 @@ func (l *leases) run(ctx context.Context) {
 		case <-t.C:
 		}
 		now, wall := l.s.store.Now(), time.Now()
+		if v := l.s.view.Load(); v != l.handedView {
+			l.handedView = v
+			l.handOverMoved(v)
+		}
 		l.ahead(now)
 		l.late(now)
 		if wall.Sub(resendAt) >= 10*leaseFlush {
@@ -1089,10 +1119,19 @@ func (l *leases) giveBackRound(ctx context.Context, v *view) int {
 			byNode[to] = append(byNode[to], o.m)
 		}
 	}
+	l.st.giveBacks.Add(int64(len(msgs)))
+	l.sendWait(ctx, v, byNode)
+	return len(msgs)
+}
+
+// sendWait sends each destination's messages (this node's own to itself,
+// directly) and waits for the calls, bounded by ctx; their replies are
+// not used.
+func (l *leases) sendWait(ctx context.Context, v *view, byNode map[string][]*sluicev1.LeaseMessage) {
 	var wg sync.WaitGroup
 	for to, ms := range byNode {
 		if to == l.s.name {
-			l.handle(ms) // this node was the key's allocator too: its records go with it
+			l.handle(ms)
 			continue
 		}
 		p := v.peers[to]
@@ -1105,7 +1144,6 @@ func (l *leases) giveBackRound(ctx context.Context, v *view) int {
 			ms = ms[n:]
 			l.st.calls.Add(1)
 			l.st.sent.Add(int64(n))
-			l.st.giveBacks.Add(int64(n))
 			wg.Go(func() {
 				cctx, cancel := context.WithTimeout(ctx, l.s.forwardTimeout)
 				defer cancel()
@@ -1116,7 +1154,156 @@ func (l *leases) giveBackRound(ctx context.Context, v *view) int {
 		}
 	}
 	wg.Wait()
-	return len(msgs)
+}
+
+// handOverAll is a leaving node's hand-over when it is its region's only
+// member: every allocator state it keeps of a window not ended (buckets
+// aside: theirs always learn, and their holders drain what they do not
+// know) is closed (it grants nothing more) and its bounds go to the
+// key's allocator once this region is gone (the first other region in
+// the key's order with a live member), which counts a blind region at no
+// more than them once it has learnt (see lease.Allocator.Inherit). It
+// waits for the calls (bounded by ctx) and returns how many messages it
+// sent. Call it after giveBackAll (whose give-backs to this node's own
+// allocators are in the bounds).
+func (l *leases) handOverAll(ctx context.Context) int {
+	v := l.s.view.Load()
+	for _, m := range v.members {
+		if m.Name != l.s.name {
+			return 0
+		}
+	}
+	now := l.s.store.Now()
+	byNode := map[string][]*sluicev1.LeaseMessage{}
+	n := 0
+	l.amu.Lock()
+	for k, ae := range l.allocs {
+		if k.window == bucketLease || k.window < windowID(now, ae.window) {
+			continue
+		}
+		ae.a.Close()
+		to := ""
+		for _, r := range l.order(region.SeedOf(ae.name, ae.key)) {
+			if r != l.s.region && v.rings[r] != nil {
+				to = l.ownerIn(v, r, []byte(k.key))
+				break
+			}
+		}
+		if to == "" {
+			continue
+		}
+		for _, m := range ae.handOver(k.window) {
+			byNode[to] = append(byNode[to], m)
+			n++
+		}
+	}
+	for k, in := range l.inherited {
+		// What former allocators handed here goes on with it.
+		for _, r := range l.order(region.SeedOf(in.name, in.key)) {
+			if r != l.s.region && v.rings[r] != nil {
+				if to := l.ownerIn(v, r, []byte(k.key)); to != "" {
+					byNode[to] = append(byNode[to], in.handOver(k.window)...)
+					n += len(in.bounds)
+				}
+				break
+			}
+		}
+	}
+	l.amu.Unlock()
+	l.sendWait(ctx, v, byNode)
+	return n
+}
+
+// handOverMoved hands the bounds of each allocator state (of a window,
+// not a bucket) this node keeps but is no longer the key's allocator of
+// under v (the key's allocator region came back, or the key moved in
+// this region's ring) to the key's allocator under v, and forgets the
+// state: as stillAllocator does when a message comes for it, but at
+// once, so that the new allocator has them before it has learnt.
+func (l *leases) handOverMoved(v *view) {
+	type out struct {
+		to string
+		m  *sluicev1.LeaseMessage
+	}
+	var msgs []out
+	l.amu.Lock()
+	for k, ae := range l.allocs {
+		if k.window == bucketLease || ae.view == v {
+			continue
+		}
+		seed := region.SeedOf(ae.name, ae.key)
+		if l.isAllocator(v, seed, []byte(k.key)) {
+			ae.view = v
+			continue
+		}
+		delete(l.allocs, k)
+		reg := l.allocatorRegion(v, seed)
+		if reg == "" {
+			continue
+		}
+		to := l.ownerIn(v, reg, []byte(k.key))
+		if to == "" || to == l.s.name {
+			continue
+		}
+		for _, m := range ae.handOver(k.window) {
+			msgs = append(msgs, out{to, m})
+		}
+	}
+	for k, in := range l.inherited {
+		// What former allocators handed here goes to the key's allocator
+		// now, when that is another node.
+		seed := region.SeedOf(in.name, in.key)
+		if l.isAllocator(v, seed, []byte(k.key)) {
+			continue
+		}
+		reg := l.allocatorRegion(v, seed)
+		if reg == "" {
+			continue // no majority seen: kept until the view changes again
+		}
+		delete(l.inherited, k)
+		if to := l.ownerIn(v, reg, []byte(k.key)); to != "" && to != l.s.name {
+			for _, m := range in.handOver(k.window) {
+				msgs = append(msgs, out{to, m})
+			}
+		}
+	}
+	l.amu.Unlock()
+	for _, o := range msgs {
+		l.queue(o.to, o.m)
+	}
+}
+
+// handOver returns ae's hand-over messages for window id: one per
+// region, its bound (lease.Allocator.Bounds) in slice. Requires l.amu.
+func (ae *allocEntry) handOver(id int64) []*sluicev1.LeaseMessage {
+	var out []*sluicev1.LeaseMessage
+	for r, b := range ae.a.Bounds() {
+		m := ae.base(sluicev1.LeaseKind_LEASE_KIND_HAND_OVER, r)
+		m.WindowId, m.Slice = id, b
+		out = append(out, m)
+	}
+	return out
+}
+
+// onHandOver keeps a former allocator's bound of a region for its window
+// (see handOverAll): the allocator state of the window takes it, now if
+// there is one, else when it is made. Kept until the window ends.
+func (l *leases) onHandOver(sk []byte, m *sluicev1.LeaseMessage) {
+	if m.WindowId == bucketLease || m.WindowId < windowID(l.s.store.Now(), time.Duration(m.WindowMs)*time.Millisecond) {
+		return
+	}
+	k := allocKey{string(sk), m.WindowId}
+	l.amu.Lock()
+	defer l.amu.Unlock()
+	in := l.inherited[k]
+	if in == nil || in.limit != m.Limit {
+		in = &inheritEntry{name: m.Name, key: m.Key, sliding: m.Sliding, limit: m.Limit, window: time.Duration(m.WindowMs) * time.Millisecond, bounds: map[string]int64{}}
+		l.inherited[k] = in
+	}
+	in.bounds[m.Region] = max(in.bounds[m.Region], min(max(m.Slice, 0), m.Limit))
+	if ae := l.allocs[k]; ae != nil && ae.limit == m.Limit {
+		ae.a.Inherit(map[string]int64{m.Region: in.bounds[m.Region]})
+	}
 }
 
 // resend sends again the allocators' lowers and reports not acknowledged
@@ -1311,6 +1498,11 @@ func (l *leases) sweep(now time.Time) {
 		}
 		if (k.window != bucketLease && k.window < windowID(now, ae.window)-1) || (k.window == bucketLease && time.Since(ae.touched) > bucketIdle) {
 			delete(l.allocs, k)
+		}
+	}
+	for k, in := range l.inherited {
+		if k.window < windowID(now, in.window) {
+			delete(l.inherited, k)
 		}
 	}
 	for sk, se := range l.stands {
@@ -1533,6 +1725,8 @@ func (l *leases) handle(msgs []*sluicev1.LeaseMessage) []*sluicev1.LeaseMessage 
 			l.onStandAck(sk, m)
 		case sluicev1.LeaseKind_LEASE_KIND_GIVE_BACK:
 			l.onGiveBack(sk, m)
+		case sluicev1.LeaseKind_LEASE_KIND_HAND_OVER:
+			l.onHandOver(sk, m)
 		}
 	}
 	return replies
@@ -1688,6 +1882,9 @@ func (l *leases) alloc(sk []byte, m *sluicev1.LeaseMessage, create bool) *allocE
 		// (or this one learns: the regions' reports say their estimates),
 		// and the regions held their bases, which the records start at.
 		a.Slide(carry, starts)
+	}
+	if in := l.inherited[k]; in != nil && in.limit == m.Limit {
+		a.Inherit(in.bounds)
 	}
 	ae = &allocEntry{name: m.Name, key: m.Key, window: w, limit: m.Limit, a: a, touched: time.Now(), view: v, sliding: m.Sliding && m.WindowId != bucketLease}
 	l.allocs[k] = ae
@@ -1995,11 +2192,6 @@ func (l *leases) onLower(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMes
 		// yet drained (its debt, in slice units: the burst share that
 		// holds it), and its debt drains at the lowered rate from now on.
 		consumed = l.bucketUsed(sk, e, wd, w.H.Slice(), now)
-		if w.Blind && !w.Drained {
-			// Unknown means spent: the former process of this region's
-			// only node may have left its bucket's whole share in debt.
-			consumed = e.Limit
-		}
 		defer l.rerate(sk, e, wd, w.H, now)
 	case m.WindowId == cur:
 		n, ok := l.counted(sk, e, algorithmOf(e), now)
@@ -2020,10 +2212,7 @@ func (l *leases) onLower(sk []byte, m *sluicev1.LeaseMessage) *sluicev1.LeaseMes
 	}
 	a := &sluicev1.LeaseMessage{Kind: sluicev1.LeaseKind_LEASE_KIND_ACK, Name: m.Name, Key: m.Key, WindowId: m.WindowId,
 		WindowMs: m.WindowMs, Limit: m.Limit, Region: m.Region, Allocator: k.Alloc, Seq: k.Seq, Slice: k.Slice, Consumed: k.Consumed,
-		Follows: k.Follows}
-	if m.WindowId != bucketLease {
-		a.Blind, a.Nonce = k.Blind, k.Nonce
-	}
+		Follows: k.Follows, Blind: k.Blind, Nonce: k.Nonce}
 	return a
 }
 

@@ -12,8 +12,9 @@ import (
 )
 
 // restartInproc restarts old under its name and config, as a deploy does
-// (issue 35): graceful gives back what the region has not admitted, as
-// Node.Close does for a region's only member (a SIGTERM), before the
+// (issue 35): graceful gives back what the region has not admitted and
+// hands its allocators' records over, as Node.Close does for a region's
+// only member (a SIGTERM), before the
 // process goes; otherwise it is killed (kill -9). The new process starts
 // with nothing of the old one's state, and the cluster's member lists are
 // set again. It returns the new node.
@@ -23,6 +24,7 @@ func restartInproc(t *testing.T, old *inprocNode, cfg NodeConfig, graceful bool)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		old.srv.leaving.Store(true) // Leave: checks are refused from here on
 		old.srv.leases.giveBackAll(ctx)
+		old.srv.leases.handOverAll(ctx)
 		cancel()
 	}
 	old.Kill()
@@ -187,5 +189,44 @@ func TestSliceDenialWhileWaitingRetriesSoon(t *testing.T) {
 	}
 	if want := int64(30_000); last.RetryAfter < want-2000 {
 		t.Errorf("with the limit spent: retry_after %d ms, want the window's end (about %d)", last.RetryAfter, want)
+	}
+}
+
+// A rolling deploy of a cluster of one node per region within one window
+// (each node restarted gracefully in turn, the key's allocator region
+// first) with no check of the key between the restarts: every region's
+// holder of the key is then blind, and the allocator that learns would
+// take the window for a cluster started afresh, but for the records the
+// leaving allocators handed over. The key admitted its limit before the
+// deploy, and admits nothing more after it.
+func TestRollingDeployWithoutChecksBetweenRestarts(t *testing.T) {
+	clock := windowClock()
+	regions, _ := region.Parse("a,b,c")
+	byRegion := startRegions(t, "a,b,c", 1, NodeConfig{Clock: clock})
+	clock.Advance(time.Duration(standReach(time.Hour)+3) * time.Hour)
+	const limit = 30
+	rc := &sluicev1.RateLimitCheck{Name: "api", Limit: limit, WindowMs: 3_600_000}
+	order := byRegion["a"][0].srv.leases.order
+	for i := 0; rc.Key == ""; i++ {
+		if k := fmt.Sprintf("rolling-%d", i); order(region.SeedOf("api", k))[0] == "a" {
+			rc.Key = k
+		}
+	}
+	if got := leaseCheckUntil(t, byRegion["a"], rc, limit, 10*time.Second); got != limit {
+		t.Fatalf("before the deploy: a admitted %d", got)
+	}
+	nodes := map[string]*inprocNode{}
+	for _, r := range []string{"a", "b", "c"} {
+		nodes[r] = byRegion[r][0]
+	}
+	for _, r := range order(region.SeedOf("api", rc.Key)) {
+		clock.Advance(time.Minute)
+		old := nodes[r]
+		nodes[r] = restartInproc(t, old, NodeConfig{Name: old.name, Region: r, Regions: regions, Clock: clock}, true)
+		time.Sleep(100 * time.Millisecond) // hand-overs on view changes go out in the next flush
+	}
+	more := leaseFlood(t, []*inprocNode{nodes["a"], nodes["b"], nodes["c"]}, rc, 1500*time.Millisecond)
+	if more != 0 {
+		t.Fatalf("after the rolling deploy: %d more admitted in the hour, %d of %d", more, limit+more, limit)
 	}
 }

@@ -660,6 +660,9 @@ func (n *Node) Close(ctx context.Context) error {
 			if k := n.server.leases.giveBackAll(gctx); k > 0 {
 				n.log.Info("gave back the global slices not admitted: this node is its region's only member", "messages", k)
 			}
+			if k := n.server.leases.handOverAll(gctx); k > 0 {
+				n.log.Info("handed the allocators' records over to the keys' next allocators", "messages", k)
+			}
 			cancel()
 		}
 		dropped := errors.Is(herr, ErrNoneToTake) // expected when the whole cluster stops

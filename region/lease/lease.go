@@ -160,6 +160,7 @@ type Allocator struct {
 	left       float64            // the part of the window still to come (0..1), as the caller last said
 	blind      map[string]uint64  // region -> the nonce of its blind holder (see Holder.StartBlind; absent: none)
 	spent      map[string]int64   // region -> what its blind holder is counted as having admitted (-1: not known yet, while learning)
+	inherit    map[string]int64   // region -> the most it admitted under the allocators before this one (Inherit; absent: not known)
 }
 
 // NewAllocator returns the allocator id of a window whose limit is limit
@@ -325,7 +326,7 @@ func (a *Allocator) learnt() {
 	if !blind {
 		return
 	}
-	if !sighted {
+	if !sighted && len(a.inherit) == 0 {
 		for _, r := range a.regions {
 			a.spent[r] = max(a.record[r], 0)
 		}
@@ -333,10 +334,58 @@ func (a *Allocator) learnt() {
 	}
 	for _, r := range a.regions {
 		if a.blind[r] != 0 {
-			a.spent[r] = max(a.record[r], rest, a.spent[r], 0)
+			bound := rest
+			if b, ok := a.inherit[r]; ok {
+				bound = min(bound, b)
+			}
+			a.spent[r] = max(a.record[r], bound, a.spent[r], 0)
 			a.record[r] = a.spent[r]
 		}
 	}
+}
+
+// Inherit takes what a former allocator of the window (one that stopped
+// being the key's: its node left, or the key's allocator moved) recorded
+// for each region when it stopped (bounds, hits): the most each region
+// can have admitted under it and the allocators before it. When learning
+// ends, a blind region is counted at the least of that and what the
+// other regions' reports leave of the limit (learnt), so that a window
+// whose every region restarted (a rolling deploy of a region's only node
+// per region) is not taken for a cluster started afresh. Bounds of
+// several former allocators: the largest is kept per region.
+func (a *Allocator) Inherit(bounds map[string]int64) {
+	if a.inherit == nil {
+		a.inherit = map[string]int64{}
+	}
+	for r, b := range bounds {
+		if _, ok := a.record[r]; ok {
+			if old, ok := a.inherit[r]; !ok || b > old {
+				a.inherit[r] = max(b, 0)
+			}
+		}
+	}
+}
+
+// Bounds returns, per region, the most it can have admitted in the
+// window under this allocator and those before it (hits): its record (a
+// grant is recorded before it is sent, a lower only once acknowledged);
+// while learning, for a region that has not reported yet, what a former
+// allocator handed over (Inherit), else the limit. A former allocator
+// hands them to the next one (Inherit); Close it first, so that nothing
+// it grants after is missing from them.
+func (a *Allocator) Bounds() map[string]int64 {
+	out := make(map[string]int64, len(a.regions))
+	for _, r := range a.regions {
+		switch b, ok := a.inherit[r]; {
+		case a.Learning() && !a.known[r] && ok:
+			out[r] = min(b, a.limit)
+		case a.Learning() && !a.known[r]:
+			out[r] = a.limit
+		default:
+			out[r] = a.counted(r)
+		}
+	}
+	return out
 }
 
 // spentFor returns the Spent of a grant to region r: its blind holder's
@@ -536,6 +585,10 @@ func (a *Allocator) OnRequest(r Request) (grants []Grant, lowers []Lower) {
 	a.heard[r.Region] = true
 	if r.Blind {
 		a.seeBlind(r.Region, r.Nonce, r.Consumed)
+	} else if n := a.blind[r.Region]; n != 0 && n == r.Nonce {
+		// Its blind holder took a grant's spent and counts it now (a
+		// bucket's drained its bucket): what it says is exact again.
+		delete(a.blind, r.Region)
 	}
 	switch held := max(r.Slice, r.Consumed); {
 	case r.Consumed > a.record[r.Region]:

@@ -243,6 +243,12 @@ const (
 	// heard from no allocator in the window); consumed as for an Ack. Sent
 	// where a stand said other regions want more than they stand at.
 	LeaseKind_LEASE_KIND_GIVE_BACK LeaseKind = 7
+	// From an allocator that stops being the key's (its node, its region's
+	// only member, leaves; or the key's allocator moved under its view) to
+	// the key's allocator now: slice is the most region can have admitted
+	// in the window under it and the allocators before it. The receiver
+	// counts a blind region at no more than that once it has learnt.
+	LeaseKind_LEASE_KIND_HAND_OVER LeaseKind = 8
 )
 
 // Enum value maps for LeaseKind.
@@ -256,6 +262,7 @@ var (
 		5: "LEASE_KIND_STAND",
 		6: "LEASE_KIND_STAND_ACK",
 		7: "LEASE_KIND_GIVE_BACK",
+		8: "LEASE_KIND_HAND_OVER",
 	}
 	LeaseKind_value = map[string]int32{
 		"LEASE_KIND_UNSPECIFIED": 0,
@@ -266,6 +273,7 @@ var (
 		"LEASE_KIND_STAND":       5,
 		"LEASE_KIND_STAND_ACK":   6,
 		"LEASE_KIND_GIVE_BACK":   7,
+		"LEASE_KIND_HAND_OVER":   8,
 	}
 )
 
@@ -2599,7 +2607,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x1dOWNER_UNAVAILABLE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17OWNER_UNAVAILABLE_LOCAL\x10\x01\x12\x1b\n" +
 	"\x17OWNER_UNAVAILABLE_ALLOW\x10\x02\x12\x1a\n" +
-	"\x16OWNER_UNAVAILABLE_DENY\x10\x03*\xc9\x01\n" +
+	"\x16OWNER_UNAVAILABLE_DENY\x10\x03*\xe3\x01\n" +
 	"\tLeaseKind\x12\x1a\n" +
 	"\x16LEASE_KIND_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12LEASE_KIND_REQUEST\x10\x01\x12\x14\n" +
@@ -2608,7 +2616,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0eLEASE_KIND_ACK\x10\x04\x12\x14\n" +
 	"\x10LEASE_KIND_STAND\x10\x05\x12\x18\n" +
 	"\x14LEASE_KIND_STAND_ACK\x10\x06\x12\x18\n" +
-	"\x14LEASE_KIND_GIVE_BACK\x10\a2\xcd\x01\n" +
+	"\x14LEASE_KIND_GIVE_BACK\x10\a\x12\x18\n" +
+	"\x14LEASE_KIND_HAND_OVER\x10\b2\xcd\x01\n" +
 	"\x10RateLimitService\x12:\n" +
 	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse\x12@\n" +
 	"\aMembers\x12\x19.sluice.v1.MembersRequest\x1a\x1a.sluice.v1.MembersResponse\x12;\n" +

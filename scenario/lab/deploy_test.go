@@ -230,7 +230,7 @@ func deployCases() []deployCase {
 // deploy (with limits of a minute or an hour the oracle has often spent
 // the window by then: it admits little or nothing more).
 //
-// The default subset takes about 6 minutes; SLUICE_DEPLOY_FULL=1 runs the
+// The default subset takes about 5 minutes; SLUICE_DEPLOY_FULL=1 runs the
 // full matrix (about 25 minutes: give go test -timeout 40m).
 // SLUICE_DEPLOY_ONLY runs the cases whose name contains it (e.g.
 // "issue35", "3r/fixed_window/1h0m0s/kill"); SLUICE_LEASE_SEED fixes the
@@ -295,7 +295,9 @@ func runDeploy(t *testing.T, c deployCase, seed uint64) deployRun {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	l, err := Start(ctx, Config{Plan: p, NodesPerRegion: max(c.nodes, 1)})
+	// Ready: 5 regions on two busy cores can take more than the default
+	// 30 s to converge (and a restart waits up to twice as long).
+	l, err := Start(ctx, Config{Plan: p, NodesPerRegion: max(c.nodes, 1), Ready: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,7 +339,8 @@ func runDeploy(t *testing.T, c deployCase, seed uint64) deployRun {
 	for _, k := range rep.Keys {
 		if k.Over > 0 {
 			r.keysOver++
-			overKeys = append(overKeys, fmt.Sprintf("%s %d of %d (oracle %d)", k.Key, k.Admitted, p.Limit.Limit, k.OracleAdmitted))
+			overKeys = append(overKeys, fmt.Sprintf("%s %d of %d (oracle %d, allocator %s)", k.Key, k.Admitted, p.Limit.Limit,
+				k.OracleAdmitted, allocatorRegion(regs, name, k.Key)))
 		}
 	}
 	if len(overKeys) > 0 {
