@@ -38,7 +38,7 @@ test: ## vet, then run every test with the race detector (and rpc's join/leave/c
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
 	SLUICE_TEST_REGIONS=local=1000000,far=1 $(GO) test -race -count=1 -run '$(REGION_TESTS)' ./rpc
-	SLUICE_LAB_LEASES=1 $(GO) test -race -count=1 -run 'TestLease' ./scenario/lab
+	SLUICE_LAB_LEASES=1 $(GO) test -race -count=1 -run 'TestLease|TestRollingDeploy' ./scenario/lab
 
 .PHONY: bench
 bench: ## window benchmarks against go-limiter (see BENCHMARKS.md)
@@ -117,6 +117,11 @@ fuzz: ## run every fuzz target for FUZZTIME each (a duration, 10s by default, or
 SEEDS ?= 2
 bench-leases: ## issue 20's figures: every lease scenario on in-process clusters of 3 and 5 regions, 50 and 200 ms apart, SEEDS random seeds each, then buckets and sliding windows on 3 regions 100 ms apart, started past the allocators' learning horizon (about 27 min a seed)
 	SLUICE_LEASE_MATRIX=1 SLUICE_LEASE_SEEDS=$(SEEDS) $(GO) test ./scenario/lab -run TestLeaseMatrix -count=1 -v -timeout 90m 2>&1 | tee bench-leases.log | grep -E '^\s+(3|5)  |row: |over-admission [1-9]|FAIL|ok'
+	@# Issue 35's deploy rows: every node of a running cluster restarted in
+	@# turn under load (3 and 5 regions, every algorithm that leases, 1 s,
+	@# 1 min and 1 h windows, graceful and kill, two nodes per region, the
+	@# allocator's node, a restart during a cut; about 25 minutes).
+	SLUICE_LAB_LEASES=1 SLUICE_DEPLOY_FULL=1 $(GO) test ./scenario/lab -run TestRollingDeployNeverOverAdmits -count=1 -v -timeout 60m 2>&1 | tee bench-deploy.log | grep -E ' over +[0-9]+ \(max|FAIL|^ok'
 
 .PHONY: bench-regions
 bench-regions: build ## issue 19's figures: scenarios on in-process clusters of 3 regions 100 ms apart (about 6 min)

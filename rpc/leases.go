@@ -81,7 +81,7 @@ type leases struct {
 	inherited map[allocKey]*inheritEntry
 	// handedView is the view handOverMoved last ran for (run loop only).
 	handedView *view
-	stands map[string]*standEntry // store key -> the key's standing slices, where this node is its allocator
+	stands     map[string]*standEntry // store key -> the key's standing slices, where this node is its allocator
 
 	omu    sync.Mutex
 	outbox map[string][]*sluicev1.LeaseMessage // destination node -> messages
