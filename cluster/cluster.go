@@ -93,6 +93,10 @@ type Config struct {
 	// memberlist.MockNetwork transport in tests; BindAddr is then ignored.
 	// (Optional)
 	Transport memberlist.Transport
+	// Since is this node's start, ms since the Unix epoch on its clock:
+	// what it says of when its cluster began until it meets earlier
+	// members (see Member.Since). 0: not said. (Optional)
+	Since int64
 }
 
 // State is a member's liveness as this node sees it.
@@ -127,6 +131,10 @@ type Member struct {
 	// Instance is random per process start: a node restarted under the
 	// same name has another.
 	Instance string
+	// Since is when the member's cluster began as far as it knows (ms
+	// since the Unix epoch, on its clock; 0: not said): see
+	// Config.Since and Cluster.SetSince.
+	Since int64
 }
 
 // Errors.
@@ -210,7 +218,7 @@ func New(cfg Config) (*Cluster, error) {
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:])
 	instance := hex.EncodeToString(nonce[:])
-	meta, err := encodeMeta(metadata{GRPCAddr: cfg.GRPCAddr, Region: cfg.Region, Version: cfg.Version, Instance: instance, Regions: cfg.Regions})
+	meta, err := encodeMeta(metadata{GRPCAddr: cfg.GRPCAddr, Region: cfg.Region, Version: cfg.Version, Instance: instance, Regions: cfg.Regions, Since: cfg.Since})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
@@ -268,7 +276,7 @@ func New(cfg Config) (*Cluster, error) {
 	c := &Cluster{name: cfg.Name, log: cfg.Logger.With("node", cfg.Name), changes: make(chan struct{}, 1),
 		nodes: map[string]memberlist.Node{}, keyring: keyring, reconnect: newReconnector(cfg.ReconnectInterval, cfg.ReconnectTimeout),
 		regions: cfg.Regions,
-		md:      metadata{GRPCAddr: cfg.GRPCAddr, Region: cfg.Region, Version: cfg.Version, Instance: instance, Regions: cfg.Regions}}
+		md:      metadata{GRPCAddr: cfg.GRPCAddr, Region: cfg.Region, Version: cfg.Version, Instance: instance, Regions: cfg.Regions, Since: cfg.Since}}
 	c.delegate.meta.Store(&meta)
 	mc.Delegate = &c.delegate
 	mc.Alive = (*admission)(c)
@@ -486,7 +494,32 @@ func toMember(n *memberlist.Node) (Member, error) {
 		RingMembers:     md.RingMembers,
 		RingEpoch:       md.RingEpoch,
 		Instance:        md.Instance,
+		Since:           md.Since,
 	}, nil
+}
+
+// SetSince lowers the time this node says its cluster began (ms since
+// the Unix epoch: see Member.Since) to since and gossips the update,
+// waiting up to timeout for it to go out; a later time than the one it
+// says changes nothing. It returns an error once gossip has stopped.
+func (c *Cluster) SetSince(since int64, timeout time.Duration) error {
+	c.metaMu.Lock()
+	defer c.metaMu.Unlock()
+	if since <= 0 || (c.md.Since != 0 && c.md.Since <= since) {
+		return nil
+	}
+	md := c.md
+	md.Since = since
+	b, err := encodeMeta(md)
+	if err != nil {
+		return err
+	}
+	if c.closed.Load() {
+		return errors.New("cluster: gossip stopped")
+	}
+	c.md = md
+	c.delegate.meta.Store(&b)
+	return c.list.UpdateNode(timeout)
 }
 
 // SetRing publishes this node's ring (fingerprint, member-set hash and

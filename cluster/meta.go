@@ -36,6 +36,10 @@ type metadata struct {
 	// Regions is the fingerprint of the node's region list (16 hex
 	// digits; "" for none): members whose lists differ refuse each other.
 	Regions string `json:"rg,omitempty"`
+	// Since is when the node's cluster began as far as it knows, ms
+	// since the Unix epoch on its clock: its own start, lowered to the
+	// earliest Since of the members it meets (0: not said).
+	Since int64 `json:"cs,omitempty"`
 }
 
 var errMeta = errors.New("bad node metadata")
@@ -111,6 +115,9 @@ func checkMeta(m metadata) error {
 		if _, err := hex.DecodeString(f.v); err != nil || len(f.v) != 16 {
 			return fmt.Errorf("%s: want 16 hex digits, got %q", f.name, f.v)
 		}
+	}
+	if m.Since < 0 {
+		return fmt.Errorf("cs: want a time in ms since the Unix epoch, got %d", m.Since)
 	}
 	return nil
 }

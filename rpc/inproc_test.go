@@ -171,7 +171,8 @@ func (c *inprocCluster) members() []cluster.Member {
 	var ms []cluster.Member
 	for _, n := range c.nodes {
 		if _, live := c.lis[n.name]; live {
-			ms = append(ms, cluster.Member{Name: n.name, GRPCAddr: inprocAddr(n.name), Region: n.region, State: cluster.Alive})
+			ms = append(ms, cluster.Member{Name: n.name, GRPCAddr: inprocAddr(n.name), Region: n.region, State: cluster.Alive,
+				Since: n.srv.clusterSince()})
 		}
 	}
 	slices.SortFunc(ms, func(a, b cluster.Member) int { return strings.Compare(a.Name, b.Name) })

@@ -81,7 +81,10 @@ type leases struct {
 	inherited map[allocKey]*inheritEntry
 	// handedView is the view handOverMoved last ran for (run loop only).
 	handedView *view
-	stands     map[string]*standEntry // store key -> the key's standing slices, where this node is its allocator
+	// handq is the hand-overs of allocator states stillAllocator forgot,
+	// to queue (under amu).
+	handq  []queued
+	stands map[string]*standEntry // store key -> the key's standing slices, where this node is its allocator
 
 	omu    sync.Mutex
 	outbox map[string][]*sluicev1.LeaseMessage // destination node -> messages
@@ -95,6 +98,10 @@ type leases struct {
 	// another member, or a leave's state file restored).
 	blindBefore  atomic.Int64
 	blindSettled atomic.Bool
+	// since is when this node's cluster began as far as it knows (ms on
+	// the store's clock): its start, lowered to the earliest Since of the
+	// members it meets (cluster.Member.Since); gossiped in its metadata.
+	since atomic.Int64
 	// hist is what this node knows of its allocator view's history (see
 	// learning); replaced whole by viewChanged, under s.setMu.
 	hist atomic.Pointer[leaseHistory]
@@ -270,6 +277,7 @@ func newLeases(s *Server, base float64) *leases {
 	}
 	l.hist.Store(h)
 	l.blindBefore.Store(now)
+	l.since.Store(time.Unix(0, now).UnixMilli())
 	l.hot = map[*holderEntry]struct{}{}
 	l.givers = map[time.Duration]*giverSet{}
 	return l
@@ -434,6 +442,41 @@ func (l *leases) blindWin(e *holderEntry, id int64) bool {
 	default:
 		return id*int64(e.Window) < before
 	}
+}
+
+// foundingGrace is how soon after the earliest start its cluster knows
+// of a node must have started to be one of the cluster's first nodes
+// (see founder): nodes of a new cluster start within seconds of each
+// other.
+const foundingGrace = 15 * time.Second
+
+// founder reports, at this node's first view with other members, whether
+// it is one of its cluster's first nodes: no member it meets says the
+// cluster began more than foundingGrace before this node started
+// (cluster.Member.Since). A first node had no earlier process in its
+// region whose counts it could have lost; a cluster stopped whole and
+// started again is a new cluster, whose counts start afresh unless its
+// nodes keep state (docs/persistence.md). A node that restarts within
+// foundingGrace of its cluster's first start is taken for a first node.
+func (l *leases) founder(v *view) bool {
+	own := time.Unix(0, l.hist.Load().started).UnixMilli()
+	earliest := own
+	for _, m := range v.all {
+		if m.Name != l.s.name && m.Since > 0 {
+			earliest = min(earliest, m.Since)
+		}
+	}
+	return own-earliest <= foundingGrace.Milliseconds()
+}
+
+// clusterSince returns when this node's cluster began as far as it knows
+// (ms since the Unix epoch on its store's clock; see leases.since), or
+// its start without several regions.
+func (s *Server) clusterSince() int64 {
+	if s.leases != nil {
+		return s.leases.since.Load()
+	}
+	return s.store.Now().UnixMilli()
 }
 
 // knowsState settles that this process knows what its region admitted
@@ -785,6 +828,7 @@ func (l *leases) run(ctx context.Context) {
 			l.handedView = v
 			l.handOverMoved(v)
 		}
+		l.sendHandq()
 		l.ahead(now)
 		l.late(now)
 		if wall.Sub(resendAt) >= 10*leaseFlush {
@@ -1559,11 +1603,17 @@ func (l *leases) viewChanged(v *view) {
 	}
 	if !l.blindSettled.Load() && len(v.all) > 1 {
 		// The first view that holds another member: this node has joined.
-		// A region of its own alone: nobody holds its keys' counts.
-		if len(v.members) > 1 {
+		// A region of its own alone: nobody holds its keys' counts,
+		// unless the cluster began with this node (see founder).
+		if len(v.members) > 1 || l.founder(v) {
 			l.knowsState()
 		} else {
 			l.blindSettled.Store(true)
+		}
+	}
+	for _, m := range v.all {
+		if m.Since > 0 && m.Since < l.since.Load() {
+			l.since.Store(m.Since)
 		}
 	}
 	for _, r := range l.s.regions.Regions() {
@@ -1742,12 +1792,43 @@ func (l *leases) stillAllocator(k allocKey, ae *allocEntry) bool {
 	if ae.view == v {
 		return true
 	}
-	if l.isAllocator(v, region.SeedOf(ae.name, ae.key), []byte(k.key)) {
+	seed := region.SeedOf(ae.name, ae.key)
+	if l.isAllocator(v, seed, []byte(k.key)) {
 		ae.view = v
 		return true
 	}
 	delete(l.allocs, k)
+	// Handed over as handOverMoved would (it may not have run for v yet):
+	// a later allocator's bounds must never be missing where an earlier
+	// one's are inherited (lease.Allocator.Inherit).
+	if k.window != bucketLease {
+		if reg := l.allocatorRegion(v, seed); reg != "" {
+			if to := l.ownerIn(v, reg, []byte(k.key)); to != "" && to != l.s.name {
+				for _, m := range ae.handOver(k.window) {
+					l.handq = append(l.handq, queued{to, m})
+				}
+			}
+		}
+	}
 	return false
+}
+
+// queued is a lease message to queue for a node.
+type queued struct {
+	to string
+	m  *sluicev1.LeaseMessage
+}
+
+// sendHandq queues the hand-overs stillAllocator left (it runs under
+// l.amu, and queueing takes l.omu).
+func (l *leases) sendHandq() {
+	l.amu.Lock()
+	q := l.handq
+	l.handq = nil
+	l.amu.Unlock()
+	for _, o := range q {
+		l.queue(o.to, o.m)
+	}
 }
 
 // isAllocator reports whether this node is the allocator of the key of

@@ -436,6 +436,9 @@ func (n *Node) publishRing(ctx context.Context) {
 		if err := n.cluster.SetRing(fp, mh, epoch, time.Second); err != nil {
 			n.log.Debug("cannot publish the ring in the metadata", "error", err)
 		}
+		if err := n.cluster.SetSince(n.server.clusterSince(), time.Second); err != nil {
+			n.log.Debug("cannot publish when the cluster began in the metadata", "error", err)
+		}
 	}
 }
 

@@ -204,7 +204,7 @@ func newCluster(cfg NodeConfig, advertised string, srv *Server) (*cluster.Cluste
 		Name: cfg.Name, BindAddr: cfg.GossipAddr, AdvertiseHost: cfg.AdvertiseHost,
 		GRPCAddr: advertised, Region: cfg.Region, Regions: cfg.Regions.Fingerprint(), Version: cfg.Version,
 		Profile: cfg.Profile, Logger: cfg.Logger, Keys: cfg.GossipKeys, Label: cfg.ClusterLabel,
-		Transport: cfg.GossipTransport,
+		Transport: cfg.GossipTransport, Since: srv.clusterSince(),
 	})
 	if err != nil {
 		return nil, err

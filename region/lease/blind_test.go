@@ -153,12 +153,13 @@ func TestLearningCountsABlindRegionAtTheRest(t *testing.T) {
 	}
 }
 
-// When every region is blind (a cluster started afresh mid-window: no
-// live process can know what the window admitted), a learning allocator
-// counts each at what it reports, as a whole cluster stopped without its
-// state starts afresh, and grants: the first window admits the limit,
-// not nothing.
-func TestAllBlindStartsAfresh(t *testing.T) {
+// When every region is blind (every region's only node restarted within
+// the window, none of them handed anything over, and no check of the key
+// came since), a learning allocator cannot know what the window admitted:
+// each region is counted at the whole limit, and the window admits
+// nothing more (a cluster started afresh has no blind node: see rpc's
+// blindWin).
+func TestAllBlindAdmitNothingMore(t *testing.T) {
 	const limit = 30
 	bases := map[string]int64{"a": 5, "b": 5, "c": 5}
 	a, _ := NewAllocator(3, 1, limit, bases, nil, true)
@@ -175,7 +176,26 @@ func TestAllBlindStartsAfresh(t *testing.T) {
 		gs = append(gs, g...)
 	}
 	spent := grantAll(hs, gs)
-	if a.Learning() || spent["a"] != 0 || hs["a"].Slice() < 20 {
-		t.Fatalf("learning %v, a spent %d, slice %d; want 0 and at least 20", a.Learning(), spent["a"], hs["a"].Slice())
+	if a.Learning() || spent["a"] != limit || hs["a"].Slice()-spent["a"] > 0 || a.Free() != 0 {
+		t.Fatalf("learning %v, a spent %d, slice %d, free %d; want the limit spent, nothing more", a.Learning(), spent["a"], hs["a"].Slice(), a.Free())
+	}
+	// What a former allocator handed over bounds them instead: a had 30,
+	// b and c nothing.
+	a2, _ := NewAllocator(4, 1, limit, bases, nil, true)
+	a2.Inherit(map[string]int64{"a": 30, "b": 0, "c": 0})
+	for i, r := range []string{"a", "b", "c"} {
+		hs[r] = NewHolder(r, 1, 5)
+		hs[r].StartBlind(uint64(20 + i))
+	}
+	a2.OnRequest(hs["b"].Request(20, 0))
+	gs = nil
+	for _, l := range a2.Pending() {
+		k, _ := hs[l.Region].OnLower(l, 0)
+		g, _ := a2.OnAck(k)
+		gs = append(gs, g...)
+	}
+	spent = grantAll(hs, gs)
+	if spent["b"] != 0 || a2.Record("a") != 30 || hs["b"].Slice() != 0 {
+		t.Fatalf("inherited: b spent %d slice %d, a's record %d; want 0, 0 (the limit was a's), 30", spent["b"], hs["b"].Slice(), a2.Record("a"))
 	}
 }

@@ -305,31 +305,21 @@ func (a *Allocator) seeBlind(r string, nonce uint64, consumed int64) {
 // record, if more. Every region has reported, so the records are the
 // reports. With two blind regions each is counted at that rest: the
 // pool goes below 0 and grants nothing until what comes back covers it
-// (under-admission, never over). When every region is blind, no live
-// process can know what the window admitted (a cluster started afresh,
-// or every region's only node restarted within the window and no check
-// of the key came since in any region): as for a whole cluster stopped
-// without its state, the window starts afresh, each region counted at
-// what it reports (a fresh cluster's first window would otherwise admit
-// nothing).
+// (under-admission, never over). When every region is blind (every
+// region's only node restarted within the window, and no check of the
+// key came since in any region), the rest is the whole limit: only what
+// former allocators handed over lets the window admit more.
 func (a *Allocator) learnt() {
 	rest := a.limit
-	blind, sighted := false, false
+	blind := false
 	for _, r := range a.regions {
 		if a.blind[r] == 0 {
 			rest -= a.counted(r)
-			sighted = true
 		} else {
 			blind = true
 		}
 	}
 	if !blind {
-		return
-	}
-	if !sighted && len(a.inherit) == 0 {
-		for _, r := range a.regions {
-			a.spent[r] = max(a.record[r], 0)
-		}
 		return
 	}
 	for _, r := range a.regions {
@@ -352,7 +342,10 @@ func (a *Allocator) learnt() {
 // other regions' reports leave of the limit (learnt), so that a window
 // whose every region restarted (a rolling deploy of a region's only node
 // per region) is not taken for a cluster started afresh. Bounds of
-// several former allocators: the largest is kept per region.
+// several former allocators: the largest is kept per region. Sound only
+// when every former allocator of the window that may have granted
+// handed over (a bound of one allocator says nothing of what a later one
+// granted): the caller keeps the chain whole or hands over nothing.
 func (a *Allocator) Inherit(bounds map[string]int64) {
 	if a.inherit == nil {
 		a.inherit = map[string]int64{}
@@ -376,10 +369,14 @@ func (a *Allocator) Inherit(bounds map[string]int64) {
 func (a *Allocator) Bounds() map[string]int64 {
 	out := make(map[string]int64, len(a.regions))
 	for _, r := range a.regions {
+		// Not known: a region that has not reported while learning, or a
+		// blind one not counted yet (its report says only what its new
+		// process admitted).
+		unknown := a.Learning() && (!a.known[r] || a.blind[r] != 0)
 		switch b, ok := a.inherit[r]; {
-		case a.Learning() && !a.known[r] && ok:
-			out[r] = min(b, a.limit)
-		case a.Learning() && !a.known[r]:
+		case unknown && ok:
+			out[r] = min(max(b, a.counted(r)), a.limit)
+		case unknown:
 			out[r] = a.limit
 		default:
 			out[r] = a.counted(r)
@@ -635,10 +632,18 @@ func (a *Allocator) OnRequest(r Request) (grants []Grant, lowers []Lower) {
 // left in the pool while a region waits is capacity no one admits with. A region
 // whose Lower awaits its Ack gets nothing until it answered.
 func (a *Allocator) grantWaiting() []Grant {
-	if a.Learning() || a.closed || a.free < 0 {
+	if a.Learning() || a.closed {
 		return nil
 	}
 	raised := map[string]int64{}
+	if a.free < 0 {
+		// Over-committed (holders made afresh over what their window
+		// had admitted, blind regions counted at the rest): nothing is
+		// raised until what comes back covers it, but a region whose
+		// record is above what it holds is still told it (a blind one
+		// waits for its spent).
+		return a.behind(raised, true)
+	}
 	give := func(r string, n int64) {
 		before := a.counted(r)
 		a.record[r] += n // recorded before it is sent
@@ -665,6 +670,14 @@ func (a *Allocator) grantWaiting() []Grant {
 			give(r, n)
 		}
 	}
+	return a.behind(raised, false)
+}
+
+// behind returns the Grants of grantWaiting: to each region raised, and
+// to each waiting region whose last request said it holds less than its
+// record; only to blind ones when over (the pool below 0: their grant
+// says they spent their record, so it lets them admit nothing).
+func (a *Allocator) behind(raised map[string]int64, over bool) []Grant {
 	var out []Grant
 	for _, r := range a.regions {
 		// A waiting region whose last request said it holds less than
@@ -672,6 +685,9 @@ func (a *Allocator) grantWaiting() []Grant {
 		// carry, a holder made afresh) is granted its record too: the
 		// record counts in the pool already.
 		behind := a.waiting[r] > 0 && a.said[r] < a.record[r] && a.lowerAt[r] == 0
+		if over && a.spentFor(r) < a.record[r] {
+			behind = false
+		}
 		if raised[r] > 0 || behind {
 			a.seq[r]++
 			a.said[r] = a.record[r]
