@@ -199,3 +199,34 @@ func TestAllBlindAdmitNothingMore(t *testing.T) {
 		t.Fatalf("inherited: b spent %d slice %d, a's record %d; want 0, 0 (the limit was a's), 30", spent["b"], hs["b"].Slice(), a2.Record("a"))
 	}
 }
+
+// A bucket's lease (its record is a share of the rate, not hits spent):
+// when every region is blind, a learning allocator divides the rest among
+// them (each drains its bucket), so the shares still add up to at most
+// the rate: counted each at the whole limit, as a window's are, they
+// would refill at three times it.
+func TestAllBlindBucketSharesTheRate(t *testing.T) {
+	const limit = 30
+	bases := map[string]int64{"a": 5, "b": 5, "c": 5}
+	a, _ := NewAllocator(5, BucketLease, limit, bases, nil, true)
+	hs := map[string]*Holder{}
+	for i, r := range []string{"a", "b", "c"} {
+		hs[r] = NewHolder(r, BucketLease, 5)
+		hs[r].StartBlind(uint64(30 + i))
+		a.OnRequest(hs[r].Request(20, 0))
+	}
+	var gs []Grant
+	for _, l := range a.Pending() {
+		k, _ := hs[l.Region].OnLower(l, 0)
+		g, _ := a.OnAck(k)
+		gs = append(gs, g...)
+	}
+	grantAll(hs, gs)
+	var sum int64
+	for _, h := range hs {
+		sum += h.Slice()
+	}
+	if a.Learning() || sum > limit {
+		t.Fatalf("learning %v, shares %d+%d+%d = %d of the rate %d", a.Learning(), hs["a"].Slice(), hs["b"].Slice(), hs["c"].Slice(), sum, limit)
+	}
+}

@@ -322,9 +322,25 @@ func (a *Allocator) learnt() {
 	if !blind {
 		return
 	}
+	nBlind := int64(0)
+	for _, r := range a.regions {
+		if a.blind[r] != 0 {
+			nBlind++
+		}
+	}
 	for _, r := range a.regions {
 		if a.blind[r] != 0 {
 			bound := rest
+			if a.window == BucketLease {
+				// A bucket's record is a share of its rate, not hits
+				// spent: the blind regions share the rest (each drains its
+				// bucket: see rpc's drain), so the shares still add up to
+				// at most the rate.
+				bound = max(rest, 0) / nBlind
+				a.spent[r] = max(bound, 0)
+				a.record[r] = a.spent[r]
+				continue
+			}
 			if b, ok := a.inherit[r]; ok {
 				bound = min(bound, b)
 			}
@@ -685,8 +701,8 @@ func (a *Allocator) behind(raised map[string]int64, over bool) []Grant {
 		// carry, a holder made afresh) is granted its record too: the
 		// record counts in the pool already.
 		behind := a.waiting[r] > 0 && a.said[r] < a.record[r] && a.lowerAt[r] == 0
-		if over && a.spentFor(r) < a.record[r] {
-			behind = false
+		if over && (a.window == BucketLease || a.spentFor(r) < a.record[r]) {
+			behind = false // a bucket's record is a rate: telling it is granting it
 		}
 		if raised[r] > 0 || behind {
 			a.seq[r]++

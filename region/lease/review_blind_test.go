@@ -162,7 +162,7 @@ func TestReviewTwoBlindRegionsWithRecords(t *testing.T) {
 	hs := map[string]*Holder{"a": NewHolder("a", 1, 5), "b": NewHolder("b", 1, 5), "c": NewHolder("c", 1, 5)}
 	k, _ := hs["c"].OnLower(al.lower("c", 0), 0)
 	al.OnAck(k)
-	grantAll(hs, must(al.OnRequest(hs["a"].Request(5, 0)))) // a: 10
+	grantAll(hs, must(al.OnRequest(hs["a"].Request(5, 0))))  // a: 10
 	grantAll(hs, must(al.OnRequest(hs["b"].Request(15, 0)))) // b: up to 20
 	admitted := hs["a"].Slice() + hs["b"].Slice()
 	for i, r := range []string{"a", "b"} {
