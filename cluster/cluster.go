@@ -175,6 +175,11 @@ type Cluster struct {
 	// oldSelf is set when a join attempt was refused because another
 	// process of this name was alive or suspect (see NotifyMerge).
 	oldSelf atomic.Pointer[oldSelf]
+	// selfBefore is set when, before this node joined, a member list to
+	// merge held this node's name (another process of it, in any state:
+	// see KnownBefore).
+	selfBefore atomic.Bool
+	instance   string // this process's instance id (md.Instance; immutable)
 	// nameTakenAfter: how long another process of this name may stay alive
 	// (not suspect) in the cluster's view before Join gives up with
 	// ErrNameTaken: a crashed one turns suspect within a few probe
@@ -275,8 +280,8 @@ func New(cfg Config) (*Cluster, error) {
 	}
 	c := &Cluster{name: cfg.Name, log: cfg.Logger.With("node", cfg.Name), changes: make(chan struct{}, 1),
 		nodes: map[string]memberlist.Node{}, keyring: keyring, reconnect: newReconnector(cfg.ReconnectInterval, cfg.ReconnectTimeout),
-		regions: cfg.Regions,
-		md:      metadata{GRPCAddr: cfg.GRPCAddr, Region: cfg.Region, Version: cfg.Version, Instance: instance, Regions: cfg.Regions, Since: cfg.Since}}
+		regions: cfg.Regions, instance: instance,
+		md: metadata{GRPCAddr: cfg.GRPCAddr, Region: cfg.Region, Version: cfg.Version, Instance: instance, Regions: cfg.Regions, Since: cfg.Since}}
 	c.delegate.meta.Store(&meta)
 	mc.Delegate = &c.delegate
 	mc.Alive = (*admission)(c)
@@ -674,6 +679,13 @@ func (a *admission) NotifyAlive(n *memberlist.Node) error { return a.admit(n) }
 // not yet dead).
 func (a *admission) NotifyMerge(peers []*memberlist.Node) error {
 	for _, n := range peers {
+		if n.Name == a.name && !a.joined.Load() {
+			// Another process of this name (not this one, which an
+			// earlier attempt of this join may have told the peer of).
+			if md, err := decodeMeta(n.Meta); err != nil || md.Instance != a.instance {
+				a.selfBefore.Store(true)
+			}
+		}
 		if n.Name == a.name && !a.joined.Load() && n.Address() != a.gossipAddr &&
 			(n.State == memberlist.StateAlive || n.State == memberlist.StateSuspect) {
 			st := "alive"
@@ -689,6 +701,12 @@ func (a *admission) NotifyMerge(peers []*memberlist.Node) error {
 	}
 	return nil
 }
+
+// KnownBefore reports whether the cluster this node joined knew another
+// process of its name (alive, suspect, dead or gone: memberlist keeps a
+// departed member for GossipToTheDeadTime, 30 s on a LAN) when it
+// joined: an earlier process of this node ran in the cluster.
+func (c *Cluster) KnownBefore() bool { return c.selfBefore.Load() }
 
 // errOldSelf refuses a join while another process of this node's name is
 // alive or suspect in the cluster's view.

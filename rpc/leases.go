@@ -451,14 +451,18 @@ func (l *leases) blindWin(e *holderEntry, id int64) bool {
 const foundingGrace = 15 * time.Second
 
 // founder reports, at this node's first view with other members, whether
-// it is one of its cluster's first nodes: no member it meets says the
+// it is one of its cluster's first nodes: the cluster knew no earlier
+// process of its name when it joined (memberlist keeps a departed member
+// for 30 s, longer than foundingGrace), and no member it meets says the
 // cluster began more than foundingGrace before this node started
 // (cluster.Member.Since). A first node had no earlier process in its
 // region whose counts it could have lost; a cluster stopped whole and
 // started again is a new cluster, whose counts start afresh unless its
-// nodes keep state (docs/persistence.md). A node that restarts within
-// foundingGrace of its cluster's first start is taken for a first node.
+// nodes keep state (docs/persistence.md).
 func (l *leases) founder(v *view) bool {
+	if kb := l.s.knownBefore; kb != nil && kb() {
+		return false // the cluster knew an earlier process of this node
+	}
 	own := time.Unix(0, l.hist.Load().started).UnixMilli()
 	earliest := own
 	for _, m := range v.all {

@@ -196,9 +196,13 @@ type Server struct {
 	// standInSignal asks the stand-in loop to hand on stand-in hits now.
 	standInSignal chan struct{}
 	instance      atomic.Pointer[string] // this node's gossiped instance id
-	lastInput     []cluster.Member       // the member list SetMembers was last given; guarded by setMu
-	bgCancel      context.CancelFunc
-	bg            sync.WaitGroup
+	// knownBefore reports whether the cluster knew another process of
+	// this node's name when it joined (cluster.Cluster.KnownBefore; nil
+	// without gossip: no).
+	knownBefore func() bool
+	lastInput   []cluster.Member // the member list SetMembers was last given; guarded by setMu
+	bgCancel    context.CancelFunc
+	bg          sync.WaitGroup
 
 	stats     counters
 	peerStats *forward.Stats // Forward calls per peer

@@ -211,6 +211,7 @@ func newCluster(cfg NodeConfig, advertised string, srv *Server) (*cluster.Cluste
 	}
 	inst := cl.Instance()
 	srv.instance.Store(&inst)
+	srv.knownBefore = cl.KnownBefore
 	return cl, nil
 }
 
