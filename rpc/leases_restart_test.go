@@ -230,3 +230,33 @@ func TestRollingDeployWithoutChecksBetweenRestarts(t *testing.T) {
 		t.Fatalf("after the rolling deploy: %d more admitted in the hour, %d of %d", more, limit+more, limit)
 	}
 }
+
+// A limit changed across a restart (the deploy brought a new limits
+// file): the restarted node's holder is blind and of the new limit; the
+// allocator of the new limit learns, and counts the region at what the
+// other regions' reports leave of it. Lowered from 30 to 20 after 30
+// were admitted, the key admits nothing more in the hour; raised to 60,
+// at most 30 more (the window admits at most the new limit).
+func TestLimitChangedAcrossARestart(t *testing.T) {
+	for _, newLimit := range []int64{20, 60} {
+		t.Run(fmt.Sprintf("30-to-%d", newLimit), func(t *testing.T) {
+			clock := windowClock()
+			regions, _ := region.Parse("a,b,c")
+			byRegion := startRegions(t, "a,b,c", 1, NodeConfig{Clock: clock})
+			clock.Advance(time.Duration(standReach(time.Hour)+3) * time.Hour)
+			a := byRegion["a"][0]
+			rc := &sluicev1.RateLimitCheck{Name: "api", Key: "changed", Limit: 30, WindowMs: 3_600_000}
+			if got := leaseCheckUntil(t, byRegion["a"], rc, 30, 10*time.Second); got != 30 {
+				t.Fatalf("before the restart: a admitted %d", got)
+			}
+			clock.Advance(10 * time.Second)
+			a2 := restartInproc(t, a, NodeConfig{Name: a.name, Region: "a", Regions: regions, Clock: clock}, true)
+			rc.Limit = newLimit
+			more := leaseFlood(t, []*inprocNode{a2, byRegion["b"][0], byRegion["c"][0]}, rc, 2*time.Second)
+			if 30+int64(more) > max(30, newLimit) {
+				t.Fatalf("limit %d after the restart: %d more, %d in the hour", newLimit, more, 30+more)
+			}
+			t.Logf("limit 30 then %d across a restart: %d more, %d in the hour", newLimit, more, 30+more)
+		})
+	}
+}
