@@ -33,6 +33,19 @@ func restartInproc(t *testing.T, old *inprocNode, cfg NodeConfig, graceful bool)
 	c.nodes = slices.DeleteFunc(c.nodes, func(n *inprocNode) bool { return n == old })
 	c.mu.Unlock()
 	n := c.start(cfg)
+	// The others' connections to the old process may be backing off
+	// after its death (the address is the same): reconnect them at once,
+	// as a real peer's next dial would after its backoff.
+	c.mu.Lock()
+	nodes := slices.Clone(c.nodes)
+	c.mu.Unlock()
+	for _, o := range nodes {
+		if p := o.srv.view.Load().peers[old.name]; p != nil {
+			if cc, ok := p.Conn().(interface{ ResetConnectBackoff() }); ok {
+				cc.ResetConnectBackoff()
+			}
+		}
+	}
 	c.join()
 	return n
 }
