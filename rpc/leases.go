@@ -207,6 +207,10 @@ type holderEntry struct {
 // holderWin is a KeyHolder's side of one window.
 type holderWin = lease.WindowHolder
 
+// maxInherited bounds the keys' windows whose hand-overs a node keeps
+// (a hand-over more is dropped: see onHandOver).
+const maxInherited = 1 << 17
+
 // inheritEntry is what former allocators handed over for one key's
 // window (see onHandOver): each region's bound, for the limit they had.
 type inheritEntry struct {
@@ -1344,6 +1348,11 @@ func (l *leases) onHandOver(sk []byte, m *sluicev1.LeaseMessage) {
 	l.amu.Lock()
 	defer l.amu.Unlock()
 	in := l.inherited[k]
+	if in == nil && len(l.inherited) >= maxInherited {
+		// Bounded: a bound dropped leaves a blind region counted at what
+		// the other regions' reports leave (under-admission, never over).
+		return
+	}
 	if in == nil || in.limit != m.Limit {
 		in = &inheritEntry{name: m.Name, key: m.Key, sliding: m.Sliding, limit: m.Limit, window: time.Duration(m.WindowMs) * time.Millisecond, bounds: map[string]int64{}}
 		l.inherited[k] = in
