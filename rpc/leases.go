@@ -98,6 +98,8 @@ type leases struct {
 	// another member, or a leave's state file restored).
 	blindBefore  atomic.Int64
 	blindSettled atomic.Bool
+	// shared: at its first view, this node's region had another member.
+	shared atomic.Bool
 	// since is when this node's cluster began as far as it knows (ms on
 	// the store's clock): its start, lowered to the earliest Since of the
 	// members it meets (cluster.Member.Since); gossiped in its metadata.
@@ -430,9 +432,20 @@ func (l *leases) win(e *holderEntry, id int64) *holderWin {
 // is counted as having spent (lease.Holder.StartBlind): under-admission
 // in that window, never over.
 func (l *leases) blindWin(e *holderEntry, id int64) bool {
+	if l.orphan(e, id) {
+		return true
+	}
 	before := l.blindBefore.Load()
 	if before == 0 {
 		return false
+	}
+	if l.shared.Load() {
+		// Its region had another member: a key that came back with its
+		// state (hand-off, pull, copy) is known; one with none here may
+		// have been counted by a member that is gone since.
+		if _, held := l.s.store.Get(string(ring.Key(nil, e.name, e.key))); held {
+			return false
+		}
 	}
 	switch {
 	case id == bucketLease:
@@ -485,6 +498,39 @@ func (s *Server) clusterSince() int64 {
 		return s.leases.since.Load()
 	}
 	return s.store.Now().UnixMilli()
+}
+
+// orphan reports whether e's key came to this node, in window id, from
+// an owner that is gone from its region's ring (it died, or left without
+// handing the key over) and left nothing here: no copy of the key, no
+// state handed off or pulled. Its count in the window is unknown (the
+// copy a replica held may itself have been lost, e.g. with a replica
+// node that restarted since the key last changed), so the holder is
+// blind, as a restarted region's only node's are (unknown means spent:
+// under-admission of the region's unused slice, never over). A key that
+// comes with state (a copy within the crash bound, or a hand-off) is not.
+func (l *leases) orphan(e *holderEntry, id int64) bool {
+	h := l.hist.Load()
+	if h.prev == nil || h.ownChanged == 0 {
+		return false
+	}
+	start := id * int64(e.Window)
+	switch {
+	case id == bucketLease:
+		start = l.s.store.Now().UnixNano() - int64(max(e.Window, time.Second))
+	case e.sliding:
+		start -= int64(e.Window)
+	}
+	if h.ownChanged <= start {
+		return false // the key's owner changed before the window began
+	}
+	sk := ring.Key(nil, e.name, e.key)
+	prev := h.prev.Owner(sk)
+	if prev == l.s.name || h.ring == nil || h.ring.Has(prev) {
+		return false // this node's before, or its owner is still here and hands it over
+	}
+	_, held := l.s.store.Get(string(sk))
+	return !held
 }
 
 // knowsState settles that this process knows what its region admitted
@@ -1618,7 +1664,11 @@ func (l *leases) viewChanged(v *view) {
 		// The first view that holds another member: this node has joined.
 		// A region of its own alone: nobody holds its keys' counts,
 		// unless the cluster began with this node (see founder).
-		if len(v.members) > 1 || l.founder(v) {
+		// With another member of its region, the keys' counts come back
+		// from it (hand-off, pull) unless it lost them too: a key with no
+		// state here is blind (blindWin).
+		l.shared.Store(len(v.members) > 1)
+		if l.founder(v) {
 			l.knowsState()
 		} else {
 			l.blindSettled.Store(true)
