@@ -612,6 +612,18 @@ func (s *Server) setMembersLocked(members []cluster.Member) error {
 	}
 	s.view.Store(&view{ring: up.Ring, members: ms, peers: peers, epoch: up.Epoch, bootstrap: s.rings.Bootstrap(),
 		home: home, all: s.membersOf(members), rings: others})
+	if !leaving && s.replication.Factor > 0 && !up.Changed && restartedMember(old.members, ms, s.name) {
+		// A member of the ring is another process than before (it was
+		// restarted before the cluster declared the old one dead, so the
+		// ring did not change and the replication loop does not copy
+		// every key again): the copies it held went with the old
+		// process. Every key this node owns is copied again, so that a
+		// copy of an unchanged key is not missing when its owner dies
+		// next (issue 35: two nodes per region killed in turn lost the
+		// keys' counts that way).
+		r := up.Ring
+		s.bg.Go(func() { s.recopy(r) })
+	}
 	if s.leases != nil {
 		s.leases.viewChanged(s.view.Load())
 	}
@@ -1129,6 +1141,31 @@ func (s *Server) applyOwned(storeKey []byte, c window.Check, now time.Time) *slu
 	// was refused: not an answer of the key's window.
 	pd.Degraded = d.NoRoom
 	return pd
+}
+
+// restartedMember reports whether a member of now other than self was in
+// before under another instance (another process of its name).
+func restartedMember(before, now []cluster.Member, self string) bool {
+	inst := make(map[string]string, len(before))
+	for _, m := range before {
+		inst[m.Name] = m.Instance
+	}
+	for _, m := range now {
+		if old, ok := inst[m.Name]; ok && m.Name != self && m.Instance != "" && old != "" && old != m.Instance {
+			return true
+		}
+	}
+	return false
+}
+
+// recopy marks every key this node owns under ring r as changed, so that
+// the replication loop copies it to its replicas.
+func (s *Server) recopy(r *ring.Ring) {
+	for k := range s.store.All() {
+		if r.Owner([]byte(k)) == s.name {
+			s.dirty.Add([]byte(k))
+		}
+	}
 }
 
 // storeClock reads the clock of a store, so the fallback windows share
