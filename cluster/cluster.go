@@ -508,23 +508,13 @@ func toMember(n *memberlist.Node) (Member, error) {
 // waiting up to timeout for it to go out; a later time than the one it
 // says changes nothing. It returns an error once gossip has stopped.
 func (c *Cluster) SetSince(since int64, timeout time.Duration) error {
-	c.metaMu.Lock()
-	defer c.metaMu.Unlock()
-	if since <= 0 || (c.md.Since != 0 && c.md.Since <= since) {
-		return nil
-	}
-	md := c.md
-	md.Since = since
-	b, err := encodeMeta(md)
-	if err != nil {
-		return err
-	}
-	if c.closed.Load() {
-		return errors.New("cluster: gossip stopped")
-	}
-	c.md = md
-	c.delegate.meta.Store(&b)
-	return c.list.UpdateNode(timeout)
+	return c.updateMeta(timeout, func(md *metadata) bool {
+		if since <= 0 || (md.Since != 0 && md.Since <= since) {
+			return false
+		}
+		md.Since = since
+		return true
+	})
 }
 
 // SetRing publishes this node's ring (fingerprint, member-set hash and
@@ -532,13 +522,26 @@ func (c *Cluster) SetSince(since int64, timeout time.Duration) error {
 // it to go out. Nothing is sent when they did not change. It returns an
 // error when the metadata would be too large or gossip has stopped.
 func (c *Cluster) SetRing(fingerprint, membersHash string, epoch uint64, timeout time.Duration) error {
+	return c.updateMeta(timeout, func(md *metadata) bool {
+		if md.RingFP == fingerprint && md.RingMembers == membersHash && md.RingEpoch == epoch {
+			return false
+		}
+		md.RingFP, md.RingMembers, md.RingEpoch = fingerprint, membersHash, epoch
+		return true
+	})
+}
+
+// updateMeta applies change to a copy of this node's metadata and, when it
+// reports a change, gossips the result, waiting up to timeout for it to go
+// out. It returns an error when the metadata would be too large or gossip
+// has stopped (the metadata then stays as it was).
+func (c *Cluster) updateMeta(timeout time.Duration, change func(*metadata) bool) error {
 	c.metaMu.Lock()
 	defer c.metaMu.Unlock()
-	if c.md.RingFP == fingerprint && c.md.RingMembers == membersHash && c.md.RingEpoch == epoch {
+	md := c.md
+	if !change(&md) {
 		return nil
 	}
-	md := c.md
-	md.RingFP, md.RingMembers, md.RingEpoch = fingerprint, membersHash, epoch
 	b, err := encodeMeta(md)
 	if err != nil {
 		return err

@@ -908,7 +908,13 @@ func (l *leases) flush(ctx context.Context) {
 	}
 	l.outbox = map[string][]*sluicev1.LeaseMessage{}
 	l.omu.Unlock()
-	v := l.s.view.Load()
+	l.deliver(ctx, l.s.view.Load(), out, l.s.bg.Go)
+}
+
+// deliver sends each destination's messages of out in Lease calls of at
+// most maxLeaseBatch, each run by spawn (this node's own are handled
+// directly), and handles the replies; a call's round trip feeds rtt.
+func (l *leases) deliver(ctx context.Context, v *view, out map[string][]*sluicev1.LeaseMessage, spawn func(func())) {
 	for to, msgs := range out {
 		if to == l.s.name {
 			for _, rep := range l.handle(msgs) {
@@ -926,7 +932,7 @@ func (l *leases) flush(ctx context.Context) {
 			msgs = msgs[n:]
 			l.st.calls.Add(1)
 			l.st.sent.Add(int64(n))
-			l.s.bg.Go(func() {
+			spawn(func() {
 				cctx, cancel := context.WithTimeout(ctx, l.s.forwardTimeout)
 				defer cancel()
 				began := time.Now()
@@ -1222,35 +1228,11 @@ func (l *leases) giveBackRound(ctx context.Context, v *view) int {
 	return len(msgs)
 }
 
-// sendWait sends each destination's messages (this node's own to itself,
-// directly) and waits for the calls, bounded by ctx; their replies are
-// not used.
+// sendWait delivers each destination's messages (see deliver) and waits
+// for the calls, bounded by ctx.
 func (l *leases) sendWait(ctx context.Context, v *view, byNode map[string][]*sluicev1.LeaseMessage) {
 	var wg sync.WaitGroup
-	for to, ms := range byNode {
-		if to == l.s.name {
-			l.handle(ms)
-			continue
-		}
-		p := v.peers[to]
-		if p == nil {
-			continue
-		}
-		for len(ms) > 0 {
-			n := min(len(ms), maxLeaseBatch)
-			batch := ms[:n]
-			ms = ms[n:]
-			l.st.calls.Add(1)
-			l.st.sent.Add(int64(n))
-			wg.Go(func() {
-				cctx, cancel := context.WithTimeout(ctx, l.s.forwardTimeout)
-				defer cancel()
-				if _, err := p.Client().Lease(cctx, &sluicev1.LeaseRequest{Sender: l.s.name, Messages: batch}); err != nil {
-					l.st.callErrors.Add(1)
-				}
-			})
-		}
-	}
+	l.deliver(ctx, v, byNode, wg.Go)
 	wg.Wait()
 }
 
