@@ -156,6 +156,7 @@ var (
 	}{
 		{prometheus.NewDesc("sluice_degraded_checks_total", "Checks answered per on_owner_unavailable because their owner could not be reached (under local, decided by the owner's stand-in holder and counted).", nil, nil), func(st Stats) int64 { return st.Degraded }},
 		{prometheus.NewDesc("sluice_stand_in_admitted_hits_total", "Hits this node admitted in the stead of an unreachable owner (counted in its fallback window of the key, handed to the key's owner).", nil, nil), func(st Stats) int64 { return st.StandInAdmitted }},
+		{prometheus.NewDesc("sluice_stand_in_leased_denied_checks_total", "Global checks of leased limits a stand-in denied while their owner in this region could not be reached (a stand-in holds none of the region's slice).", nil, nil), func(st Stats) int64 { return st.StandInLeasedDenied }},
 		{prometheus.NewDesc("sluice_stand_in_forwarded_checks_total", "Checks this node sent to an unreachable owner's stand-in holder.", nil, nil), func(st Stats) int64 { return st.StandInForwarded }},
 		{prometheus.NewDesc("sluice_stand_in_returned_keys_total", "Keys whose stand-in hits went to their owner (or into this node's window once it owned the key).", nil, nil), func(st Stats) int64 { return st.StandInReturned }},
 		{prometheus.NewDesc("sluice_expired_checks_total", "Forwarded checks not applied because they reached this node, their owner, after the sender's deadline (the sender answered them without it).", nil, nil), func(st Stats) int64 { return st.Expired }},

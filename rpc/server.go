@@ -247,9 +247,9 @@ type view struct {
 type counters struct {
 	localChecks, forwardedChecks, noConnection, receivedRPCs, receivedChecks atomic.Int64
 
-	reforwarded, notOwnerApplied, viewMismatch, ringMismatch             atomic.Int64
-	degraded, replicaBehind, replicated                                  atomic.Int64
-	standInAdmitted, standInReturned, standInForwarded, expired, refunds atomic.Int64
+	reforwarded, notOwnerApplied, viewMismatch, ringMismatch                            atomic.Int64
+	degraded, replicaBehind, replicated                                                 atomic.Int64
+	standInAdmitted, standInReturned, standInForwarded, standInLeased, expired, refunds atomic.Int64
 }
 
 // PeerStats counts the Forward calls made to one peer: of every kind
@@ -354,8 +354,10 @@ type Stats struct {
 	// counted in its fallback window of the key; StandInForwarded: checks
 	// this node sent to an unreachable owner's stand-in holder;
 	// StandInReturned: keys whose stand-in hits went to their owner (or
-	// into this node's own window once it owned the key).
-	StandInAdmitted, StandInForwarded, StandInReturned int64
+	// into this node's own window once it owned the key);
+	// StandInLeasedDenied: leased global checks a stand-in denied (it
+	// holds none of the region's slice: unknown means spent).
+	StandInAdmitted, StandInForwarded, StandInReturned, StandInLeasedDenied int64
 	// Expired: forwarded checks this node, as owner, did not apply because
 	// they came after the sender's deadline (the sender answered them
 	// without it).
@@ -397,33 +399,34 @@ func (s *Server) Stats() Stats {
 		ReceivedChecks:  s.stats.receivedChecks.Load(),
 		Peers:           s.peerStatsSnapshot(),
 
-		RingEpoch:         s.view.Load().epoch,
-		Reforwarded:       s.stats.reforwarded.Load(),
-		NotOwnerApplied:   s.stats.notOwnerApplied.Load(),
-		ViewMismatch:      s.stats.viewMismatch.Load(),
-		RingMismatch:      s.stats.ringMismatch.Load(),
-		Degraded:          s.stats.degraded.Load(),
-		MovedWithoutState: s.handoff.Counters.MovedWithoutState.Load(),
-		OwnerLost:         s.handoff.Counters.OwnerLost.Load(),
-		ReplicaBehind:     s.stats.replicaBehind.Load(),
-		EvictedLive:       s.store.Stats().EvictedLive,
-		KeysRefused:       s.store.Stats().Refused,
-		InflightRefused:   s.inflight.refused.Load(),
-		HandOffRefused:    s.handoff.Counters.Refused.Load(),
-		HandOffTimeouts:   s.custody.Stats().HandOffTimeouts,
-		HandedOff:         s.handoff.Counters.HandedOff.Load(),
-		ReceivedHandOff:   s.handoff.Counters.Received.Load(),
-		HandOffErrors:     s.handoff.Counters.Errors.Load(),
-		Pulls:             s.handoff.Counters.Pulls.Load(),
-		ReplicaTakeovers:  s.handoff.Counters.Takeovers.Load(),
-		ReplicaReturned:   s.custody.Stats().ReplicaReturned,
-		Replicated:        s.stats.replicated.Load(),
-		Replicas:          s.replicas.Len(),
-		StandInAdmitted:   s.stats.standInAdmitted.Load(),
-		StandInForwarded:  s.stats.standInForwarded.Load(),
-		StandInReturned:   s.stats.standInReturned.Load() + s.handoff.Counters.StandInReturned.Load(),
-		Expired:           s.stats.expired.Load(),
-		Refunds:           s.stats.refunds.Load(),
+		RingEpoch:           s.view.Load().epoch,
+		Reforwarded:         s.stats.reforwarded.Load(),
+		NotOwnerApplied:     s.stats.notOwnerApplied.Load(),
+		ViewMismatch:        s.stats.viewMismatch.Load(),
+		RingMismatch:        s.stats.ringMismatch.Load(),
+		Degraded:            s.stats.degraded.Load(),
+		MovedWithoutState:   s.handoff.Counters.MovedWithoutState.Load(),
+		OwnerLost:           s.handoff.Counters.OwnerLost.Load(),
+		ReplicaBehind:       s.stats.replicaBehind.Load(),
+		EvictedLive:         s.store.Stats().EvictedLive,
+		KeysRefused:         s.store.Stats().Refused,
+		InflightRefused:     s.inflight.refused.Load(),
+		HandOffRefused:      s.handoff.Counters.Refused.Load(),
+		HandOffTimeouts:     s.custody.Stats().HandOffTimeouts,
+		HandedOff:           s.handoff.Counters.HandedOff.Load(),
+		ReceivedHandOff:     s.handoff.Counters.Received.Load(),
+		HandOffErrors:       s.handoff.Counters.Errors.Load(),
+		Pulls:               s.handoff.Counters.Pulls.Load(),
+		ReplicaTakeovers:    s.handoff.Counters.Takeovers.Load(),
+		ReplicaReturned:     s.custody.Stats().ReplicaReturned,
+		Replicated:          s.stats.replicated.Load(),
+		Replicas:            s.replicas.Len(),
+		StandInAdmitted:     s.stats.standInAdmitted.Load(),
+		StandInForwarded:    s.stats.standInForwarded.Load(),
+		StandInLeasedDenied: s.stats.standInLeased.Load(),
+		StandInReturned:     s.stats.standInReturned.Load() + s.handoff.Counters.StandInReturned.Load(),
+		Expired:             s.stats.expired.Load(),
+		Refunds:             s.stats.refunds.Load(),
 	}
 	if l := s.leases; l != nil {
 		st.LeaseRequests, st.LeaseGrants, st.LeaseGrantedHits = l.st.requests.Load(), l.st.grants.Load(), l.st.grantedHits.Load()

@@ -87,6 +87,17 @@ func (s *Server) standInDecide(key []byte, r request, owner string) *sluicev1.De
 		d.Degraded = true
 		return d
 	}
+	if r.leased {
+		// Unknown means spent: the region's slice of a leased global key
+		// is its owner's lease, which a stand-in does not hold. The
+		// allocator may have lowered the region below its base (what it
+		// gave away is spent elsewhere), so any admission here may be
+		// beyond the limit. Denied, counting nothing, until the owner
+		// answers again or its successor takes the key (and asks the
+		// allocator what the region holds: a blind holder, blindWin).
+		s.stats.standInLeased.Add(1)
+		return s.leasedStandIn(r, s.store.Now())
+	}
 	k := string(key)
 	s.fbMu.Lock()
 	now := s.store.Now()
@@ -137,10 +148,17 @@ func (s *Server) standInDecide(key []byte, r request, owner string) *sluicev1.De
 	}
 	pd := toProto(d, s.name)
 	pd.Degraded = true
-	if r.leased {
-		pd.Slice = r.check.Limit // the region's base: a stand-in has no lease
-	}
 	return pd
+}
+
+// leasedStandIn is the answer to r, a leased global check whose owner in
+// this region cannot be reached: denied, degraded, counting nothing, with
+// slice 0 (the stand-in holds none of the region's slice). retry_after is
+// the forward timeout: the owner is expected back by then, or declared
+// dead and its keys taken by a member that asks the allocator.
+func (s *Server) leasedStandIn(r request, now time.Time) *sluicev1.Decision {
+	return &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name, Degraded: true,
+		RetryAfter: msCeil(s.forwardTimeout), ResetTime: unixMsCeil(now.Add(s.forwardTimeout))}
 }
 
 // movedTo reports whether key (a store key) moved to owner, a member of
@@ -449,11 +467,15 @@ func (s *Server) standInHolder(v *view, owner string) string {
 // say, so it never comes back here), and is decided here from this
 // node's fallback window when the holder does not answer; the answer is
 // degraded. It returns nil when the previous owner is still a member (or
-// there was none), or when the key's state is here all the same (a push
-// brought the copy: the holder has handed the key over): the caller
-// decides the key itself.
+// there was none), when the key's state is here all the same (a push
+// brought the copy: the holder has handed the key over), or for a leased
+// global key: the caller decides the key itself.
 func (s *Server) unsettledDecide(ctx context.Context, v *view, mi *custody.MovingIn, key []byte, r request) *sluicev1.Decision {
-	if mi.Prev == nil || r.pb.RefundAtNs != 0 || (s.regions != nil && s.crossRegion(&r)) {
+	if mi.Prev == nil || r.pb.RefundAtNs != 0 || r.leased || (s.regions != nil && s.crossRegion(&r)) {
+		// (A leased global key is decided here: a stand-in would deny it,
+		// and this node's holder of it, with no state of the key from a
+		// gone owner, is blind: it admits only what the allocator says
+		// its region has not spent, see leases.orphan.)
 		return nil
 	}
 	if _, ok := s.store.Get(string(key)); ok && !s.handoff.OnlyStandIns(string(key)) {
