@@ -42,6 +42,11 @@ func (s *Server) newMover() *handoff.Mover {
 		Timeout: s.handOffTimeout, PullTimeout: s.forwardTimeout / 2,
 		ReplicationFactor: s.replication.Factor, MaxKeyBytes: maxStoreKeyBytes,
 		PeerIdentity: s.peerIdentity, Logger: s.log,
+		Recopy: func(key []byte) {
+			if s.replication.Factor > 0 {
+				s.dirty.Add(key)
+			}
+		},
 	})
 }
 

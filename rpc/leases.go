@@ -2470,3 +2470,40 @@ func otherMembers(rings map[string]*ring.Ring, ms []cluster.Member) []cluster.Me
 	}
 	return out
 }
+
+// paused makes this node's leases start again as a restarted process's
+// do, keeping its windows (see Server.paused): while it did not run,
+// another region's node may have allocated its keys and handed the records
+// back, and another member of its region may have held its keys and
+// acknowledged lowers. So its allocators and standing slices are dropped
+// (the next ones learn: the regions report what they hold, and what former
+// allocators handed over is inherited), and so are its holders (the next
+// ones start unsure, at 0, and ask: the allocator's grants are absolute,
+// and their first one gives the region's record). Under-admission for a
+// lease round trip, never over. Called under s.setMu.
+func (l *leases) paused() {
+	now := l.s.store.Now().UnixNano()
+	old := l.hist.Load()
+	h := &leaseHistory{ownChanged: now, anyChanged: now, started: now, ring: old.ring, prev: old.prev,
+		live: maps.Clone(old.live), goneAt: map[string]int64{}}
+	for _, r := range l.s.regions.Regions() {
+		h.goneAt[r.Name] = now
+	}
+	l.hist.Store(h)
+	l.amu.Lock()
+	l.allocs = map[allocKey]*allocEntry{}
+	l.stands = map[string]*standEntry{}
+	l.amu.Unlock()
+	for i := range l.shards {
+		sh := &l.shards[i]
+		sh.mu.Lock()
+		sh.m = map[string]*holderEntry{}
+		sh.mu.Unlock()
+	}
+	l.hmu.Lock()
+	l.hot = map[*holderEntry]struct{}{}
+	l.hmu.Unlock()
+	l.wmu.Lock()
+	l.givers = map[time.Duration]*giverSet{}
+	l.wmu.Unlock()
+}

@@ -22,7 +22,7 @@
 //
 // # Lock order
 //
-// setMu (SetMembers, Leave, memberLeaving) → custody's gate → custody's mu
+// the pause detector's mu (pause.go) → setMu (SetMembers, Leave, memberLeaving) → custody's gate → custody's mu
 // → fbMu (the stand-in windows) → a replica shard lock → window.Store
 // shard locks, each step skippable (e.g. a stand-in decision takes fbMu,
 // then a replica shard lock). ringview's, forward's and the replica store's
@@ -55,6 +55,7 @@ import (
 	"github.com/sluicehq/sluice/rpc/internal/custody"
 	"github.com/sluicehq/sluice/rpc/internal/forward"
 	"github.com/sluicehq/sluice/rpc/internal/handoff"
+	"github.com/sluicehq/sluice/rpc/internal/pause"
 	"github.com/sluicehq/sluice/rpc/internal/replica"
 	"github.com/sluicehq/sluice/rpc/internal/ringview"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
@@ -164,6 +165,9 @@ type Server struct {
 	replication    ReplicationConfig
 	peerCreds      func(name string) credentials.TransportCredentials
 
+	// pause watches this node's run for gaps (see pause.go).
+	pause *pause.Detector
+
 	view atomic.Pointer[view]
 	// rings makes the ring of each member list (see package ringview);
 	// its writers are serialized by setMu.
@@ -247,9 +251,9 @@ type view struct {
 type counters struct {
 	localChecks, forwardedChecks, noConnection, receivedRPCs, receivedChecks atomic.Int64
 
-	reforwarded, notOwnerApplied, viewMismatch, ringMismatch                            atomic.Int64
-	degraded, replicaBehind, replicated                                                 atomic.Int64
-	standInAdmitted, standInReturned, standInForwarded, standInLeased, expired, refunds atomic.Int64
+	reforwarded, notOwnerApplied, viewMismatch, ringMismatch                                          atomic.Int64
+	degraded, replicaBehind, replicated                                                               atomic.Int64
+	standInAdmitted, standInReturned, standInForwarded, standInLeased, pausedDenied, expired, refunds atomic.Int64
 }
 
 // PeerStats counts the Forward calls made to one peer: of every kind
@@ -358,6 +362,11 @@ type Stats struct {
 	// StandInLeasedDenied: leased global checks a stand-in denied (it
 	// holds none of the region's slice: unknown means spent).
 	StandInAdmitted, StandInForwarded, StandInReturned, StandInLeasedDenied int64
+	// Pauses: the gaps in this node's run taken for pauses (a frozen
+	// process; see pause.go), each followed by a relearn of its keys;
+	// PausedDenied: checks of its keys denied after a pause because a
+	// pull of the key did not reach every other member.
+	Pauses, PausedDenied int64
 	// Expired: forwarded checks this node, as owner, did not apply because
 	// they came after the sender's deadline (the sender answered them
 	// without it).
@@ -391,6 +400,7 @@ type Stats struct {
 
 // Stats returns the routing counters.
 func (s *Server) Stats() Stats {
+	pauses, _ := s.pause.Pauses()
 	st := Stats{
 		LocalChecks:     s.stats.localChecks.Load(),
 		ForwardedChecks: s.stats.forwardedChecks.Load(),
@@ -424,6 +434,8 @@ func (s *Server) Stats() Stats {
 		StandInAdmitted:     s.stats.standInAdmitted.Load(),
 		StandInForwarded:    s.stats.standInForwarded.Load(),
 		StandInLeasedDenied: s.stats.standInLeased.Load(),
+		Pauses:              pauses,
+		PausedDenied:        s.stats.pausedDenied.Load(),
 		StandInReturned:     s.stats.standInReturned.Load() + s.handoff.Counters.StandInReturned.Load(),
 		Expired:             s.stats.expired.Load(),
 		Refunds:             s.stats.refunds.Load(),
@@ -505,6 +517,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 			Logger: cfg.Logger, Hooks: cfg.hooks.custodyHooks()}),
 		dialOpts:  slices.Concat([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), codecDialOption}, WindowDialOptions(), cfg.DialOptions),
 		peerCreds: cfg.PeerCredentials,
+		pause:     pause.New(pauseThreshold(cfg.ForwardTimeout), time.Now()),
 	}
 	rings, err := ringview.New(cfg.Name, cfg.Ring)
 	if err != nil {
@@ -533,6 +546,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s.handoff = s.newMover()
 	s.bg.Go(func() { s.handoff.Run(ctx) })
 	s.bg.Go(func() { s.standInLoop(ctx) })
+	s.bg.Go(func() { s.pauseLoop(ctx) })
 	if s.awayWindows != nil {
 		s.bg.Go(func() { s.awayWindows.RunSweeper(ctx, 0, nil) })
 	}
@@ -1046,7 +1060,11 @@ func (s *Server) decideOwned(ctx context.Context, v *view, storeKey []byte, r re
 		if h := s.hooks; h != nil && h.decideOwned != nil {
 			h.decideOwned(s, storeKey)
 		}
+		s.checkPause()
 		if mi := s.custody.Awaiting(v.ring, storeKey); mi != nil && !s.settle(ctx, v, mi, storeKey) {
+			if mi.Stale {
+				return s.staleDenial(r)
+			}
 			if d := s.unsettledDecide(ctx, v, mi, storeKey, r); d != nil {
 				return d
 			}

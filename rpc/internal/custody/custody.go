@@ -161,8 +161,12 @@ type MovingIn struct {
 	// Ring is the ring the keys moved under; Prev the ring before it (nil:
 	// the bootstrap ring, which owned nothing), whose owners had them.
 	Ring, Prev *ring.Ring
-	parts      []bool // by partition id
-	deadline   time.Time
+	// Stale marks a MovingIn of Relearn: this node's own keys, which it
+	// may have held stale state of (it stopped running for a while). A
+	// key not pulled yet is not decided from that state.
+	Stale    bool
+	parts    []bool // by partition id
+	deadline time.Time
 
 	waiting map[string]bool          // members whose done has not arrived; guarded by mu
 	settled map[string]bool          // keys pulled under this MovingIn; guarded by mu
@@ -236,14 +240,54 @@ func (c *Custody) newMovingInLocked(prev, next *ring.Ring, old *MovingIn, now ti
 	}
 	var waiting []string
 	for _, m := range next.Members() {
-		if m != c.self && c.doneFrom[m] != next.Fingerprint() {
+		if m != c.self && (c.doneFrom[m] != next.Fingerprint() || (old != nil && old.Stale && old.waiting[m])) {
 			waiting = append(waiting, m)
 		}
 	}
 	if len(waiting) == 0 {
 		return nil
 	}
-	return NewMovingIn(next, prev, parts, waiting, now.Add(c.timeout))
+	mi := NewMovingIn(next, prev, parts, waiting, now.Add(c.timeout))
+	mi.Stale = old != nil && old.Stale
+	return mi
+}
+
+// Relearn records that this node may hold stale state of every key it
+// owns under r at now: it stopped running for a while (package pause),
+// and meanwhile its cluster may have declared it dead and given its keys
+// to other members, which counted them, or decided their checks in its
+// stead. Every key it owns is awaited again from every other member of r,
+// as after a ring change that brought it all of them (the first touch of
+// a key pulls it: what the others counted, and stand-in hits, add to what
+// is here), but no member's done ends the wait (they said it for r before
+// the pause); it ends for a key once a pull of it got every member's
+// answer, and for all at the hand-off timeout. Until a key is pulled the
+// MovingIn is Stale: the caller decides nothing from its state. It
+// returns false when r has no other member (nothing to learn from).
+func (c *Custody) Relearn(r *ring.Ring, now time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := r.Config().PartitionCount
+	parts := make([]bool, n)
+	any := false
+	for id := range n {
+		if r.PartitionOwner(id) == c.self {
+			parts[id], any = true, true
+		}
+	}
+	var waiting []string
+	for _, m := range r.Members() {
+		if m != c.self {
+			waiting = append(waiting, m)
+		}
+	}
+	if !any || len(waiting) == 0 {
+		return false
+	}
+	mi := NewMovingIn(r, r, parts, waiting, now.Add(c.timeout))
+	mi.Stale = true
+	c.moving.Store(mi)
+	return true
 }
 
 // Awaiting returns the MovingIn that covers key under the ring r, or nil

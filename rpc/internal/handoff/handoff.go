@@ -123,6 +123,11 @@ type Config struct {
 	PeerIdentity func(ctx context.Context) (string, bool)
 	// Logger. Default slog.Default(). (Optional)
 	Logger *slog.Logger
+	// Recopy, when set, is called with each key pulled under a Stale
+	// MovingIn (custody.Relearn): the pull took the copies of it off the
+	// members that held them, so it must be copied to them again.
+	// (Optional)
+	Recopy func(key []byte)
 }
 
 // Counters count hand-off events; the node reports them in its stats.
@@ -475,7 +480,13 @@ func End(st sluicev1.PeerService_HandOffClient) error {
 // returns false when the key is not settled: a pull from a member failed
 // and no state came (the next check pulls again).
 func (m *Mover) Settle(ctx context.Context, v View, mi *custody.MovingIn, key []byte) bool {
-	return m.cfg.Custody.Settle(ctx, mi, key, func(from []string) bool { return m.pull(ctx, v, mi, string(key), from) })
+	return m.cfg.Custody.Settle(ctx, mi, key, func(from []string) bool {
+		ok := m.pull(ctx, v, mi, string(key), from)
+		if ok && mi.Stale && m.cfg.Recopy != nil {
+			m.cfg.Recopy(key)
+		}
+		return ok
+	})
 }
 
 // OnlyStandIns reports whether what this node holds of key is only
@@ -490,7 +501,8 @@ func (m *Mover) OnlyStandIns(key string) bool {
 // what they give up; a copy stands in for the state when none came (see
 // CopyStandsIn). It returns false when a member could not be asked (or did
 // not answer) and no state came: what that member holds of the key is
-// still there.
+// still there; under a Stale MovingIn, when any member could not be asked
+// (any of them may have counted the key while this node was not running).
 func (m *Mover) pull(ctx context.Context, v View, mi *custody.MovingIn, key string, from []string) bool {
 	m.Counters.Pulls.Add(1)
 	self := m.cfg.Self
@@ -589,7 +601,7 @@ func (m *Mover) pull(ctx context.Context, v View, mi *custody.MovingIn, key stri
 		found = true
 	}
 	switch {
-	case found:
+	case found && !(failed && mi.Stale):
 	case failed:
 		m.Counters.MovedWithoutState.Add(1)
 		// The copies that came go back here (the latest), for the next
