@@ -3,6 +3,7 @@ package custody
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -536,5 +537,58 @@ func TestResetStartsTheKeyAfreshAndForgetsItsTakeover(t *testing.T) {
 	}
 	if _, held := f.store.Get("absent"); held {
 		t.Fatal("Reset of an absent key made one")
+	}
+}
+
+// Relearn (a pause): every key this node owns is awaited again from every
+// other member, stale, whatever they said done before; a done for the ring
+// said after it (a member whose ring went without this node and back,
+// handing its keys back) ends the wait for that member; a ring change
+// meanwhile keeps the stale keys awaited; the hand-off timeout ends it.
+func TestRelearnAwaitsEveryOwnKeyFromEveryMember(t *testing.T) {
+	f := newFixture(t)
+	abc := mustRing(t, "a", "b", "c")
+	f.c.NoteDone("a", abc.Fingerprint())
+	f.c.NoteDone("c", abc.Fingerprint())
+	own, other := keyOwnedBy(t, abc, "b"), keyOwnedBy(t, abc, "a")
+	if f.c.Awaiting(abc, own) != nil {
+		t.Fatal("awaiting before the pause")
+	}
+	if !f.c.Relearn(abc, f.wall) {
+		t.Fatal("Relearn with two other members: nothing to learn")
+	}
+	mi := f.c.Awaiting(abc, own)
+	if mi == nil || !mi.Stale || mi.Prev != abc {
+		t.Fatalf("after Relearn, Awaiting(own key) = %+v; want a stale MovingIn of the same ring", mi)
+	}
+	if f.c.Awaiting(abc, other) != nil {
+		t.Fatal("awaiting a key this node does not own")
+	}
+	var asked []string
+	if f.c.Settle(context.Background(), mi, own, func(from []string) bool { asked = from; return false }); len(asked) != 2 {
+		t.Fatalf("the pull asked %v, want both other members (their dones came before the pause)", asked)
+	}
+	f.c.NoteDone("a", abc.Fingerprint())
+	if f.c.Settle(context.Background(), mi, own, func(from []string) bool { asked = from; return true }); !slices.Equal(asked, []string{"c"}) {
+		t.Fatalf("after a's done, the pull asked %v, want [c]", asked)
+	}
+	// Settled: no pull any more.
+	if !f.c.Settle(context.Background(), mi, own, func([]string) bool { t.Fatal("pulled a settled key"); return false }) {
+		t.Fatal("a settled key is not settled")
+	}
+	// A ring change keeps the stale wait for what was awaited.
+	f.c.Relearn(abc, f.wall)
+	abcd := mustRing(t, "a", "b", "c", "d")
+	still := keyWhere(t, func(k []byte) bool { return abc.Owner(k) == "b" && abcd.Owner(k) == "b" })
+	f.c.RingChanged(abc, abcd, f.wall)
+	if mi := f.c.Awaiting(abcd, still); mi == nil || !mi.Stale {
+		t.Fatalf("after a ring change during a relearn: %+v, want still stale", mi)
+	}
+	f.wall = f.wall.Add(10*time.Second + time.Nanosecond)
+	if f.c.Awaiting(abcd, still) != nil {
+		t.Fatal("awaiting after the hand-off timeout")
+	}
+	if f.c.Relearn(mustRing(t, "b"), f.wall) {
+		t.Fatal("Relearn alone in the ring: nothing to learn from, want false")
 	}
 }
