@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +12,8 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/region"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/rpc/sluicev1"
 )
@@ -311,5 +314,112 @@ func TestPauseRelearnIsExactAndDeniesWhileAMemberIsSilent(t *testing.T) {
 	}
 	if !d.Allowed || d.Degraded || d.Remaining != limit-11 {
 		t.Errorf("after the hand-off timeout: %v; want allowed by n3 from its 10, remaining 29 (the denied checks counted nothing)", d)
+	}
+}
+
+// A paused region's only node comes back to leases that went on without
+// it: the others declared it dead, the key's allocation moved to another
+// region (which learnt what the regions held) and back. Its allocators'
+// records and its holders' slices are stale; after the pause it starts
+// its leases again as a restarted process does (keeping its windows), so
+// the regions together never pass the limit in the window, with the
+// key's allocator in the paused region or in another.
+func TestPausedRegionNodeNeverAdmitsFromStaleLeases(t *testing.T) {
+	for _, allocInA := range []bool{true, false} {
+		t.Run(fmt.Sprintf("allocator-in-a=%v", allocInA), func(t *testing.T) {
+			clock := windowClock()
+			regions, _ := region.Parse("a,b,c")
+			f := &freezer{}
+			var cfgs []NodeConfig
+			for _, r := range []string{"a", "b", "c"} {
+				c := NodeConfig{Name: r + "-1", Region: r, Regions: regions, Clock: clock}
+				if r == "a" {
+					c.ServerOptions = f.options()
+				}
+				cfgs = append(cfgs, c)
+			}
+			nodes := startInproc(t, cfgs...)
+			a, b, c := nodes[0], nodes[1], nodes[2]
+			clock.Advance(time.Duration(standReach(time.Hour)+3) * time.Hour) // past the start's window
+			const limit = 30
+			rc := &sluicev1.RateLimitCheck{Name: "api", Limit: limit, WindowMs: 3_600_000}
+			for i := 0; rc.Key == ""; i++ {
+				if k := fmt.Sprintf("pause-%d", i); (a.srv.leases.order(region.SeedOf("api", k))[0] == "a") == allocInA {
+					rc.Key = k
+				}
+			}
+			before := leaseCheckUntil(t, []*inprocNode{a}, rc, 12, 10*time.Second)
+			f.freeze()
+			for _, n := range []*inprocNode{b, c} {
+				alive := slices.DeleteFunc(n.c.members(), func(m cluster.Member) bool { return m.Name == a.name })
+				if err := n.srv.SetMembers(alive); err != nil {
+					t.Fatal(err)
+				}
+			}
+			during := leaseFlood(t, []*inprocNode{b, c}, rc, 2*time.Second)
+			a.srv.pause.Backdate(5 * time.Second)
+			f.thaw(true)
+			a.c.join()
+			after := leaseFlood(t, []*inprocNode{a, b, c}, rc, 2*time.Second)
+			total := before + during + after
+			t.Logf("%d in a, %d in b and c while a was paused, %d after: %d of %d", before, during, after, total, limit)
+			if total > limit {
+				t.Errorf("%d of %d admitted in the hour", total, limit)
+			}
+			if st := a.srv.Stats(); st.Pauses != 1 {
+				t.Errorf("a saw %d pauses, want 1", st.Pauses)
+			}
+		})
+	}
+}
+
+// In a region of two nodes, the paused one held a key's holder: while it
+// was out, the other member took the key, asked the allocator for the
+// region's slice and acknowledged a lower as another region wanted more.
+// The paused node's holder still had the slice from before: it must not
+// admit from it (it starts again, at 0, and asks).
+func TestPausedMemberOfARegionDropsItsStaleSlice(t *testing.T) {
+	clock := windowClock()
+	regions, _ := region.Parse("a,b,c")
+	f := &freezer{}
+	var cfgs []NodeConfig
+	for _, name := range []string{"a-1", "a-2", "b-1", "c-1"} {
+		c := NodeConfig{Name: name, Region: name[:1], Regions: regions, Clock: clock}
+		if name == "a-2" {
+			c.ServerOptions = f.options()
+		}
+		cfgs = append(cfgs, c)
+	}
+	nodes := startInproc(t, cfgs...)
+	a1, a2, b, c := nodes[0], nodes[1], nodes[2], nodes[3]
+	clock.Advance(time.Duration(standReach(time.Hour)+3) * time.Hour)
+	const limit = 30
+	rc := &sluicev1.RateLimitCheck{Name: "api", Limit: limit, WindowMs: 3_600_000}
+	for i := 0; rc.Key == ""; i++ {
+		k := fmt.Sprintf("member-%d", i)
+		if a1.srv.view.Load().ring.Owner(ring.Key(nil, "api", k)) == a2.name && a1.srv.leases.order(region.SeedOf("api", k))[0] != "a" {
+			rc.Key = k
+		}
+	}
+	// a asks for much, uses 6: its slice is well above its count.
+	before := leaseCheckUntil(t, []*inprocNode{a1}, rc, 6, 10*time.Second)
+	f.freeze()
+	for _, n := range []*inprocNode{a1, b, c} {
+		alive := slices.DeleteFunc(n.c.members(), func(m cluster.Member) bool { return m.Name == a2.name })
+		if err := n.srv.SetMembers(alive); err != nil {
+			t.Fatal(err)
+		}
+	}
+	during := leaseCheckUntil(t, []*inprocNode{a1}, rc, 1, 10*time.Second)
+	during += leaseFlood(t, []*inprocNode{b, c}, rc, 2*time.Second)
+	a2.srv.pause.Backdate(5 * time.Second)
+	f.thaw(true)
+	a2.c.join()
+	direct := leaseFlood(t, []*inprocNode{a2}, rc, time.Second)
+	after := leaseFlood(t, nodes, rc, time.Second)
+	total := before + during + direct + after
+	t.Logf("%d in a, %d while a-2 was paused, %d straight to a-2 after, %d through every node: %d of %d", before, during, direct, after, total, limit)
+	if total > limit {
+		t.Errorf("%d of %d admitted in the hour", total, limit)
 	}
 }
