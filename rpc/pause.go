@@ -75,6 +75,17 @@ func (s *Server) paused(gap time.Duration) {
 		"gap", gap, "threshold", s.pause.Threshold(), "relearning", relearning)
 }
 
+// staleCopies reports whether this node's copies of other members' keys
+// may be stale at now: a pause was seen less than two replication
+// intervals and a forward timeout ago (owners send what changed while it
+// was stopped again after their failed sends, within that time). A
+// stand-in decision from such a copy could admit what its owner admitted
+// meanwhile, so this node makes none then (see standInDecide).
+func (s *Server) staleCopies(now time.Time) bool {
+	since, ok := s.pause.Since(now)
+	return ok && since < 2*s.replication.Interval+s.forwardTimeout
+}
+
 // staleDenial answers a check of a key this node owns but may hold stale
 // state of (it paused, and the pull of the key did not reach every other
 // member): denied, degraded, counting nothing; retry after the forward

@@ -161,13 +161,16 @@ func pausedOwner(t *testing.T, long bool, rep int) {
 			holder = n
 		}
 	}
+	// The copy is current: the crash bound is 0 (what is tested is the
+	// pause, not what a crash can lose).
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if st, ok := holder.srv.replicas.Get(storeKey); ok && !st.IsZero() {
+		own, _ := n3.store.Get(storeKey)
+		if st, ok := holder.srv.replicas.Get(storeKey); ok && st == own {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no copy of %s at %s", rc.Key, succ)
+			t.Fatalf("no current copy of %s at %s", rc.Key, succ)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -403,6 +406,20 @@ func TestPausedMemberOfARegionDropsItsStaleSlice(t *testing.T) {
 	}
 	// a asks for much, uses 6: its slice is well above its count.
 	before := leaseCheckUntil(t, []*inprocNode{a1}, rc, 6, 10*time.Second)
+	// The copy at a-1 is current (the crash bound is 0: what is tested
+	// is the pause, not what a crash can lose).
+	storeKey := string(ring.Key(nil, "api", rc.Key))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		own, _ := a2.store.Get(storeKey)
+		if cp, ok := a1.srv.replicas.Get(storeKey); ok && cp == own {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a-1's copy of the key never caught up with a-2's state")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	f.freeze()
 	for _, n := range []*inprocNode{a1, b, c} {
 		alive := slices.DeleteFunc(n.c.members(), func(m cluster.Member) bool { return m.Name == a2.name })
@@ -421,5 +438,63 @@ func TestPausedMemberOfARegionDropsItsStaleSlice(t *testing.T) {
 	t.Logf("%d in a, %d while a-2 was paused, %d straight to a-2 after, %d through every node: %d of %d", before, during, direct, after, total, limit)
 	if total > limit {
 		t.Errorf("%d of %d admitted in the hour", total, limit)
+	}
+}
+
+// Right after a pause a node's copies of other members' keys may be
+// stale (their owners admitted while it was stopped, and their sends
+// failed): it decides nothing in an unreachable owner's stead until two
+// replication intervals and a forward timeout have passed; then it
+// decides from its copy again.
+func TestNoStandInFromCopiesRightAfterAPause(t *testing.T) {
+	clock := windowClock()
+	cfg := func(name string) NodeConfig {
+		return NodeConfig{Name: name, Clock: clock, ForwardTimeout: 400 * time.Millisecond,
+			Replication: ReplicationConfig{Interval: 100 * time.Millisecond}}
+	}
+	nodes := startInproc(t, cfg("n1"), cfg("n2"), cfg("n3"))
+	n1 := nodes[0]
+	rc := &sluicev1.RateLimitCheck{Name: "pause", Limit: 40, WindowMs: 3_600_000}
+	for i := 0; rc.Key == ""; i++ {
+		if k := fmt.Sprintf("copy-%d", i); n1.srv.view.Load().ring.Owner(ring.Key(nil, "pause", k)) == "n1" {
+			rc.Key = k
+		}
+	}
+	storeKey := string(ring.Key(nil, "pause", rc.Key))
+	holderName := n1.srv.standInHolder(n1.srv.view.Load(), "n1")
+	var holder, entry *inprocNode
+	for _, n := range nodes[1:] {
+		if n.name == holderName {
+			holder = n
+		} else {
+			entry = n
+		}
+	}
+	for range 10 {
+		check(t, n1.client, rc)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if st, ok := holder.srv.replicas.Get(storeKey); ok && !st.IsZero() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no copy of %s at %s", rc.Key, holderName)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	n1.Kill()
+	holder.srv.pause.Backdate(2 * time.Second)
+	d := check(t, entry.client, rc)
+	if d.Allowed || !d.Degraded {
+		t.Fatalf("a stand-in check right after the holder's pause: %v; want denied, degraded", d)
+	}
+	holder.srv.pause.Age(2*100*time.Millisecond + 400*time.Millisecond)
+	d = check(t, entry.client, rc)
+	if !d.Allowed || !d.Degraded || d.Remaining != 29 {
+		t.Fatalf("a stand-in check once the copies may be current again: %v; want allowed, degraded, from the copy (29 left)", d)
+	}
+	if st := holder.srv.Stats(); st.Pauses != 1 || st.PausedDenied != 1 {
+		t.Errorf("the holder: %d pauses, %d denied after it; want 1 and 1", st.Pauses, st.PausedDenied)
 	}
 }

@@ -364,8 +364,10 @@ type Stats struct {
 	StandInAdmitted, StandInForwarded, StandInReturned, StandInLeasedDenied int64
 	// Pauses: the gaps in this node's run taken for pauses (a frozen
 	// process; see pause.go), each followed by a relearn of its keys;
-	// PausedDenied: checks of its keys denied after a pause because a
-	// pull of the key did not reach every other member.
+	// PausedDenied: checks denied after a pause, of its keys because a
+	// pull of the key did not reach every other member, and of other
+	// members' keys it would have decided in their stead from copies that
+	// may be stale.
 	Pauses, PausedDenied int64
 	// Expired: forwarded checks this node, as owner, did not apply because
 	// they came after the sender's deadline (the sender answered them

@@ -87,6 +87,12 @@ func (s *Server) standInDecide(key []byte, r request, owner string) *sluicev1.De
 		d.Degraded = true
 		return d
 	}
+	if s.checkPause(); s.staleCopies(time.Now()) {
+		// This node stopped running a moment ago: its copies may be
+		// behind what their owners admitted meanwhile.
+		s.stats.pausedDenied.Add(1)
+		return s.blindStandIn(r, s.store.Now())
+	}
 	if r.leased {
 		// Unknown means spent: the region's slice of a leased global key
 		// is its owner's lease, which a stand-in does not hold. The

@@ -40,6 +40,7 @@ type Detector struct {
 	mu     sync.Mutex // held while a pause is reacted to
 	pauses atomic.Int64
 	last   atomic.Int64 // ns: the longest gap of the last pause seen
+	seenAt atomic.Int64 // ns since base when the last pause was seen (0: none)
 }
 
 // New returns a Detector whose pauses are gaps longer than threshold (>
@@ -101,8 +102,19 @@ func (d *Detector) slow(now time.Time, react func(gap time.Duration)) bool {
 	}
 	d.pauses.Add(1)
 	d.last.Store(int64(g))
+	d.seenAt.Store(max(int64(now.Sub(d.base)), 1))
 	d.store(now)
 	return true
+}
+
+// Since returns how long ago, at now, the last pause was seen (its
+// reaction ran), and false when none was.
+func (d *Detector) Since(now time.Time) (time.Duration, bool) {
+	at := d.seenAt.Load()
+	if at == 0 {
+		return 0, false
+	}
+	return now.Sub(d.base) - time.Duration(at), true
 }
 
 func (d *Detector) store(now time.Time) {
@@ -126,4 +138,12 @@ func (d *Detector) Backdate(gap time.Duration) {
 	defer d.mu.Unlock()
 	d.mono.Add(-int64(gap))
 	d.wall.Add(-int64(gap))
+}
+
+// Age moves the last pause seen back by d, as if it had been seen that
+// much earlier (Since grows by d); the beats stay. For tests.
+func (d *Detector) Age(by time.Duration) {
+	if at := d.seenAt.Load(); at != 0 {
+		d.seenAt.Store(at - int64(by))
+	}
 }

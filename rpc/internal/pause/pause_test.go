@@ -44,6 +44,12 @@ func TestGapsAndPauses(t *testing.T) {
 	if n, g := d.Pauses(); n != 2 || g != 5*time.Second-2300*time.Millisecond {
 		t.Errorf("Pauses() = %d, %v; want 2, 2.7s", n, g)
 	}
+	if since, ok := d.Since(t0.Add(6 * time.Second)); !ok || since != time.Second {
+		t.Errorf("Since(6 s) = %v, %v; want 1s since the pause seen at 5 s", since, ok)
+	}
+	if _, ok := New(time.Second, t0).Since(t0); ok {
+		t.Error("Since of a detector that saw no pause: ok")
+	}
 }
 
 // The wall clock counts too: a host suspended (its monotonic clock
