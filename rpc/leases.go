@@ -686,13 +686,18 @@ func (l *leases) decideBucket(storeKey []byte, r *request, now time.Time) *sluic
 		pd = &sluicev1.Decision{Limit: slice, ResetTime: unixMsCeil(now.Add(retry)), RetryAfter: msCeil(retry), Owner: s.name,
 			SlicePending: true}
 	} else {
-		if w.Blind && !w.Drained {
+		if (w.Blind && !w.Drained) || (w.Drained && c.Burst > w.DrainedCap && l.blindWin(e, bucketLease)) {
 			// Unknown means spent: an earlier process of this region's
 			// only node may have emptied its bucket just before it
 			// stopped, so the bucket starts empty and fills at the
-			// region's rate (blindWin).
+			// region's rate (blindWin). A share raised within the blind
+			// time is emptied again at its new capacity: the earlier
+			// process may have held (and emptied) a larger share than
+			// the one this holder was first granted (a bucket drained
+			// at a share of 6 and raised to 24 had 18 tokens the region
+			// may have spent: 37 of 30 in the lab's kill deploy).
 			l.drain(storeKey, c, now)
-			w.Drained = true
+			w.Drained, w.DrainedCap = true, c.Burst
 		}
 		pd = s.applyOwned(storeKey, c, now)
 	}

@@ -92,6 +92,9 @@ type WindowHolder struct {
 	// region, which has no window to count spent hits in, starts its
 	// bucket empty instead (Drained once done: the caller's).
 	Blind, Drained bool
+	// DrainedCap is the bucket's capacity (hits) when it was last
+	// emptied for blindness (the caller's; see Drained).
+	DrainedCap int64
 }
 
 // NewKeyHolder returns region's side of a key whose limit is limit hits

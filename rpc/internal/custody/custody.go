@@ -261,9 +261,19 @@ func (c *Custody) newMovingInLocked(prev, next *ring.Ring, old *MovingIn, now ti
 // a key pulls it: what the others counted, and stand-in hits, add to what
 // is here), but no member's done ends the wait (they said it for r before
 // the pause); it ends for a key once a pull of it got every member's
-// answer, and for all at the hand-off timeout. Until a key is pulled the
+// answer, and for all after RelearnTimeouts hand-off timeouts (a member
+// that took this node for dead gives nothing until it has taken it back,
+// see handoff.ErrPullerOutOfRing; gossip takes a few seconds at worst).
+// Until a key is pulled the
 // MovingIn is Stale: the caller decides nothing from its state. It
 // returns false when r has no other member (nothing to learn from).
+// RelearnTimeouts is how many hand-off timeouts a Relearn waits for the
+// other members at most; past that the keys not pulled yet are decided
+// from what this node has (this fallback errs toward over-admission: what
+// a member that never answered counted of a key is not in it; the expiry
+// is logged and counted in Stats.HandOffTimeouts).
+const RelearnTimeouts = 3
+
 func (c *Custody) Relearn(r *ring.Ring, now time.Time) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -284,7 +294,7 @@ func (c *Custody) Relearn(r *ring.Ring, now time.Time) bool {
 	if !any || len(waiting) == 0 {
 		return false
 	}
-	mi := NewMovingIn(r, r, parts, waiting, now.Add(c.timeout))
+	mi := NewMovingIn(r, r, parts, waiting, now.Add(RelearnTimeouts*c.timeout))
 	mi.Stale = true
 	c.moving.Store(mi)
 	return true

@@ -544,7 +544,8 @@ func TestResetStartsTheKeyAfreshAndForgetsItsTakeover(t *testing.T) {
 // other member, stale, whatever they said done before; a done for the ring
 // said after it (a member whose ring went without this node and back,
 // handing its keys back) ends the wait for that member; a ring change
-// meanwhile keeps the stale keys awaited; the hand-off timeout ends it.
+// meanwhile keeps the stale keys awaited; RelearnTimeouts hand-off
+// timeouts end it.
 func TestRelearnAwaitsEveryOwnKeyFromEveryMember(t *testing.T) {
 	f := newFixture(t)
 	abc := mustRing(t, "a", "b", "c")
@@ -584,9 +585,13 @@ func TestRelearnAwaitsEveryOwnKeyFromEveryMember(t *testing.T) {
 	if mi := f.c.Awaiting(abcd, still); mi == nil || !mi.Stale {
 		t.Fatalf("after a ring change during a relearn: %+v, want still stale", mi)
 	}
-	f.wall = f.wall.Add(10*time.Second + time.Nanosecond)
+	f.wall = f.wall.Add(10 * time.Second)
+	if f.c.Awaiting(abcd, still) == nil {
+		t.Fatal("a relearn's wait ended at one hand-off timeout, want RelearnTimeouts")
+	}
+	f.wall = f.wall.Add((RelearnTimeouts-1)*10*time.Second + time.Nanosecond)
 	if f.c.Awaiting(abcd, still) != nil {
-		t.Fatal("awaiting after the hand-off timeout")
+		t.Fatal("awaiting after RelearnTimeouts hand-off timeouts")
 	}
 	if f.c.Relearn(mustRing(t, "b"), f.wall) {
 		t.Fatal("Relearn alone in the ring: nothing to learn from, want false")

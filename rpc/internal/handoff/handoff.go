@@ -839,7 +839,10 @@ func (m *Mover) GiveUp(ctx context.Context, sender, fp string, keys [][]byte) (*
 	// count (a fresh budget at the owner). The puller owns its keys under
 	// the ring it names (its fingerprint); see waitPullerOwns for when
 	// this node has not built that ring.
-	v, owned := m.waitPullerOwns(ctx, sender, fp, keys)
+	v, owned, err := m.waitPullerOwns(ctx, sender, fp, keys)
+	if err != nil {
+		return nil, err
+	}
 	if refused := len(keys) - len(owned); refused > 0 {
 		m.Counters.Refused.Add(int64(refused))
 		m.log.Warn("pull refused for keys the sender does not own", "sender", sender, "keys", refused)
@@ -954,14 +957,28 @@ const PullChurnWindow = 10 * time.Second
 // changing and all keys go (a new owner must not lose a count to a
 // lagging ring); if it stays as it was, none (a stable cluster gives no
 // reason to pull a key one does not own). It returns the current view too.
-func (m *Mover) waitPullerOwns(ctx context.Context, sender, fp string, keys [][]byte) (View, [][]byte) {
+//
+// A puller that is not in this node's current ring although this node
+// built the ring it names is one this node took out (taken for dead: a
+// paused process that relearns its keys, package pause; a flap) and that
+// has not been taken back yet: giving it the keys now would leave this
+// node, their owner under its own ring, deciding them from nothing. It
+// waits up to PullOwnerWait for the ring that takes the puller back, and
+// then returns ErrPullerOutOfRing: the puller's pull fails, and it tries
+// again.
+func (m *Mover) waitPullerOwns(ctx context.Context, sender, fp string, keys [][]byte) (View, [][]byte, error) {
 	arrived := time.Now()
 	deadline := arrived.Add(PullOwnerWait)
 	for {
 		v := m.cfg.Node.View()
+		out := false
 		for _, r := range m.cfg.Rings.Recent(v.Ring, time.Now()) {
 			if r.Fingerprint() != fp {
 				continue
+			}
+			if !v.Ring.Has(sender) && r != v.Ring {
+				out = true
+				break
 			}
 			owned := make([][]byte, 0, len(keys))
 			for _, kb := range keys {
@@ -969,21 +986,34 @@ func (m *Mover) waitPullerOwns(ctx context.Context, sender, fp string, keys [][]
 					owned = append(owned, kb)
 				}
 			}
-			return v, owned
+			return v, owned, nil
 		}
-		if changed := m.cfg.Rings.LastChange(); !changed.IsZero() && changed.After(arrived.Add(-PullChurnWindow)) {
-			return v, keys
+		if !out {
+			if changed := m.cfg.Rings.LastChange(); !changed.IsZero() && changed.After(arrived.Add(-PullChurnWindow)) {
+				return v, keys, nil
+			}
 		}
 		if time.Now().After(deadline) {
-			return v, nil
+			if out {
+				return v, nil, ErrPullerOutOfRing
+			}
+			return v, nil, nil
 		}
 		select {
 		case <-ctx.Done():
-			return v, nil
+			if out {
+				return v, nil, ErrPullerOutOfRing
+			}
+			return v, nil, nil
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
 }
+
+// ErrPullerOutOfRing refuses a Pull whose sender this node took out of
+// its ring (see waitPullerOwns); it is a gRPC Unavailable status, so the
+// puller tries again.
+var ErrPullerOutOfRing = status.Error(codes.Unavailable, "pull: the sender is not in this node's ring (taken for dead, not taken back yet); try again")
 
 // VetPuller returns nil when a Pull from sender may go on, else a gRPC
 // PermissionDenied status saying why (counting the keys refused): a pull
