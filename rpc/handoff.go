@@ -138,5 +138,5 @@ func (s *Server) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluicev1
 			return nil, invalidArgument(&fieldError{fmt.Sprintf("keys[%d]", i), "must not be empty"})
 		}
 	}
-	return s.handoff.GiveUp(ctx, req.Sender, req.RingFingerprint, req.Keys)
+	return s.handoff.GiveUp(ctx, req.Sender, req.RingFingerprint, req.Keys, req.Relearn)
 }

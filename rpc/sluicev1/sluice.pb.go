@@ -1841,7 +1841,14 @@ type PullRequest struct {
 	// Fingerprint of the sender's ring.
 	RingFingerprint string `protobuf:"bytes,2,opt,name=ring_fingerprint,json=ringFingerprint,proto3" json:"ring_fingerprint,omitempty"`
 	// 1..1000 keys, each encoded as KeyState.key.
-	Keys          [][]byte `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
+	Keys [][]byte `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
+	// Set when the sender stopped running for a while (a pause) and takes
+	// back keys it owns under ring_fingerprint, which may have been counted
+	// elsewhere meanwhile: a receiver that took the sender out of its ring
+	// (for dead) gives it nothing until it has taken it back, and refuses
+	// the pull with UNAVAILABLE meanwhile (the sender denies the keys and
+	// pulls again).
+	Relearn       bool `protobuf:"varint,4,opt,name=relearn,proto3" json:"relearn,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1895,6 +1902,13 @@ func (x *PullRequest) GetKeys() [][]byte {
 		return x.Keys
 	}
 	return nil
+}
+
+func (x *PullRequest) GetRelearn() bool {
+	if x != nil {
+		return x.Relearn
+	}
+	return false
 }
 
 type PullResponse struct {
@@ -2549,11 +2563,12 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"sentUnixNs\"?\n" +
 	"\x0fHandOffResponse\x12\x16\n" +
 	"\x06merged\x18\x01 \x01(\x03R\x06merged\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error\"d\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"~\n" +
 	"\vPullRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12)\n" +
 	"\x10ring_fingerprint\x18\x02 \x01(\tR\x0fringFingerprint\x12\x12\n" +
-	"\x04keys\x18\x03 \x03(\fR\x04keys\"\x9c\x01\n" +
+	"\x04keys\x18\x03 \x03(\fR\x04keys\x12\x18\n" +
+	"\arelearn\x18\x04 \x01(\bR\arelearn\"\x9c\x01\n" +
 	"\fPullResponse\x12+\n" +
 	"\x06states\x18\x01 \x03(\v2\x13.sluice.v1.KeyStateR\x06states\x12/\n" +
 	"\breplicas\x18\x02 \x03(\v2\x13.sluice.v1.KeyStateR\breplicas\x12.\n" +

@@ -512,7 +512,7 @@ func (m *Mover) pull(ctx context.Context, v View, mi *custody.MovingIn, key stri
 		wg            sync.WaitGroup
 		replicas      []replica.Entry
 		now           = m.cfg.Store.Now()
-		req           = &sluicev1.PullRequest{Sender: self, RingFingerprint: v.Ring.Fingerprint(), Keys: [][]byte{[]byte(key)}}
+		req           = &sluicev1.PullRequest{Sender: self, RingFingerprint: v.Ring.Fingerprint(), Keys: [][]byte{[]byte(key)}, Relearn: mi.Stale}
 		// The check that waits for the pull (and the checks behind it on
 		// a peer's stream) must still be answered within the forward
 		// timeout.
@@ -833,13 +833,13 @@ func (m *Mover) Receive(ctx context.Context, req *sluicev1.HandOffRequest, stand
 // under its own ring, custody leaves a tomb so that its checks go to the
 // puller. It returns ctx's error if ctx ends while a key is on its way
 // out.
-func (m *Mover) GiveUp(ctx context.Context, sender, fp string, keys [][]byte) (*sluicev1.PullResponse, error) {
+func (m *Mover) GiveUp(ctx context.Context, sender, fp string, keys [][]byte, relearn bool) (*sluicev1.PullResponse, error) {
 	// A pull takes a key's state away, so only the key's owner may pull
 	// it: a member that pulled a key it does not own would erase its
 	// count (a fresh budget at the owner). The puller owns its keys under
 	// the ring it names (its fingerprint); see waitPullerOwns for when
 	// this node has not built that ring.
-	v, owned, err := m.waitPullerOwns(ctx, sender, fp, keys)
+	v, owned, err := m.waitPullerOwns(ctx, sender, fp, keys, relearn)
 	if err != nil {
 		return nil, err
 	}
@@ -958,15 +958,16 @@ const PullChurnWindow = 10 * time.Second
 // lagging ring); if it stays as it was, none (a stable cluster gives no
 // reason to pull a key one does not own). It returns the current view too.
 //
-// A puller that is not in this node's current ring although this node
-// built the ring it names is one this node took out (taken for dead: a
-// paused process that relearns its keys, package pause; a flap) and that
-// has not been taken back yet: giving it the keys now would leave this
-// node, their owner under its own ring, deciding them from nothing. It
-// waits up to PullOwnerWait for the ring that takes the puller back, and
-// then returns ErrPullerOutOfRing: the puller's pull fails, and it tries
-// again.
-func (m *Mover) waitPullerOwns(ctx context.Context, sender, fp string, keys [][]byte) (View, [][]byte, error) {
+// A relearn pull (the puller paused, see custody.Relearn) from a puller
+// that is not in this node's current ring although this node built the
+// ring it names comes from a node this node took for dead and has not
+// taken back yet: giving it the keys now would leave this node, their
+// owner under its own ring, deciding them from nothing. It waits up to
+// PullOwnerWait for the ring that takes the puller back, and then returns
+// ErrPullerOutOfRing: the puller's pull fails, and it denies the keys and
+// tries again. (Any other pull under a ring this node built goes on: a
+// puller whose ring is ahead of this node's may take its keys.)
+func (m *Mover) waitPullerOwns(ctx context.Context, sender, fp string, keys [][]byte, relearn bool) (View, [][]byte, error) {
 	arrived := time.Now()
 	deadline := arrived.Add(PullOwnerWait)
 	for {
@@ -976,7 +977,7 @@ func (m *Mover) waitPullerOwns(ctx context.Context, sender, fp string, keys [][]
 			if r.Fingerprint() != fp {
 				continue
 			}
-			if !v.Ring.Has(sender) && r != v.Ring {
+			if relearn && !v.Ring.Has(sender) {
 				out = true
 				break
 			}

@@ -232,7 +232,7 @@ func TestGiveUpDuringChurnLeavesATomb(t *testing.T) {
 	f := newFixture(t, time.Now()) // the ring changed just now
 	k := f.keyOwnedBy(t, "b")
 	f.store.MergeState(string(k), mustState(t, state(t, 4, t0)), t0)
-	resp, err := f.m.GiveUp(context.Background(), "c", "a ring b never built", [][]byte{k})
+	resp, err := f.m.GiveUp(context.Background(), "c", "a ring b never built", [][]byte{k}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,7 +250,7 @@ func TestGiveUpOnAStableRingOnlyWhatThePullerOwns(t *testing.T) {
 	for _, k := range [][]byte{mine, cs} {
 		f.store.MergeState(string(k), mustState(t, state(t, 2, t0)), t0)
 	}
-	resp, err := f.m.GiveUp(context.Background(), "c", f.node.ring.Fingerprint(), [][]byte{mine, cs})
+	resp, err := f.m.GiveUp(context.Background(), "c", f.node.ring.Fingerprint(), [][]byte{mine, cs}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,7 +264,7 @@ func TestGiveUpOnAStableRingOnlyWhatThePullerOwns(t *testing.T) {
 	// PullOwnerWait, or when the caller gives up).
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	resp, err = f.m.GiveUp(ctx, "c", "a ring b never built", [][]byte{mine})
+	resp, err = f.m.GiveUp(ctx, "c", "a ring b never built", [][]byte{mine}, false)
 	if err != nil || len(resp.States) != 0 {
 		t.Fatalf("under an unknown ring: %d states, %v; want none", len(resp.States), err)
 	}
@@ -369,5 +369,42 @@ func TestPushSaysDoneOnlyAfterTheStandInHits(t *testing.T) {
 	}
 	if f.custody.LastPush() == f.node.ring.Fingerprint() {
 		t.Fatal("a push that left stand-in hits behind was recorded as complete")
+	}
+}
+
+// A relearn pull (the puller paused) from a member this node took out of
+// its ring is refused until this node takes it back: the keys it would
+// give up are its own to decide under its ring, and it would decide them
+// from nothing after. A relearn pull once the puller is back in the ring
+// goes on. (A plain pull under a ring this node built goes on whatever
+// its ring is now: TestPullWaitsForAPushThatTookTheKeyAfterItsWait.)
+func TestRelearnPullWaitsUntilThePullerIsBackInTheRing(t *testing.T) {
+	f := newFixture(t, time.Now().Add(-time.Hour))
+	abc := f.node.ring
+	k := f.keyOwnedBy(t, "c")
+	// c taken for dead: b's ring is a and b.
+	up, err := f.rings.Apply([]ringview.Member{{Name: "a", Instance: "a1"}, {Name: "b"}}, "b1", false, time.Now().Add(-time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.node.ring = up.Ring
+	f.store.MergeState(string(k), mustState(t, state(t, 3, t0)), t0)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := f.m.GiveUp(ctx, "c", abc.Fingerprint(), [][]byte{k}, true); status.Code(err) != codes.Unavailable {
+		t.Fatalf("a relearn pull from c, out of b's ring: %v, want Unavailable (ErrPullerOutOfRing)", err)
+	}
+	if _, ok := f.store.Get(string(k)); !ok {
+		t.Fatal("the refused pull took the key")
+	}
+	// c is taken back: the relearn pull gets the key.
+	up, err = f.rings.Apply([]ringview.Member{{Name: "a", Instance: "a1"}, {Name: "b"}, {Name: "c", Instance: "c1"}}, "b1", false, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.node.ring = up.Ring
+	resp, err := f.m.GiveUp(context.Background(), "c", abc.Fingerprint(), [][]byte{k}, true)
+	if err != nil || len(resp.States) != 1 {
+		t.Fatalf("a relearn pull from c, back in b's ring: %d states, %v; want the key", len(resp.States), err)
 	}
 }
