@@ -315,12 +315,33 @@ func Load(path string) (*Config, error) { return LoadOptions{}.Load(path) }
 // Load reads the rule files at path: one file, or every *.yaml and *.yml
 // file directly in a directory (sorted by name; names starting with "."
 // are skipped, so a Kubernetes ConfigMap volume works). A directory with
-// no rule file loads as a Config with no domains (every request OK), as
-// in envoyproxy/ratelimit, so that rules can be added while a node runs.
-// Each file holds one domain; a domain may not appear twice unless
-// o.MergeDomains. Any error is a *ConfigError naming the file and, where
-// it has one, the line; nothing is loaded then.
+// no rule file at all, in it or below it, loads as a Config with no
+// domains (every request OK), as in envoyproxy/ratelimit, so that rules
+// can be added while a node runs. Each file holds one domain; a domain
+// may not appear twice unless o.MergeDomains. Any error is a
+// *ConfigError naming the file and, where it has one, the line; nothing
+// is loaded then.
+//
+// A load must not switch every limit off unnoticed, so two more cases are
+// errors naming the files (see [EmptyError]): rules that yield no rule
+// (no rate_limit anywhere) while rule files exist at or below path (the
+// files of a subdirectory are not read), and a directory that holds a
+// config/ directory of rule files, envoyproxy/ratelimit's layout: the
+// peer reads RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config/*.yaml, so sluice
+// is given that config/ directory itself.
 func (o LoadOptions) Load(path string) (*Config, error) {
+	cfg, err := o.load(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkNotEmpty(path, cfg); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// load is Load without the checks of an empty load.
+func (o LoadOptions) load(path string) (*Config, error) {
 	if path == "" {
 		return nil, &ConfigError{File: "--rls-config", Msg: "empty path"}
 	}

@@ -148,6 +148,9 @@ type Stats struct {
 	ConfigLoads, ConfigLoadErrors int64
 	// Domains is the number of domains of the rules in force.
 	Domains int
+	// Rules is the number of rules (rate_limit blocks, unlimited ones
+	// included) in force; 0 means every request is OK.
+	Rules int
 }
 
 // RuleStat is what one rule counted, in hits, as envoyproxy/ratelimit's
@@ -257,7 +260,7 @@ func (s *Service) Follow(src *Source) {
 // Stats returns the counters so far.
 func (s *Service) Stats() Stats {
 	st := Stats{Requests: s.requests.Load(), OverLimit: s.overLimit.Load(), PartialCharges: s.partial.Load(),
-		ShadowOK: s.shadowOK.Load(), Domains: len(s.Config().domains)}
+		ShadowOK: s.shadowOK.Load(), Domains: len(s.Config().domains), Rules: len(s.Config().rules)}
 	if src := s.src.Load(); src != nil {
 		st.ConfigLoads, st.ConfigLoadErrors = src.loads.Load(), src.failures.Load()
 	}

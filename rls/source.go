@@ -29,7 +29,9 @@ type Source struct {
 
 // Open loads the rules at path with opts and returns a Source holding
 // them, or the load's *ConfigError and no Source: a node does not start on
-// a bad rule file. log receives reload messages (default slog.Default()).
+// a bad rule file, nor on rule files that give no rule or sit where they
+// are not read (see [LoadOptions.Load]; an empty directory starts). log
+// receives reload messages (default slog.Default()).
 func Open(path string, opts LoadOptions, log *slog.Logger) (*Source, error) {
 	if log == nil {
 		log = slog.Default()
@@ -65,7 +67,11 @@ func (s *Source) onLoad(f func(*Config)) {
 // Reload reads the rules again and, when they load, puts them in force
 // atomically: requests already answering keep the rules they started
 // with. A bad file is refused with its *ConfigError (naming the file and
-// line), logged at error, and the rules in force stay.
+// line), logged at error, counted in [Stats].ConfigLoadErrors, and the
+// rules in force stay; so are rule files that give no rule at all, or
+// sit below the directory where they are not read (see
+// [LoadOptions.Load]). A directory emptied of rule files is loaded: no
+// rules, every request OK (logged at warning).
 func (s *Source) Reload() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -85,7 +91,7 @@ func (s *Source) Reload() error {
 	if had > 0 && len(cfg.domains) == 0 {
 		s.log.Warn("rls rules reloaded with no domain: every request is OK", "path", s.path)
 	} else {
-		s.log.Info("rls rules reloaded", "path", s.path, "domains", strings.Join(cfg.Domains(), ","), "files", len(cfg.files))
+		s.log.Info("rls rules reloaded", "path", s.path, "domains", strings.Join(cfg.Domains(), ","), "files", len(cfg.files), "rules", len(cfg.rules))
 	}
 	return nil
 }
