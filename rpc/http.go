@@ -62,7 +62,9 @@ type HTTPConfig struct {
 //     for an unknown token) with a google.rpc.Status naming what is
 //     needed.
 //   - GET /healthz: 200 while the process serves (liveness).
-//   - GET /readyz: 200 when Ready says so, else 503 with the reason.
+//   - GET /readyz: 200 when Ready says so, else 503 with the reason;
+//     with cfg.RLS a second line says how many RLS rules are in force
+//     ("rls rules: 12 in 3 domains"; 0: every Envoy request is OK).
 //   - GET /metrics: Prometheus text format.
 //   - POST /json (with cfg.RLS): a RateLimitRequest of Envoy's rate limit
 //     service in proto3 JSON, answered as envoyproxy/ratelimit's /json
@@ -101,14 +103,22 @@ func NewHTTPHandler(cfg HTTPConfig) (http.Handler, error) {
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		rules := func() {
+			if cfg.RLS != nil {
+				st := cfg.RLS.Stats()
+				fmt.Fprintf(w, "rls rules: %d in %d domains\n", st.Rules, st.Domains)
+			}
+		}
 		if cfg.Ready != nil {
 			if err := cfg.Ready(); err != nil {
 				w.WriteHeader(http.StatusServiceUnavailable)
 				fmt.Fprintf(w, "not ready: %v\n", err)
+				rules()
 				return
 			}
 		}
 		fmt.Fprintln(w, "ready")
+		rules()
 	})
 	mux.HandleFunc("GET /healthcheck", func(w http.ResponseWriter, _ *http.Request) {
 		if cfg.Ready != nil {
