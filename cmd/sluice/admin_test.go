@@ -155,6 +155,16 @@ func TestValidate(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(badDir, "b.yaml"), []byte("domain: a\ndescriptors:\n  - key: j\n    rate_limit: {unit: second, requests_per_unit: 1}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	emptyDir := filepath.Join(dir, "empty")
+	peerRoot := filepath.Join(dir, "runtime") // RUNTIME_ROOT=runtime RUNTIME_SUBDIRECTORY=svc
+	for _, d := range []string{emptyDir, filepath.Join(peerRoot, "svc", "config")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(peerRoot, "svc", "config", "a.yaml"), []byte("domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		code int
@@ -168,6 +178,15 @@ func TestValidate(t *testing.T) {
 		{[]string{badRLS}, exitUsage, "bad-rls.yaml:5:13: descriptors[0].rate_limit.unit: "},
 		{[]string{badDir}, exitUsage, "b.yaml:1:9: domain: duplicate domain \"a\""},
 		{[]string{"--rls-merge-domain-config", badDir}, 0, "2 rules in 1 domains (a), 2 files"},
+		// No rules in force: 2 unless --allow-empty; rule files that give
+		// none, or are not read (the peer's config/), 2 whatever.
+		{[]string{emptyDir}, exitUsage, emptyDir + ": no RLS rules: no rule file in it or below it, so a node would answer every Envoy request OK; give --allow-empty"},
+		{[]string{"--allow-empty", emptyDir}, 0, emptyDir + ": valid RLS rules: 0 rules in 0 domains, 0 files"},
+		{[]string{"--kind", "rls", "--allow-empty", write("norule.yaml", "domain: d\n")}, exitUsage, "norule.yaml: no rules: the file gives no rate_limit"},
+		{[]string{"--allow-empty", peerRoot}, exitUsage, peerRoot + ": no rules: 1 rule file below it is not read (" + filepath.Join(peerRoot, "svc", "config", "a.yaml") +
+			"; --rls-config reads the *.yaml and *.yml files directly in its directory, not in subdirectories), so every request would be OK; " +
+			"envoyproxy/ratelimit reads RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config/*.yaml: pass --rls-config " + filepath.Join(peerRoot, "svc", "config")},
+		{[]string{filepath.Join(peerRoot, "svc", "config")}, 0, "valid RLS rules: 1 rules in 1 domains (a), 1 files"},
 		{[]string{write("empty.yaml", "")}, exitUsage, "neither a limits file"},
 		{[]string{"--kind", "limits", write("empty2.yaml", "# nothing yet\n")}, exitUsage, "no limits: key"},
 		{[]string{"--kind", "rls", "../../examples/limits.yaml"}, exitUsage, "limits.yaml"},

@@ -37,12 +37,13 @@ func TestServeRLSConfig(t *testing.T) {
 		"SLUICE_NAME": "rls-node", "SLUICE_GRPC_ADDR": "127.0.0.1:0", "SLUICE_GOSSIP_ADDR": "127.0.0.1:0", "SLUICE_HTTP_ADDR": "127.0.0.1:0",
 		"SLUICE_PROFILE": "local", "SLUICE_RLS_CONFIG": "../../examples/rls",
 	}
-	errBuf, m, stop := startServeLog(t, nil, env, regexp.MustCompile(`msg="node started" node=rls-node grpc_addr=(\S+)`))
+	errBuf, m, stop := startServeLog(t, nil, env, regexp.MustCompile(`msg="node started" node=rls-node grpc_addr=(\S+) .*http_addr=(\S+)`))
 	defer stop()
 	addr := m[0][1]
-	if !strings.Contains(errBuf.String(), `msg="rls rules loaded" node=rls-node component=rls domains=edge files=1`) {
+	if !strings.Contains(errBuf.String(), `msg="rls rules loaded" node=rls-node component=rls domains=edge files=1 rules=5`) {
 		t.Errorf("no rules line in the log:\n%s", errBuf.String())
 	}
+	wantRules(t, m[0][2], 5, 1)
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -94,6 +95,7 @@ func TestServeRLSPeerSettings(t *testing.T) {
 	if !strings.Contains(errBuf.String(), "no rls rules yet") {
 		t.Errorf("no warning of the empty rule directory:\n%s", errBuf.String())
 	}
+	wantRules(t, m[2], 0, 0)
 	conn, err := grpc.NewClient(m[1], grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -118,6 +120,7 @@ func TestServeRLSPeerSettings(t *testing.T) {
 			break
 		}
 	}
+	wantRules(t, m[2], 1, 1)
 	first, err := c.ShouldRateLimit(context.Background(), req)
 	if err != nil || first.OverallCode != rlsv3.RateLimitResponse_OK || first.Statuses[0].LimitRemaining != 0 {
 		t.Fatalf("first: %v %v", first, err)
@@ -177,4 +180,57 @@ func TestServeRLSPeerSettings(t *testing.T) {
 			t.Errorf("%s: %d %q, want %q", path, resp.StatusCode, b, want)
 		}
 	}
+}
+
+// wantRules checks that the node whose HTTP face is at addr says, on
+// /readyz and in the sluice_rls_rules gauge of /metrics, that rules RLS
+// rules of domains domains are in force.
+func wantRules(t *testing.T, addr string, rules, domains int) {
+	t.Helper()
+	hc := &http.Client{Transport: &http.Transport{}}
+	defer hc.CloseIdleConnections()
+	get := func(path string) string {
+		resp, err := hc.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	if got, want := get("/readyz"), fmt.Sprintf("ready\nrls rules: %d in %d domains\n", rules, domains); got != want {
+		t.Errorf("/readyz: %q, want %q", got, want)
+	}
+	if got, want := get("/metrics"), fmt.Sprintf("\nsluice_rls_rules %d\n", rules); !strings.Contains(got, want) {
+		t.Errorf("/metrics lacks %q", strings.TrimSpace(want))
+	}
+}
+
+// serve --rls-config given envoyproxy/ratelimit's runtime root (the
+// peer's RUNTIME_ROOT, whose RUNTIME_SUBDIRECTORY/config/ holds the rule
+// files) refuses to start, exit 2, naming the files it would not read and
+// the config/ directory to pass; given that directory, it starts.
+func TestServeRLSPeerRuntimeRoot(t *testing.T) {
+	root := t.TempDir()
+	cfgDir := filepath.Join(root, "ratelimit", "config")
+	if err := os.MkdirAll(cfgDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(cfgDir, "rl.yaml"), []byte("domain: rl\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{root, filepath.Join(root, "ratelimit")} {
+		code, _, errOut := sluice(t, "serve", "--name", "r", "--grpc-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0", "--http-addr", "", "--rls-config", dir)
+		if code != exitUsage || !strings.Contains(errOut, "invalid --rls-config: "+dir+": ") || !strings.Contains(errOut, filepath.Join(cfgDir, "rl.yaml")) ||
+			!strings.Contains(errOut, "pass --rls-config "+cfgDir) {
+			t.Errorf("serve --rls-config %s: exit %d, stderr %q; want exit 2 naming %s and --rls-config %s", dir, code, errOut, filepath.Join(cfgDir, "rl.yaml"), cfgDir)
+		}
+	}
+	env := map[string]string{
+		"SLUICE_NAME": "peer-root", "SLUICE_GRPC_ADDR": "127.0.0.1:0", "SLUICE_GOSSIP_ADDR": "127.0.0.1:0", "SLUICE_HTTP_ADDR": "127.0.0.1:0",
+		"SLUICE_PROFILE": "local", "SLUICE_RLS_CONFIG": cfgDir,
+	}
+	_, m, stop := startServeLog(t, nil, env, regexp.MustCompile(`msg="node started" node=peer-root grpc_addr=(\S+) .*http_addr=(\S+)`))
+	defer stop()
+	wantRules(t, m[0][2], 1, 1)
 }

@@ -111,7 +111,7 @@ func serveCommand(e env) *cli.Command {
 				if rules := rlsRules.Current(); len(rules.Domains()) == 0 {
 					rlsLog.Warn("no rls rules yet: every Envoy request is OK until rule files appear", "path", path)
 				} else {
-					rlsLog.Info("rls rules loaded", "domains", strings.Join(rules.Domains(), ","), "files", len(rules.Files()))
+					rlsLog.Info("rls rules loaded", "domains", strings.Join(rules.Domains(), ","), "files", len(rules.Files()), "rules", len(rules.Rules()))
 				}
 				defer follow(ctx, rlsRules, &onHUP, func(err error) {
 					rlsLog.Warn("not watching the rls rules; reload them with SIGHUP", "path", path, "error", err)

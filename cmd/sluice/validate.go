@@ -27,10 +27,14 @@ func validateCommand() *cli.Command {
 		Description: "Loads FILE as a node would (serve --limits, or serve --rls-config for a rule file or a directory\n" +
 			"of them). Which it is comes from its content (a top-level limits: key, or domain:; a directory is\n" +
 			"RLS rules) unless --kind says. Exit status: 0 when valid, 2 when not: the message names the file,\n" +
-			"the line and the field.",
+			"the line and the field. RLS rules that put no rule in force (an empty directory, which serve\n" +
+			"takes as every request OK) exit 2 unless --allow-empty says an empty set is intended; rule files\n" +
+			"that give no rule, or sit in a subdirectory that is not read (envoyproxy/ratelimit's config/),\n" +
+			"exit 2 always, naming them and the directory to pass, as serve refuses to start on them.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "kind", Usage: "limits or rls (default: from the content)"},
 			&cli.BoolFlag{Name: "rls-merge-domain-config", Usage: "RLS: let several rule files hold one domain, as serve --rls-merge-domain-config"},
+			&cli.BoolFlag{Name: "allow-empty", Usage: "RLS: exit 0 for an empty rule directory (no rules: every Envoy request OK) instead of 2"},
 		},
 		Action: func(_ context.Context, cmd *cli.Command) error {
 			if cmd.Args().Len() != 1 {
@@ -54,7 +58,7 @@ func validateCommand() *cli.Command {
 			}
 			out := cmd.Root().Writer
 			if kind == "rls" {
-				return validateRLS(out, path, rls.LoadOptions{MergeDomains: cmd.Bool("rls-merge-domain-config")})
+				return validateRLS(out, path, rls.LoadOptions{MergeDomains: cmd.Bool("rls-merge-domain-config")}, cmd.Bool("allow-empty"))
 			}
 			if st.IsDir() {
 				return usageError{fmt.Errorf("%s: a directory; a limits file is one file (RLS rules may be a directory: --kind rls)", path)}
@@ -113,11 +117,16 @@ func validateLimits(w io.Writer, path string) error {
 	return nil
 }
 
-// validateRLS loads RLS rules as serve --rls-config does.
-func validateRLS(w io.Writer, path string, opts rls.LoadOptions) error {
+// validateRLS loads RLS rules as serve --rls-config does, and refuses
+// rules that put none in force (a node would answer every request OK)
+// unless allowEmpty.
+func validateRLS(w io.Writer, path string, opts rls.LoadOptions, allowEmpty bool) error {
 	cfg, err := opts.Load(path)
 	if err != nil {
 		return usageError{err}
+	}
+	if len(cfg.Rules()) == 0 && !allowEmpty {
+		return usageError{fmt.Errorf("%s: no RLS rules: no rule file in it or below it, so a node would answer every Envoy request OK; give --allow-empty if an empty set is intended", path)}
 	}
 	fmt.Fprintf(w, "%s: valid RLS rules: %d rules in %d domains", path, len(cfg.Rules()), len(cfg.Domains()))
 	if ds := cfg.Domains(); len(ds) > 0 {
