@@ -177,13 +177,18 @@ func mustRender(t *testing.T, args ...string) *manifests {
 
 // want is what a render's secured node must look like.
 type want struct {
-	fullname   string // the objects' name; default "sluice"
-	clientAuth string // mtls, token or either
-	tlsMode    string // issue or provided
-	rls        bool   // rule files given: the RLS ConfigMap mounted and passed
-	goMemLimit string // GOMEMLIMIT; "" for none
-	replicas   int32
-	seeds      int // pods in SLUICE_JOIN
+	fullname    string // the objects' name; default "sluice"
+	statefulSet string // the StatefulSet's (its pods' prefix); default fullname
+	clientAuth  string // mtls, token or either
+	tlsMode     string // issue or provided
+	rls         bool   // rule files given: the RLS ConfigMap mounted and passed
+	goMemLimit  string // GOMEMLIMIT; "" for none
+	replicas    int32
+	seeds       int      // this release's pods in SLUICE_JOIN
+	remoteSeeds []string // the seeds after them (regions.seeds)
+	noState     bool     // state.enabled false: no claim, no --state-dir
+	advertise   string   // advertise.mode; default podIP
+	regionPeers bool     // regions.peers: gossip and the peer port open to them too
 }
 
 // pod is the sluice StatefulSet's pod template with its containers.
@@ -305,9 +310,15 @@ func checkSecured(t *testing.T, m *manifests, w want) pod {
 	if w.fullname == "" {
 		w.fullname = "sluice"
 	}
-	ss := m.statefulSets[w.fullname]
+	if w.statefulSet == "" {
+		w.statefulSet = w.fullname
+	}
+	if w.advertise == "" {
+		w.advertise = "podIP"
+	}
+	ss := m.statefulSets[w.statefulSet]
 	if ss == nil || len(m.statefulSets) != 1 {
-		t.Fatalf("want one StatefulSet %s, got %v", w.fullname, keys(m.statefulSets))
+		t.Fatalf("want one StatefulSet %s, got %v", w.statefulSet, keys(m.statefulSets))
 	}
 	p := pod{m: m, ss: ss, spec: ss.Spec.Template.Spec}
 	for _, c := range p.spec.Containers {
@@ -378,15 +389,38 @@ func checkSecured(t *testing.T, m *manifests, w want) pod {
 	if e, _ := p.env("SLUICE_NAME"); e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "metadata.name" {
 		t.Error("SLUICE_NAME must be the pod's (stable) name")
 	}
-	if e, _ := p.env("SLUICE_ADVERTISE_ADDR"); e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "status.podIP" {
-		t.Error("SLUICE_ADVERTISE_ADDR must be the pod's IP")
+	if e, _ := p.env("POD_IP"); e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "status.podIP" {
+		t.Error("POD_IP must be the pod's IP")
+	}
+	switch w.advertise {
+	case "podIP", "hostNetwork":
+		if e, _ := p.env("SLUICE_ADVERTISE_ADDR"); e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "status.podIP" {
+			t.Error("SLUICE_ADVERTISE_ADDR must be the pod's IP")
+		}
+		if p.spec.HostNetwork != (w.advertise == "hostNetwork") {
+			t.Errorf("hostNetwork %v with advertise.mode %s", p.spec.HostNetwork, w.advertise)
+		}
+		if p.spec.HostNetwork && p.spec.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
+			t.Errorf("dnsPolicy %q: a pod on the host's network resolves the seeds' names only with ClusterFirstWithHostNet", p.spec.DNSPolicy)
+		}
+	case "loadBalancer":
+		if _, ok := p.env("SLUICE_ADVERTISE_ADDR"); ok {
+			t.Error("SLUICE_ADVERTISE_ADDR set: it would win over the pod's file")
+		}
+		if c := p.value(t, "SLUICE_CONFIG"); c != "/etc/sluice/advertise/$(SLUICE_NAME).yaml" {
+			t.Errorf("SLUICE_CONFIG %q, want the pod's own file", c)
+		}
+	default:
+		t.Fatalf("want.advertise %q", w.advertise)
 	}
 	seeds := strings.Split(p.value(t, "SLUICE_JOIN"), ",")
-	if len(seeds) != w.seeds {
-		t.Errorf("SLUICE_JOIN has %d seeds, want %d: %v", len(seeds), w.seeds, seeds)
+	if len(seeds) != w.seeds+len(w.remoteSeeds) {
+		t.Errorf("SLUICE_JOIN has %d seeds, want %d and %v: %v", len(seeds), w.seeds, w.remoteSeeds, seeds)
+	} else if !slices.Equal(seeds[w.seeds:], w.remoteSeeds) {
+		t.Errorf("SLUICE_JOIN's seeds after the release's pods %v, want %v", seeds[w.seeds:], w.remoteSeeds)
 	}
-	for i, s := range seeds {
-		if want := fmt.Sprintf("%s-%d.%s.sluice.svc.cluster.local:%d", w.fullname, i, headless.Name, gossipPort); s != want {
+	for i, s := range seeds[:min(w.seeds, len(seeds))] {
+		if want := fmt.Sprintf("%s-%d.%s.sluice.svc.cluster.local:%d", w.statefulSet, i, headless.Name, gossipPort); s != want {
 			t.Errorf("seed %d %q, want %q (the pod's name in the headless Service)", i, s, want)
 		}
 	}
@@ -429,6 +463,9 @@ func checkSecured(t *testing.T, m *manifests, w want) pod {
 	switch w.tlsMode {
 	case "issue":
 		checkIssue(t, p, certPath, headless.Name, w.fullname)
+		if !strings.HasPrefix(certPath, "/etc/sluice/tls/$(POD_IP)/") {
+			t.Errorf("SLUICE_TLS_CERT %s: want it in the directory of the pod's IP, where the init container writes", certPath)
+		}
 	case "provided":
 		if len(p.spec.InitContainers) != 0 {
 			t.Errorf("provided certificates need no init container, got %d", len(p.spec.InitContainers))
@@ -464,6 +501,8 @@ func checkSecured(t *testing.T, m *manifests, w want) pod {
 			t.Errorf("the RLS ConfigMap %s has no rule file", cm.Name)
 		}
 	}
+
+	checkState(t, p, w)
 
 	// Probes: readiness on /readyz, liveness on /healthz, both HTTPS on
 	// the HTTP port (TLS; probes need no certificate there).
@@ -552,6 +591,47 @@ func checkSecured(t *testing.T, m *manifests, w want) pod {
 	return p
 }
 
+// checkState asserts --state-dir in a directory of a volume of the
+// StatefulSet's volumeClaimTemplates (a claim per pod, which outlives it),
+// mounted writable in the sluice container; with w.noState, neither.
+func checkState(t *testing.T, p pod, w want) {
+	t.Helper()
+	e, ok := p.env("SLUICE_STATE_DIR")
+	if w.noState {
+		if ok || len(p.ss.Spec.VolumeClaimTemplates) != 0 {
+			t.Errorf("state.enabled false: SLUICE_STATE_DIR set %v, %d claim templates", ok, len(p.ss.Spec.VolumeClaimTemplates))
+		}
+		return
+	}
+	if !ok || e.Value == "" {
+		t.Fatal("no SLUICE_STATE_DIR: a whole-cluster stop would lose every count")
+	}
+	dir := e.Value
+	var mount *corev1.VolumeMount
+	for i, vm := range p.c.VolumeMounts {
+		if strings.HasPrefix(dir, vm.MountPath+"/") {
+			mount = &p.c.VolumeMounts[i]
+		}
+	}
+	if mount == nil {
+		t.Fatalf("SLUICE_STATE_DIR %s is below no mount of the sluice container (a directory of the volume, not its root, which may hold lost+found)", dir)
+	}
+	if mount.ReadOnly {
+		t.Errorf("the state volume %s is mounted read-only", mount.Name)
+	}
+	if v, ok := p.volume(mount.Name); ok {
+		t.Errorf("SLUICE_STATE_DIR %s is on the pod's volume %s (%+v), which goes with the pod: want a claim template", dir, mount.Name, v.VolumeSource)
+	}
+	i := slices.IndexFunc(p.ss.Spec.VolumeClaimTemplates, func(c corev1.PersistentVolumeClaim) bool { return c.Name == mount.Name })
+	if i < 0 {
+		t.Fatalf("the state mount %s is no claim template of the StatefulSet", mount.Name)
+	}
+	c := p.ss.Spec.VolumeClaimTemplates[i]
+	if q := c.Spec.Resources.Requests[corev1.ResourceStorage]; q.IsZero() || len(c.Spec.AccessModes) == 0 {
+		t.Errorf("claim template %s: storage %s, access modes %v", c.Name, q.String(), c.Spec.AccessModes)
+	}
+}
+
 // checkIssue asserts the issue mode's init container: it writes the pod's
 // certificate (named after the pod, for its DNS names and IP) with the
 // CA's key into a memory volume the sluice container reads from, where
@@ -615,11 +695,10 @@ func checkIssue(t *testing.T, p pod, certPath, headless, fullname string) {
 		t.Errorf("--out %s is on volume %s, want a memory-backed emptyDir", out[0], outVol.Name)
 	}
 	// The node reads what the init container wrote: same volume, same
-	// directory once the kubelet has expanded the variables (POD_IP and
-	// SLUICE_ADVERTISE_ADDR are both the pod's IP).
+	// directory once the kubelet has expanded the variables (POD_IP is the
+	// pod's IP in both containers).
 	certVol, certRel := p.file(t, p.c, certPath)
 	_, outRel := p.file(t, ic, out[0]+"/$(SLUICE_NAME).pem")
-	outRel = strings.ReplaceAll(outRel, "$(POD_IP)", "$(SLUICE_ADVERTISE_ADDR)")
 	if certVol.Name != outVol.Name || certRel != outRel {
 		t.Errorf("SLUICE_TLS_CERT %s is not where the init container writes (%s on %s)", certPath, out[0], outVol.Name)
 	}
@@ -665,6 +744,8 @@ func checkNetworkPolicy(t *testing.T, m *manifests, w want, podLabels map[string
 		from := "clients"
 		if len(r.From) == 1 && isPods(r.From[0]) {
 			from = "pods"
+		} else if w.regionPeers && !slices.ContainsFunc(r.Ports, func(p networkingv1.NetworkPolicyPort) bool { return p.Port.IntValue() == int(http) }) {
+			from = "pods" // the other regions' nodes: peers, not clients
 		}
 		if len(r.Ports) == 0 {
 			t.Errorf("an ingress rule opens every port: %+v", r)
@@ -880,6 +961,48 @@ func TestChartValues(t *testing.T) {
 					t.Errorf("ingress %+v", in)
 				}
 			}},
+		{name: "state off", args: []string{"--set", "state.enabled=false"},
+			want: func(w want) want { w.noState = true; return w }},
+		{name: "state class, size and snapshots", args: []string{"--set", "state.storageClass=fast", "--set", "state.size=5Gi", "--set", "state.interval=10s"},
+			want: func(w want) want { return w },
+			check: func(t *testing.T, m *manifests, p pod) {
+				c := p.ss.Spec.VolumeClaimTemplates[0]
+				if sc := c.Spec.StorageClassName; sc == nil || *sc != "fast" || c.Spec.Resources.Requests.Storage().String() != "5Gi" {
+					t.Errorf("claim: class %v, size %s", sc, c.Spec.Resources.Requests.Storage())
+				}
+				if v := p.value(t, "SLUICE_STATE_INTERVAL"); v != "10s" {
+					t.Errorf("SLUICE_STATE_INTERVAL %q", v)
+				}
+			}},
+		{name: "state on pre-made volumes", args: []string{"--set", "state.storageClass=-"},
+			want: func(w want) want { return w },
+			check: func(t *testing.T, m *manifests, p pod) {
+				if sc := p.ss.Spec.VolumeClaimTemplates[0].Spec.StorageClassName; sc == nil || *sc != "" {
+					t.Errorf("storageClass - gives class %v, want \"\" (no dynamic provisioning)", sc)
+				}
+				if _, ok := p.env("SLUICE_STATE_INTERVAL"); ok {
+					t.Error("SLUICE_STATE_INTERVAL set by default")
+				}
+			}},
+		{name: "host network", args: []string{"--set", "advertise.mode=hostNetwork"},
+			want: func(w want) want { w.advertise = "hostNetwork"; return w }},
+		{name: "a region on pod IPs, wan",
+			args: []string{"--set-json", `regions={"region":"eu","list":"us=2,eu=1","seeds":["sluice-us-0.us.example:7946"],"peers":[{"ipBlock":{"cidr":"10.1.0.0/16"}}]}`,
+				"--set", "gossipProfile=wan"},
+			want: func(w want) want {
+				w.statefulSet, w.remoteSeeds, w.regionPeers = "sluice-eu", []string{"sluice-us-0.us.example:7946"}, true
+				return w
+			},
+			check: func(t *testing.T, m *manifests, p pod) {
+				for name, want := range map[string]string{"SLUICE_REGION": "eu", "SLUICE_REGIONS": "us=2,eu=1", "SLUICE_PROFILE": "wan", "SLUICE_CLUSTER_LABEL": "sluice/us=2,eu=1"} {
+					if v := p.value(t, name); v != want {
+						t.Errorf("%s %q, want %q", name, v, want)
+					}
+				}
+				if m.services["sluice"] == nil || m.configMaps["sluice-limits"] == nil || m.pdbs["sluice"] == nil {
+					t.Errorf("the client Service, ConfigMaps and budget keep the release's name: services %v", keys(m.services))
+				}
+			}},
 		{name: "another release name", args: []string{"--set", "fullnameOverride=rl"},
 			want: func(w want) want { w.fullname = "rl"; return w },
 			check: func(t *testing.T, m *manifests, p pod) {
@@ -918,6 +1041,17 @@ func TestChartRefuses(t *testing.T) {
 		{append(slices.Clone(imageArgs), "--set", "tls.certValidity=90d"), "/tls/certValidity"},
 		{append(slices.Clone(imageArgs), "--set", "rls.rules.\\.hidden=x"), "'.hidden' does not match pattern"},
 		{append(slices.Clone(imageArgs), "--set", "tls.mode=provided", "--set", "tls.extraHosts={a.example}"), "tls.extraHosts"},
+		{append(slices.Clone(imageArgs), "--set", "regions.region=eu"), "regions.list is required"},
+		{append(slices.Clone(imageArgs), "--set-json", `regions={"list":"us,eu"}`), "regions.region is required with regions.list"},
+		{append(slices.Clone(imageArgs), "--set-json", `regions={"region":"ap","list":"us,eu","seeds":["a:1"],"peers":[{}]}`), `regions.region "ap" is not in regions.list`},
+		{append(slices.Clone(imageArgs), "--set-json", `regions={"region":"eu","list":"us,eu","peers":[{}]}`), "regions.seeds is required"},
+		{append(slices.Clone(imageArgs), "--set-json", `regions={"region":"eu","list":"us,eu","seeds":["a:1"]}`), "regions.peers is required"},
+		{append(slices.Clone(imageArgs), "--set", "regions.region=EU"), "/regions/region"},
+		{append(slices.Clone(imageArgs), "--set-json", `regions={"region":"eu","list":"us,eu=x"}`), "/regions/list"},
+		{append(slices.Clone(imageArgs), "--set", "advertise.mode=loadBalancer"), "advertise.loadBalancer.addresses: 0 addresses for 3 replicas"},
+		{append(slices.Clone(imageArgs), "--set", "advertise.mode=nodePort"), "/advertise/mode"},
+		{append(slices.Clone(imageArgs), "--set", "gossipProfile=slow"), "/gossipProfile"},
+		{append(slices.Clone(imageArgs), "--set", "state.size=lots"), "/state/size"},
 	} {
 		out, err := render(t, tc.args...)
 		if err == nil {

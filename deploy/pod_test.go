@@ -97,7 +97,9 @@ func run(t *testing.T, bin string, env []string, args ...string) (string, error)
 // misspelt one fails). The node must start without --insecure, answer
 // the readiness probe over HTTPS, check a named limit of the limits
 // ConfigMap for a client certificate and refuse a caller without one,
-// load the rules ConfigMap, and stop within the grace period on SIGTERM.
+// load the rules ConfigMap, and stop within the grace period on SIGTERM,
+// writing its keys to the state claim's directory (it is the whole
+// cluster); started again on that directory, it has the count it had.
 // Only the addresses differ from a pod: 127.0.0.1 with OS-picked ports,
 // and no seeds to join (a cluster of one).
 func TestPodStarts(t *testing.T) {
@@ -131,9 +133,12 @@ func TestPodStarts(t *testing.T) {
 
 	// The volumes, each at its mount path under root.
 	root := t.TempDir()
+	mapped := func(path string) bool {
+		return strings.HasPrefix(path, "/etc/sluice/") || strings.HasPrefix(path, "/var/lib/sluice/") || path == "/var/lib/sluice"
+	}
 	local := func(path string) string {
-		if !strings.HasPrefix(path, "/etc/sluice/") {
-			t.Fatalf("%s: the test maps only /etc/sluice/ to its root", path)
+		if !mapped(path) {
+			t.Fatalf("%s: the test maps only /etc/sluice/ and /var/lib/sluice to its root", path)
 		}
 		return filepath.Join(root, path)
 	}
@@ -141,8 +146,13 @@ func TestPodStarts(t *testing.T) {
 	for _, c := range append(slices.Clone(p.spec.InitContainers), p.spec.Containers...) {
 		for _, vm := range c.VolumeMounts {
 			dir := local(vm.MountPath)
-			v, _ := p.volume(vm.Name)
+			v, isVolume := p.volume(vm.Name)
 			switch {
+			case !isVolume && slices.ContainsFunc(p.ss.Spec.VolumeClaimTemplates, func(c corev1.PersistentVolumeClaim) bool { return c.Name == vm.Name }):
+				// The pod's claim: a directory that outlives the process.
+				if err := os.MkdirAll(dir, 0o755); err != nil {
+					t.Fatal(err)
+				}
 			case v.EmptyDir != nil:
 				if first, ok := emptyDirs[v.Name]; ok {
 					if first != dir {
@@ -209,53 +219,15 @@ func TestPodStarts(t *testing.T) {
 		case "join":
 			continue
 		}
-		if strings.HasPrefix(v, "/etc/sluice/") {
+		if mapped(v) {
 			v = local(v)
 		}
 		flags = append(flags, "--"+flag+"="+v)
 	}
 	checkNodeCertificate(t, local(env["SLUICE_TLS_CERT"]), podName)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	node := exec.CommandContext(ctx, bin, flags...)
-	node.Env = procEnv
-	logs, err := node.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	node.Stdout = node.Stderr
-	if err := node.Start(); err != nil {
-		t.Fatal(err)
-	}
-	started := make(chan map[string]any, 1)
-	var logMu sync.Mutex
-	var logText strings.Builder
-	logDone := make(chan struct{})
-	go func() {
-		defer close(logDone)
-		sc := bufio.NewScanner(logs)
-		for sc.Scan() {
-			logMu.Lock()
-			logText.WriteString(sc.Text() + "\n")
-			logMu.Unlock()
-			var line map[string]any
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line["msg"] == "node started" {
-				started <- line
-			}
-		}
-	}()
-	nodeLog := func() string {
-		logMu.Lock()
-		defer logMu.Unlock()
-		return logText.String()
-	}
-	var addrs map[string]any
-	select {
-	case addrs = <-started:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("the node did not start within 30 s (sluice %s):\n%s", strings.Join(flags, " "), nodeLog())
-	}
+	n := startNode(t, bin, flags, procEnv)
+	addrs, nodeLog := n.addrs, n.log
 	httpAddr, grpcAddr := addrs["http_addr"].(string), addrs["grpc_addr"].(string)
 
 	// The readiness probe, as the kubelet sends it: HTTPS, no certificate.
@@ -315,23 +287,111 @@ func TestPodStarts(t *testing.T) {
 		t.Errorf("the node did not load the rules ConfigMap (domain edge):\n%s", nodeLog())
 	}
 
+	// Spend most of user:42's burst (60; 1 spent above) before the stop.
+	if out, err := run(t, bin, nil, append([]string{"check", "--addr", grpcAddr, "--name", "api", "--key", "user:42", "--named", "--hits", "50", "--json"}, clientTLS...)...); err != nil || !strings.Contains(out, `"allowed":true`) {
+		t.Fatalf("check of 50 hits: %v\n%s", err, out)
+	}
+
 	// SIGTERM: not ready, hand-off, leave, exit within the grace period.
-	if err := node.Process.Signal(syscall.SIGTERM); err != nil {
+	// The node is the whole cluster: no member can take its keys, so it
+	// writes them to the claim's directory (--state-dir).
+	grace := time.Duration(*p.spec.TerminationGracePeriodSeconds) * time.Second
+	n.stop(t, grace)
+	if !strings.Contains(nodeLog(), `"msg":"node stopped"`) {
+		t.Errorf("no graceful stop in the log:\n%s", nodeLog())
+	}
+	if !strings.Contains(nodeLog(), "keys saved for a restart") {
+		t.Fatalf("the node did not save its keys to the state volume at its stop:\n%s", nodeLog())
+	}
+
+	// The pod again (a whole-cluster restart): the same claim, a new
+	// process; user:42 keeps what it spent (a fresh bucket would have 59
+	// left after this check; the restored one about 9 plus its refill, 30
+	// a minute).
+	n = startNode(t, bin, flags, procEnv)
+	out, err = run(t, bin, nil, append([]string{"check", "--addr", n.addrs["grpc_addr"].(string), "--name", "api", "--key", "user:42", "--named", "--json"}, clientTLS...)...)
+	if err != nil {
+		t.Fatalf("check after the restart: %v\n%s", err, out)
+	}
+	var after struct {
+		Allowed   bool  `json:"allowed"`
+		Remaining int64 `json:"remaining"`
+	}
+	if err := json.Unmarshal([]byte(out), &after); err != nil || after.Remaining >= 30 {
+		t.Errorf("after a restart on the same state volume: %s (%v); want the count kept (remaining about 9, not 59)\n%s", out, err, n.log())
+	}
+	n.stop(t, grace)
+}
+
+// node is a sluice serve process of the pod test.
+type node struct {
+	cmd   *exec.Cmd
+	addrs map[string]any // the "node started" log line: grpc_addr, http_addr, ...
+	log   func() string
+	done  chan struct{} // closed when its log ends
+}
+
+// startNode starts sluice with flags and env, and waits for its "node
+// started" line (30 s at most).
+func startNode(t *testing.T, bin string, flags, env []string) *node {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	cmd := exec.CommandContext(ctx, bin, flags...)
+	cmd.Env = env
+	logs, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout = cmd.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan map[string]any, 1)
+	var logMu sync.Mutex
+	var logText strings.Builder
+	n := &node{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		defer close(n.done)
+		sc := bufio.NewScanner(logs)
+		for sc.Scan() {
+			logMu.Lock()
+			logText.WriteString(sc.Text() + "\n")
+			logMu.Unlock()
+			var line map[string]any
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line["msg"] == "node started" {
+				started <- line
+			}
+		}
+	}()
+	n.log = func() string {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return logText.String()
+	}
+	select {
+	case n.addrs = <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the node did not start within 30 s (sluice %s):\n%s", strings.Join(flags, " "), n.log())
+	}
+	return n
+}
+
+// stop sends SIGTERM and waits for a clean exit within grace.
+func (n *node) stop(t *testing.T, grace time.Duration) {
+	t.Helper()
+	if err := n.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	exited := make(chan error, 1)
-	go func() { <-logDone; exited <- node.Wait() }()
-	grace := time.Duration(*p.spec.TerminationGracePeriodSeconds) * time.Second
+	go func() { <-n.done; exited <- n.cmd.Wait() }()
 	select {
 	case err := <-exited:
 		if err != nil {
-			t.Errorf("the node exited with %v after SIGTERM:\n%s", err, nodeLog())
+			t.Errorf("the node exited with %v after SIGTERM:\n%s", err, n.log())
 		}
 	case <-time.After(grace):
-		t.Fatalf("the node did not exit within the grace period %s:\n%s", grace, nodeLog())
-	}
-	if !strings.Contains(nodeLog(), `"msg":"node stopped"`) {
-		t.Errorf("no graceful stop in the log:\n%s", nodeLog())
+		t.Fatalf("the node did not exit within the grace period %s:\n%s", grace, n.log())
 	}
 }
 

@@ -63,8 +63,43 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (printf "%s-tokens" (include "sluice.fullname" .)) .Values.tokens.secret -}}
 {{- end -}}
 
+{{/* Gossip's cluster label: clusterLabel, else <fullname>.<namespace>; with
+regions, <fullname>/<the region list without spaces>, the same in every
+region's release whatever its namespace. */}}
 {{- define "sluice.clusterLabel" -}}
-{{- default (printf "%s.%s" (include "sluice.fullname" .) .Release.Namespace) .Values.clusterLabel -}}
+{{- if .Values.clusterLabel -}}
+{{- .Values.clusterLabel -}}
+{{- else if include "sluice.regions" . -}}
+{{- printf "%s/%s" (include "sluice.fullname" .) (regexReplaceAll "\\s" .Values.regions.list "") -}}
+{{- else -}}
+{{- printf "%s.%s" (include "sluice.fullname" .) .Release.Namespace -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether the release is one region of several (regions.region set). */}}
+{{- define "sluice.regions" -}}
+{{- if .Values.regions.region }}true{{ end -}}
+{{- end -}}
+
+{{/* The names of regions.list, one a line. */}}
+{{- define "sluice.regionNames" -}}
+{{- range splitList "," .Values.regions.list }}
+{{ regexReplaceAll "=.*$" (trim .) "" | trim }}
+{{- end -}}
+{{- end -}}
+
+{{/* The StatefulSet: <fullname>, or <fullname>-<region> with regions, so
+that its pods, whose names are their member names, are named apart from
+the other regions' (member names are unique in the whole cluster). At
+most 52 characters, as the full name. */}}
+{{- define "sluice.statefulSetName" -}}
+{{- $fullname := include "sluice.fullname" . -}}
+{{- if include "sluice.regions" . -}}
+{{- $region := .Values.regions.region -}}
+{{- printf "%s-%s" ($fullname | trunc (int (sub 51 (len $region))) | trimSuffix "-") $region -}}
+{{- else -}}
+{{- $fullname -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Whether the client API takes tokens. */}}
@@ -93,17 +128,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
 {{/* serve --join: the gossip addresses of the first three pods (fewer with
-fewer replicas), so that scaling does not change the pods' environment. A
-node joining only itself (the first up) is a cluster of one until the
-others answer: alone, it tries a seed again every 5 s. */}}
+fewer replicas), so that scaling does not change the pods' environment,
+then regions.seeds (nodes of the other regions). A node joining only
+itself (the first up) is a cluster of one until the others answer: alone,
+it tries a seed again every 5 s. */}}
 {{- define "sluice.join" -}}
-{{- $fullname := include "sluice.fullname" . -}}
+{{- $statefulSet := include "sluice.statefulSetName" . -}}
 {{- $peers := include "sluice.peersService" . -}}
 {{- $seeds := list -}}
 {{- range $i := until (min 3 (int .Values.replicas) | int) -}}
-{{- $seeds = append $seeds (printf "%s-%d.%s.%s.svc.%s:%d" $fullname $i $peers $.Release.Namespace $.Values.clusterDomain (int $.Values.ports.gossip)) -}}
+{{- $seeds = append $seeds (printf "%s-%d.%s.%s.svc.%s:%d" $statefulSet $i $peers $.Release.Namespace $.Values.clusterDomain (int $.Values.ports.gossip)) -}}
 {{- end -}}
-{{- join "," $seeds -}}
+{{- join "," (concat $seeds .Values.regions.seeds) -}}
 {{- end -}}
 
 {{/* Bytes in one unit of a Kubernetes memory quantity's suffix. */}}
@@ -150,5 +186,32 @@ Gi or Ti). */}}
 {{- end -}}
 {{- if and (eq .Values.tls.mode "provided") .Values.tls.extraHosts -}}
 {{- fail "tls.extraHosts: only used with tls.mode issue (with provided, put the names in the certificates you make)" -}}
+{{- end -}}
+{{- if and .Values.regions.list (not .Values.regions.region) -}}
+{{- fail "regions.region is required with regions.list: the region of this release's nodes, one of the list" -}}
+{{- end -}}
+{{- if include "sluice.regions" . -}}
+{{- if not .Values.regions.list -}}
+{{- fail (printf "regions.list is required with regions.region %q: the cluster's regions and weights, the same in every region (e.g. ra=1,rb=1,rc=1)" .Values.regions.region) -}}
+{{- end -}}
+{{- $names := include "sluice.regionNames" . | trim | splitList "\n" -}}
+{{- if not (has .Values.regions.region $names) -}}
+{{- fail (printf "regions.region %q is not in regions.list %q" .Values.regions.region .Values.regions.list) -}}
+{{- end -}}
+{{- if not .Values.regions.seeds -}}
+{{- fail "regions.seeds is required with regions.region: gossip addresses (host:port) of nodes in the other regions, or this region never meets them" -}}
+{{- end -}}
+{{- if and .Values.networkPolicy.enabled (not .Values.regions.peers) -}}
+{{- fail "regions.peers is required with regions.region and networkPolicy.enabled: the other regions' nodes as NetworkPolicyPeers (ipBlocks of the addresses they send from and are reached at), or the NetworkPolicy shuts them out; [{ipBlock: {cidr: 0.0.0.0/0}}] lets anyone reach gossip and the peer port (TLS and the gossip key still check them)" -}}
+{{- end -}}
+{{- end -}}
+{{- if eq .Values.advertise.mode "loadBalancer" -}}
+{{- $n := len .Values.advertise.loadBalancer.addresses -}}
+{{- if ne $n (int .Values.replicas) -}}
+{{- fail (printf "advertise.loadBalancer.addresses: %d addresses for %d replicas: give one IP per pod (pod i advertises the i-th, its Service's)" $n (int .Values.replicas)) -}}
+{{- end -}}
+{{- if gt (len .Values.advertise.loadBalancer.podAnnotations) $n -}}
+{{- fail "advertise.loadBalancer.podAnnotations: more entries than pods" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
