@@ -62,6 +62,10 @@ type manifests struct {
 	statefulSets    map[string]*appsv1.StatefulSet
 	pdbs            map[string]*policyv1.PodDisruptionBudget
 	networkPolicies map[string]*networkingv1.NetworkPolicy
+	// monitoring holds prometheus-operator's objects (ServiceMonitor,
+	// PrometheusRule) by kind/name, as YAML: the Kubernetes API types do
+	// not have them (monitoring_test.go decodes them strictly).
+	monitoring map[string][]byte
 }
 
 // decodeManifests decodes every YAML document of data strictly into its
@@ -74,6 +78,7 @@ func decodeManifests(t *testing.T, what string, data []byte, ns string) *manifes
 		configMaps: map[string]*corev1.ConfigMap{}, services: map[string]*corev1.Service{},
 		statefulSets: map[string]*appsv1.StatefulSet{}, pdbs: map[string]*policyv1.PodDisruptionBudget{},
 		networkPolicies: map[string]*networkingv1.NetworkPolicy{},
+		monitoring:      map[string][]byte{},
 	}
 	r := kyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	seen := map[string]bool{}
@@ -89,6 +94,28 @@ func decodeManifests(t *testing.T, what string, data []byte, ns string) *manifes
 			t.Fatalf("%s: document %d: %v", what, i, err)
 		} else if string(j) == "null" {
 			continue // comments only
+		}
+		var tm struct {
+			APIVersion string `json:"apiVersion"`
+			Kind       string `json:"kind"`
+			Metadata   struct {
+				Name      string `json:"name"`
+				Namespace string `json:"namespace"`
+			} `json:"metadata"`
+		}
+		if err := yaml.Unmarshal(doc, &tm); err != nil {
+			t.Fatalf("%s: document %d: %v", what, i, err)
+		}
+		if tm.APIVersion == "monitoring.coreos.com/v1" && (tm.Kind == "ServiceMonitor" || tm.Kind == "PrometheusRule") {
+			key := tm.Kind + "/" + tm.Metadata.Name
+			if tm.Metadata.Name == "" || m.monitoring[key] != nil {
+				t.Fatalf("%s: document %d: %s without a name, or twice", what, i, key)
+			}
+			if tm.Metadata.Namespace != ns {
+				t.Errorf("%s: %s is in namespace %q, want %q", what, key, tm.Metadata.Namespace, ns)
+			}
+			m.monitoring[key] = doc
+			continue
 		}
 		obj, gvk, err := strictDecoder.Decode(doc, nil, nil)
 		if err != nil {
