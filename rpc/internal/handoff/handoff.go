@@ -962,24 +962,24 @@ const PullChurnWindow = 10 * time.Second
 // that is not in this node's current ring although this node built the
 // ring it names comes from a node this node took for dead and has not
 // taken back yet: giving it the keys now would leave this node, their
-// owner under its own ring, deciding them from nothing. It waits up to
-// PullOwnerWait for the ring that takes the puller back, and then returns
-// ErrPullerOutOfRing: the puller's pull fails, and it denies the keys and
-// tries again. (Any other pull under a ring this node built goes on: a
-// puller whose ring is ahead of this node's may take its keys.)
+// owner under its own ring, deciding them from nothing. It is refused at
+// once with ErrPullerOutOfRing: the puller denies the keys and pulls again
+// at its next check of each, and this node pushes them to it when it takes
+// it back. (It does not wait for that: state given up after a wait may
+// reach a puller that gave up meanwhile, and be lost. Any other pull under
+// a ring this node built goes on: a puller whose ring is ahead of this
+// node's may take its keys.)
 func (m *Mover) waitPullerOwns(ctx context.Context, sender, fp string, keys [][]byte, relearn bool) (View, [][]byte, error) {
 	arrived := time.Now()
 	deadline := arrived.Add(PullOwnerWait)
 	for {
 		v := m.cfg.Node.View()
-		out := false
 		for _, r := range m.cfg.Rings.Recent(v.Ring, time.Now()) {
 			if r.Fingerprint() != fp {
 				continue
 			}
 			if relearn && !v.Ring.Has(sender) {
-				out = true
-				break
+				return v, nil, ErrPullerOutOfRing
 			}
 			owned := make([][]byte, 0, len(keys))
 			for _, kb := range keys {
@@ -989,22 +989,14 @@ func (m *Mover) waitPullerOwns(ctx context.Context, sender, fp string, keys [][]
 			}
 			return v, owned, nil
 		}
-		if !out {
-			if changed := m.cfg.Rings.LastChange(); !changed.IsZero() && changed.After(arrived.Add(-PullChurnWindow)) {
-				return v, keys, nil
-			}
+		if changed := m.cfg.Rings.LastChange(); !changed.IsZero() && changed.After(arrived.Add(-PullChurnWindow)) {
+			return v, keys, nil
 		}
 		if time.Now().After(deadline) {
-			if out {
-				return v, nil, ErrPullerOutOfRing
-			}
 			return v, nil, nil
 		}
 		select {
 		case <-ctx.Done():
-			if out {
-				return v, nil, ErrPullerOutOfRing
-			}
 			return v, nil, nil
 		case <-time.After(10 * time.Millisecond):
 		}

@@ -373,12 +373,12 @@ func TestPushSaysDoneOnlyAfterTheStandInHits(t *testing.T) {
 }
 
 // A relearn pull (the puller paused) from a member this node took out of
-// its ring is refused until this node takes it back: the keys it would
+// its ring is refused (at once) until this node takes it back: the keys it would
 // give up are its own to decide under its ring, and it would decide them
 // from nothing after. A relearn pull once the puller is back in the ring
 // goes on. (A plain pull under a ring this node built goes on whatever
 // its ring is now: TestPullWaitsForAPushThatTookTheKeyAfterItsWait.)
-func TestRelearnPullWaitsUntilThePullerIsBackInTheRing(t *testing.T) {
+func TestRelearnPullRefusedUntilThePullerIsBackInTheRing(t *testing.T) {
 	f := newFixture(t, time.Now().Add(-time.Hour))
 	abc := f.node.ring
 	k := f.keyOwnedBy(t, "c")
