@@ -40,9 +40,14 @@ const errNotDecided = "the receiver is leaving and could not pass the check on; 
 // A refund may briefly deny a concurrent request that would have passed
 // (its hits were counted until the refund landed); it never admits one that
 // would not have been admitted had the refunded check never been made.
+// A client's refund (negative hits) in such a request is not one of its
+// limits: it neither refuses the request nor is undone with it.
 func (s *Server) allOrNothing(ctx context.Context, reqs []request, out []*sluicev1.Decision) {
 	denied := false
 	for i, d := range out {
+		if reqs[i].isRefund() {
+			continue
+		}
 		if d.Error != "" || (!d.Allowed && !reqs[i].shadow) {
 			denied = true
 			break
@@ -56,7 +61,7 @@ func (s *Server) allOrNothing(ctx context.Context, reqs []request, out []*sluice
 		idx     []int
 	)
 	for i, d := range out {
-		if !d.Allowed || d.Shadow || d.Degraded {
+		if reqs[i].isRefund() || !d.Allowed || d.Shadow || d.Degraded {
 			// A degraded answer's hits were counted without the owner
 			// (or by a stand-in): they stay counted, and it stays
 			// allowed; the request is refused by the other check.
@@ -90,13 +95,53 @@ func (s *Server) allOrNothing(ctx context.Context, reqs []request, out []*sluice
 	}
 }
 
-// refund gives back the hits of r, a refund of a check this node applied
-// as the key's owner at r.pb.RefundAtNs (its store's clock); refunds are
-// applied whatever their deadline (a late one still only gives back what
-// was counted).
+// refund gives back the hits of r at this node, the key's owner, as
+// window.Store.Refund does (never below zero, per algorithm); refunds
+// are applied whatever their deadline (a late one still only gives back
+// what was counted).
+//
+// A node's refund (r.pb.RefundAtNs > 0) undoes a check this node applied
+// at that Unix ns of its store's clock, and answers allowed and refunded
+// when it gave something back (the answer goes to the node that asked).
+//
+// A client's refund (negative hits: r.refund) names no time (Envoy's
+// is_negative_hits does not say when the hits were charged): it gives back
+// check.Hits from the key as it is now, as a refund applied now would:
+// from the window in force for the fixed and sliding windows (a refund
+// whose hits were counted in a window that has ended is taken from the
+// current one, floored at zero), and from a bucket's debt as of its last
+// update (exact when no other check updates the key between the read of
+// that time and the refund, else less). A leased or sliced global key is
+// given back under its full limit, so that hits above the region's base
+// still come back; hits above the key's capacity give back what it holds.
+// It answers allowed (a refund is never refused),
+// refunded when it gave something back, and the hits remaining after it
+// (a peek, under the check's numbers).
 func (s *Server) refund(storeKey []byte, r *request) *sluicev1.Decision {
 	c := r.check
-	ok, err := s.store.Refund(storeKey, c, time.Unix(0, r.pb.RefundAtNs), s.store.Now())
+	now := s.store.Now()
+	at := time.Unix(0, r.pb.RefundAtNs)
+	client := r.pb.RefundAtNs == 0
+	if client {
+		at = now
+		if r.full > c.Limit {
+			c.Limit = r.full
+		}
+		if r.fullBurst > c.Burst {
+			c.Burst = r.fullBurst
+		}
+		// More than the key can hold gives back what it holds (Refund
+		// gives nothing back for hits no check could have consumed).
+		c.Hits = min(c.Hits, c.Capacity())
+		if isBucket(c.Algorithm) {
+			if st, ok := s.store.Get(string(storeKey)); ok {
+				if u := st.Describe(now).Start; !u.IsZero() && !u.After(now) {
+					at = u
+				}
+			}
+		}
+	}
+	ok, err := s.store.Refund(storeKey, c, at, now)
 	if err != nil {
 		return &sluicev1.Decision{Limit: c.Limit, Owner: s.name, Error: err.Error()}
 	}
@@ -106,5 +151,15 @@ func (s *Server) refund(storeKey []byte, r *request) *sluicev1.Decision {
 			s.dirty.Add(storeKey)
 		}
 	}
-	return &sluicev1.Decision{Allowed: ok, Limit: c.Limit, Owner: s.name, Refunded: ok}
+	if !client {
+		return &sluicev1.Decision{Allowed: ok, Limit: c.Limit, Owner: s.name, Refunded: ok}
+	}
+	peek := c
+	peek.Hits = 0 // consumes nothing and stores no state
+	pd, err := s.store.ApplyBytes(storeKey, peek, now)
+	if err != nil {
+		return &sluicev1.Decision{Limit: c.Limit, Owner: s.name, Error: err.Error()}
+	}
+	return &sluicev1.Decision{Allowed: true, Refunded: ok, Limit: c.Limit, Remaining: pd.Remaining,
+		ResetTime: unixMsCeil(pd.ResetTime), Owner: s.name}
 }

@@ -373,8 +373,9 @@ type Stats struct {
 	// they came after the sender's deadline (the sender answered them
 	// without it).
 	Expired int64
-	// Refunds: checks given back because another check of the same
-	// request was denied (all or nothing), applied here as owner.
+	// Refunds: refunds applied here as owner that gave hits back: of
+	// checks given back because another check of the same request was
+	// denied (all or nothing), and clients' refunds (negative hits).
 	Refunds int64
 	// Leases (several regions; leases.go): LeaseRequests this node sent
 	// for its region's slices; LeaseGrants its allocators sent, and
@@ -785,7 +786,7 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (*sluice
 	out := make([]*sluicev1.Decision, len(reqs))
 	pending := make([]int, 0, len(reqs))
 	for i := range reqs {
-		if reqs[i].noSlice {
+		if reqs[i].noSlice && !reqs[i].isRefund() {
 			out[i] = s.sliceDenial(&reqs[i])
 			continue
 		}
@@ -819,6 +820,9 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (*sluice
 		r := &reqs[i]
 		d.AppliedAtNs = 0 // for peers only
 		s.regionAnswer(r, d)
+		if r.isRefund() {
+			continue // not a check: nothing admitted or denied
+		}
 		outcome := OutcomeAllowed
 		switch {
 		case d.Error != "":
@@ -1064,6 +1068,11 @@ func (s *Server) decideOwned(ctx context.Context, v *view, storeKey []byte, r re
 		}
 		s.checkPause()
 		if mi := s.custody.Awaiting(v.ring, storeKey); mi != nil && !s.settle(ctx, v, mi, storeKey) {
+			if mi.Stale && r.isRefund() {
+				// The key's state is not here yet: a refund now would
+				// give back from nothing.
+				return &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name, Error: "the key's state is not here yet; refund not applied"}
+			}
 			if mi.Stale {
 				return s.staleDenial(r)
 			}
@@ -1128,11 +1137,11 @@ func (h *testHooks) custodyHooks() *custody.Hooks {
 // clock, and marks the key for replication when it changed.
 func (s *Server) decide(storeKey []byte, r *request) *sluicev1.Decision {
 	c := r.check
+	if r.isRefund() {
+		return s.refund(storeKey, r)
+	}
 	if r.noSlice {
 		return s.sliceDenial(r)
-	}
-	if r.pb.RefundAtNs > 0 {
-		return s.refund(storeKey, r)
 	}
 	if r.deadline != 0 && time.Now().UnixNano() > r.deadline {
 		// The sender no longer waits for this answer (it answered the
@@ -1254,7 +1263,7 @@ func (s *Server) forwarded(ctx context.Context, req *sluicev1.ForwardRequest) (*
 				moved[to] = append(moved[to], i)
 			case owner == s.name:
 				out[i] = s.decideOwned(ctx, v, buf, *r, false)
-			case r.pb.RefundAtNs != 0:
+			case r.isRefund():
 				out[i] = &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name, Error: "a refund is its owner's to apply"}
 			default:
 				// Also when this node's ring already gives the key to a
@@ -1365,7 +1374,7 @@ func (s *Server) reforward(ctx context.Context, v *view, owner string, reqs []re
 	for _, i := range is {
 		// A refund is never applied here: the owner may have applied it
 		// with only its answer lost.
-		if now.ring.Fingerprint() != v.ring.Fingerprint() && reqs[i].pb.RefundAtNs == 0 {
+		if now.ring.Fingerprint() != v.ring.Fingerprint() && !reqs[i].isRefund() {
 			buf = ring.Key(buf[:0], reqs[i].name, reqs[i].key)
 			if now.ring.Owner(buf) == s.name && s.custody.TombFor(buf) == "" {
 				out[i] = s.decideOwned(ctx, now, buf, reqs[i], false)

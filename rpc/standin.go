@@ -477,7 +477,7 @@ func (s *Server) standInHolder(v *view, owner string) string {
 // brought the copy: the holder has handed the key over), or for a leased
 // global key: the caller decides the key itself.
 func (s *Server) unsettledDecide(ctx context.Context, v *view, mi *custody.MovingIn, key []byte, r request) *sluicev1.Decision {
-	if mi.Prev == nil || r.pb.RefundAtNs != 0 || r.leased || (s.regions != nil && s.crossRegion(&r)) {
+	if mi.Prev == nil || r.isRefund() || r.leased || (s.regions != nil && s.crossRegion(&r)) {
 		// (A leased global key is decided here: a stand-in would deny it,
 		// and this node's holder of it, with no state of the key from a
 		// gone owner, is blind: it admits only what the allocator says
@@ -523,7 +523,7 @@ func (s *Server) answerUnavailable(ctx context.Context, reqs []request, fs []fai
 	for _, f := range fs {
 		r := reqs[f.index]
 		switch {
-		case r.pb.RefundAtNs != 0: // a refund is the owner's to apply, or nobody's
+		case r.isRefund(): // a refund is the owner's to apply, or nobody's
 			out[f.index] = &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name, Error: "refund not delivered: " + f.err}
 			continue
 		case ctx.Err() != nil:

@@ -3,6 +3,7 @@ package rpc
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 	"unicode/utf8"
 
@@ -77,7 +78,16 @@ type request struct {
 	// fullBurst is a leased bucket's whole capacity (check.Burst is then
 	// the base's share of it).
 	fullBurst int64
+	// refund marks a client's refund (hits < 0 on the wire): check.Hits
+	// hits are given back at the key's owner, not consumed (see
+	// Server.refund).
+	refund bool
 }
+
+// isRefund reports whether r gives hits back instead of consuming them: a
+// client's refund (negative hits) or a node's refund of a check of an
+// all-or-nothing request (refund_at_ns).
+func (r *request) isRefund() bool { return r.refund || r.pb.RefundAtNs != 0 }
 
 // parseChecks validates a batch and converts it; a check without numbers
 // takes those of the limit set configures under its name (set may be nil:
@@ -206,8 +216,17 @@ func parseCheck(pb *sluicev1.RateLimitCheck, set *limits.Set, fromPeer bool) (re
 		return request{}, &fieldError{"algorithm", fmt.Sprintf("unknown algorithm %d", pb.Algorithm)}
 	}
 	hits := int64(1) // unset: one hit
+	refund := false
 	if pb.Hits != nil {
 		hits = *pb.Hits
+	}
+	if hits < 0 {
+		// A refund: -hits hits given back (see Server.refund). The
+		// numbers are those of the check that consumed them.
+		if hits == math.MinInt64 {
+			return request{}, &fieldError{"hits", fmt.Sprintf("a refund gives back at most %d hits, got %d", int64(math.MaxInt64), hits)}
+		}
+		hits, refund = -hits, true
 	}
 	c := window.Check{
 		Algorithm: alg,
@@ -227,7 +246,7 @@ func parseCheck(pb *sluicev1.RateLimitCheck, set *limits.Set, fromPeer bool) (re
 		}
 		return request{}, &fieldError{fe.Field, reason}
 	}
-	return request{name: pb.Name, key: pb.Key, check: c, pb: pb, named: named, shadow: shadow, cfgScope: l.Scope}, nil
+	return request{name: pb.Name, key: pb.Key, check: c, pb: pb, named: named, shadow: shadow, cfgScope: l.Scope, refund: refund}, nil
 }
 
 // toProto converts a window decision to the wire, rounding times up to

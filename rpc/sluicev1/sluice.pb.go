@@ -312,7 +312,17 @@ type RateLimitCheck struct {
 	// Who is limited within name, e.g. a user id. 1..512 bytes of UTF-8.
 	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
 	// Hits to consume, >= 0; unset means 1. 0 peeks: it consumes nothing,
-	// and allowed says whether one more hit would be allowed.
+	// and allowed says whether one more hit would be allowed. Negative gives
+	// -hits back instead (a refund of hits an earlier check of the same name,
+	// key and numbers consumed, e.g. an estimate charged before the cost was
+	// known): at the key's owner, from the window in force there (fixed and
+	// sliding windows) or the bucket's debt as it is, never below zero; hits
+	// counted in a window that has ended are taken from the current one. A
+	// refund is never refused: its decision is allowed, with refunded set when
+	// it gave something back and remaining the hits left after it; it is not
+	// one of an all_or_nothing request's limits (never undone with them), and
+	// a refund whose owner cannot be reached is answered with error set (it is
+	// never applied elsewhere).
 	Hits *int64 `protobuf:"varint,3,opt,name=hits,proto3,oneof" json:"hits,omitempty"`
 	// Hits allowed per window, 1..2^53. A check that leaves limit,
 	// window_ms, burst and algorithm all unset takes the numbers of the limit
