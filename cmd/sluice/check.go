@@ -92,6 +92,10 @@ func runCheck(ctx context.Context, cmd *cli.Command) error {
 		return usagef("window", "must be a whole number of milliseconds, got %s", w)
 	case cmd.Int("count") < 1:
 		return usagef("count", "must be >= 1, got %d", cmd.Int("count"))
+	case cmd.Int64("hits") < 0:
+		// Negative hits on the wire give hits back (a refund, the Check
+		// API's and client.Refund's): never by a slip of this command.
+		return usagef("hits", "must be >= 0, got %d (a refund gives hits back through the Check API: negative hits, or the Go client's Refund)", cmd.Int64("hits"))
 	case cmd.Duration("timeout") <= 0:
 		return usagef("timeout", "must be > 0, got %s", cmd.Duration("timeout"))
 	}
