@@ -34,6 +34,10 @@
 // decide all or nothing: when one is denied, the others that were allowed
 // are given back ([Decision.Refunded]).
 //
+// [Client.Refund] gives back hits a check consumed (the token-quota
+// pattern: charge an estimate, give back what was not used), at the key's
+// owner, never below zero.
+//
 // A check moved to another node after a failed attempt may be counted
 // twice when the first node had counted it before failing (a node that
 // dies with the call in flight); the client accepts that over failing the
@@ -274,7 +278,8 @@ type Check struct {
 	// Key is who is limited within Name, e.g. "user:42" or an HMAC of an
 	// IP; at most 1 KiB of UTF-8. (Required)
 	Key string
-	// Hits to consume; 0 means 1 (see Peek). Must not be negative.
+	// Hits to consume; 0 means 1 (see Peek). Must not be negative
+	// ([Client.Refund] gives Hits back).
 	Hits int64
 	// Peek consumes nothing and asks whether one more hit would be
 	// allowed; Hits is then ignored.
@@ -327,7 +332,8 @@ type Decision struct {
 	// that would have been allowed but was given back because another
 	// check of the call was denied: nothing of it is counted, and
 	// Remaining is what the key had before it. The denied check says
-	// when to retry.
+	// when to retry. On the answer of [Client.Refund] (Allowed true) it
+	// says the refund gave hits back.
 	Refunded bool
 	// Cause is why the client answered by its failure mode (it wraps
 	// ErrUnavailable); nil otherwise.
@@ -592,6 +598,49 @@ func (c *Client) request(ch Check, field string, index int) (*sluicev1.RateLimit
 // or ctx's error when ctx ended before the timeout did.
 func (c *Client) Check(ctx context.Context, ch Check) (Decision, error) {
 	ds, err := c.check(ctx, []Check{ch}, "")
+	if len(ds) != 1 {
+		return Decision{}, err
+	}
+	return ds[0], err
+}
+
+// Refund gives back ch.Hits hits (0 means 1) that earlier checks of
+// ch.Name and ch.Key consumed; ch gives the same numbers as they did (or
+// none, for a configured limit), and Peek is refused. The key's owner
+// takes them off the key as it is now, as window.Store.Refund does:
+// never below zero; for the fixed and sliding windows from the window in
+// force (hits counted in a window that has ended are taken from the
+// current one: call Refund within the window of the charge, or accept
+// that the next window may admit up to the hits given back more than its
+// limit); for the buckets from the debt, exactly unless another check
+// updates the key at that very moment (then less). More hits than the
+// key can hold give back what it holds.
+//
+// The answer is Allowed (a refund is never refused), Refunded when it
+// gave hits back (false: nothing was counted), and Remaining the hits
+// left after it. A refund is never answered by the failure mode: when
+// no node answers, or the key's owner cannot be reached (a refund is
+// applied by the owner or by nobody), the error wraps ErrUnavailable
+// and the Decision is Degraded with Cause set, whatever Config.FailureMode
+// says. As for a check, a refund retried on another node after a failed
+// attempt may be given back twice (never below zero). Bad input is
+// ErrInvalid naming the field.
+func (c *Client) Refund(ctx context.Context, ch Check) (Decision, error) {
+	if ch.Peek {
+		return Decision{}, fmt.Errorf("%w: peek: a refund gives hits back; it cannot peek", ErrInvalid)
+	}
+	// FailClosed: a refund that reached nobody is an error, never an
+	// allowed guess.
+	fc := &Client{shared: c.shared, mode: FailClosed}
+	chs := []Check{ch}
+	ctx, tr := fc.startCall(ctx, chs, false)
+	req, err := fc.build(chs, "", false)
+	var ds []Decision
+	if err == nil {
+		req.Checks[0].Hits = proto.Int64(-max(ch.Hits, 1))
+		ds, err = fc.send(ctx, req, chs, fc.ownerNode(ch.Name, ch.Key), false, tr)
+	}
+	tr.end(ds, err)
 	if len(ds) != 1 {
 		return Decision{}, err
 	}
