@@ -34,6 +34,13 @@
 // of their own once the request is admitted, and only peeked at when it
 // is refused.
 //
+// A descriptor with is_negative_hits (Envoy 1.38 on) is a refund: a check
+// of negative hits that its key's owner gives back from the window in
+// force, never below zero, before the request's other descriptors are
+// decided; it never refuses its request (see [Service.ShouldRateLimit]).
+// Envoy sends no time with it, so hits charged in a window that has ended
+// are taken from the current one.
+//
 // A rule file may set on_owner_unavailable (local, allow or deny) next to
 // its domain, sluice's one addition to the format: every check of the
 // domain carries it, and a node answers by it for a descriptor whose key's

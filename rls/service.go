@@ -151,6 +151,13 @@ type Stats struct {
 	// Rules is the number of rules (rate_limit blocks, unlimited ones
 	// included) in force; 0 means every request is OK.
 	Rules int
+	// RefundsGiven, RefundsEmpty and RefundsFailed count the refund
+	// descriptors (is_negative_hits) answered: given back (in part when
+	// the count held fewer hits), giving nothing back (nothing counted
+	// in the window in force, or a rule of requests_per_unit 0), and
+	// not delivered (the key's owner unreachable: the hits stay counted;
+	// logged at warning). A refund is never counted in [RuleStats].
+	RefundsGiven, RefundsEmpty, RefundsFailed int64
 }
 
 // RuleStat is what one rule counted, in hits, as envoyproxy/ratelimit's
@@ -196,9 +203,10 @@ type Service struct {
 	opts    Options
 	headers HeaderNames
 
-	requests, overLimit, partial, shadowOK atomic.Int64
-	rules                                  sync.Map // domain + "\x00" + full key -> *ruleCounters
-	byRule                                 sync.Map // *Rule -> *ruleCounters
+	requests, overLimit, partial, shadowOK    atomic.Int64
+	refundsGiven, refundsEmpty, refundsFailed atomic.Int64
+	rules                                     sync.Map // domain + "\x00" + full key -> *ruleCounters
+	byRule                                    sync.Map // *Rule -> *ruleCounters
 }
 
 var _ rlsv3.RateLimitServiceServer = (*Service)(nil)
@@ -260,7 +268,8 @@ func (s *Service) Follow(src *Source) {
 // Stats returns the counters so far.
 func (s *Service) Stats() Stats {
 	st := Stats{Requests: s.requests.Load(), OverLimit: s.overLimit.Load(), PartialCharges: s.partial.Load(),
-		ShadowOK: s.shadowOK.Load(), Domains: len(s.Config().domains), Rules: len(s.Config().rules)}
+		ShadowOK: s.shadowOK.Load(), Domains: len(s.Config().domains), Rules: len(s.Config().rules),
+		RefundsGiven: s.refundsGiven.Load(), RefundsEmpty: s.refundsEmpty.Load(), RefundsFailed: s.refundsFailed.Load()}
 	if src := s.src.Load(); src != nil {
 		st.ConfigLoads, st.ConfigLoadErrors = src.loads.Load(), src.failures.Load()
 	}
@@ -359,6 +368,9 @@ type item struct {
 	policy sluicev1.OwnerUnavailablePolicy // the domain's on_owner_unavailable
 	scope  sluicev1.Scope                  // the domain's scope
 	quota  bool                            // a quota descriptor
+	// refund marks a descriptor with is_negative_hits (and hits > 0): its
+	// hits are given back, not consumed (see giveBack).
+	refund bool
 }
 
 // ShouldRateLimit answers one status per descriptor, in request order,
@@ -374,6 +386,16 @@ type item struct {
 // more than MaxDescriptors or a limit override of unknown unit;
 // UNAVAILABLE when a descriptor could not be decided at all (Envoy then
 // applies its failure_mode_deny setting).
+//
+// A descriptor with is_negative_hits (Envoy 1.38 on; its hits_addend, or
+// the request's, taken as negative) is a refund: its hits are given back
+// at the key's owner before the request's other descriptors are decided,
+// exactly and never below zero, from the rule's window in force when the
+// refund reaches the owner (see giveBack). It is answered OK with the
+// rule's limit and the hits remaining after it, and is no limit of the
+// request: it never refuses it, nor is undone when another descriptor
+// does. Its limit_remaining is what remained right after it, before the
+// request's own charges. One with 0 hits only peeks, as before.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	if req.GetDomain() == "" {
 		return nil, status.Error(codes.InvalidArgument, "domain: must not be empty")
@@ -390,17 +412,31 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if err != nil {
 		return nil, err
 	}
+	// Refunds first, in a call of their own: they are no limit of the
+	// request (never refuse it, never undone with it), and what they give
+	// back is room for the request's own hits.
+	given := s.giveBack(ctx, plan)
+	limits := plan
+	if given != nil {
+		limits = slices.Clone(plan)
+		for i := range given {
+			limits[i] = item{kind: kindNone}
+		}
+	}
 	var statuses []*rlsv3.RateLimitResponse_DescriptorStatus
 	if s.opts.IncrementWhenOverLimit {
-		statuses, err = s.decideEach(ctx, plan)
+		statuses, err = s.decideEach(ctx, limits)
 	} else {
-		statuses, err = s.decide(ctx, plan)
+		statuses, err = s.decide(ctx, limits)
 	}
 	if err != nil {
 		return nil, err
 	}
+	for i, st := range given {
+		statuses[i] = st
+	}
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: statuses}
-	if refuses(plan, statuses) {
+	if refuses(limits, statuses) {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	if s.opts.Headers != nil {
@@ -545,9 +581,6 @@ func (s *Service) plan(cfg *Config, req *rlsv3.RateLimitRequest) ([]item, error)
 		if h := d.GetHitsAddend(); h != nil {
 			hits = int64(min(h.GetValue(), math.MaxUint32))
 		}
-		if d.GetIsNegativeHits() {
-			hits = 0 // sluice cannot refund hits: this descriptor only peeks
-		}
 		if o := d.GetLimit(); o != nil {
 			if !knownDomain {
 				continue // as envoyproxy/ratelimit: an unknown domain is OK
@@ -583,6 +616,12 @@ func (s *Service) plan(cfg *Config, req *rlsv3.RateLimitRequest) ([]item, error)
 	for i, it := range plan {
 		if (it.kind == kindCheck || it.kind == kindZero) && it.rule.Name != "" && replacing[it.rule.Name] {
 			plan[i] = item{kind: kindNone}
+		}
+		if descs[i].GetIsNegativeHits() && plan[i].hits > 0 && (plan[i].kind == kindCheck || plan[i].kind == kindZero) {
+			// A refund (Envoy's is_negative_hits): given back, never a
+			// limit of the request (0 hits stays a peek, as before).
+			plan[i].refund = true
+			continue
 		}
 		// As envoyproxy/ratelimit: with QUOTA_MODE even a descriptor
 		// that matched no rule is a quota descriptor (one that passes).
@@ -916,6 +955,97 @@ func (s *Service) fill(ctx context.Context, plan []item, idx []int, room map[int
 	}
 }
 
+// giveBack gives back the hits of the plan's refunds (is_negative_hits)
+// and returns their statuses by index (nil when the plan has none).
+//
+// The refunds go in one call of their own, not all or nothing (each is
+// given back on its own, whatever the others): a check of negative hits,
+// with the rule's numbers, which the key's owner applies as
+// window.Store.Refund does. Envoy does not say when the hits were
+// charged, so the owner takes them from the key as it is when the refund
+// reaches it: from the fixed window in force, floored at zero. A refund
+// whose charge was counted in a window that has ended is thus taken from
+// the current window (the ended window's count no longer matters): the
+// new window may then admit up to those hits more than its limit. Under
+// Options.IncrementWhenOverLimit the windows hold min(count, limit+1)
+// (see decideEach), so a refund is taken from that: after a count went
+// past limit+1 it gives back more room than the peer's counter would.
+//
+// Every refund is answered OK (a refund refuses nothing): with the
+// rule's limit and the hits remaining after it when it reached the owner,
+// else with nothing remaining, and the hits stay counted. A rule of
+// requests_per_unit 0 counted nothing: nothing is sent.
+func (s *Service) giveBack(ctx context.Context, plan []item) map[int]*rlsv3.RateLimitResponse_DescriptorStatus {
+	var idx []int
+	for i, it := range plan {
+		if it.refund {
+			idx = append(idx, i)
+		}
+	}
+	if len(idx) == 0 {
+		return nil
+	}
+	now := s.clock.Now()
+	out := make(map[int]*rlsv3.RateLimitResponse_DescriptorStatus, len(idx))
+	var send []int
+	for _, i := range idx {
+		if plan[i].kind == kindZero {
+			out[i] = limitStatus(plan[i], true, 0, now)
+			s.refundsEmpty.Add(1)
+			continue
+		}
+		send = append(send, i)
+	}
+	if len(send) == 0 {
+		return out
+	}
+	extra := int64(0)
+	if s.opts.IncrementWhenOverLimit {
+		extra = 1 // the windows of decideEach
+	}
+	req := &sluicev1.CheckRequest{Checks: make([]*sluicev1.RateLimitCheck, len(send))}
+	for j, i := range send {
+		req.Checks[j] = s.sluiceCheck(plan[i], -plan[i].hits, extra)
+	}
+	var ds []*sluicev1.Decision
+	var err error
+	if s.checker == nil {
+		err = status.Error(codes.Unavailable, "rls: no checker to give the refunds back")
+	} else {
+		var resp *sluicev1.CheckResponse
+		if resp, err = s.checker.Check(ctx, req); err == nil {
+			if ds = resp.GetDecisions(); len(ds) != len(send) {
+				err = status.Errorf(codes.Internal, "%d decisions for %d refunds", len(ds), len(send))
+			}
+		}
+	}
+	for j, i := range send {
+		var d *sluicev1.Decision
+		if err == nil {
+			d = ds[j]
+		}
+		if d == nil || d.GetError() != "" {
+			why := ""
+			if d != nil {
+				why = d.GetError()
+			} else {
+				why = err.Error()
+			}
+			s.refundsFailed.Add(1)
+			s.log.Warn("rls: a refund (is_negative_hits) was not given back; its hits stay counted", "rule", plan[i].rule.FullKey, "hits", plan[i].hits, "error", why)
+			out[i] = limitStatus(plan[i], true, 0, now)
+			continue
+		}
+		if d.GetRefunded() {
+			s.refundsGiven.Add(1)
+		} else {
+			s.refundsEmpty.Add(1)
+		}
+		out[i] = limitStatus(plan[i], true, d.GetRemaining()-extra, now)
+	}
+	return out
+}
+
 // checkKey identifies the sluice check of a planned descriptor.
 func checkKey(it item) string { return it.name + "\x00" + it.key }
 
@@ -967,18 +1097,11 @@ func (s *Service) checkWith(ctx context.Context, plan []item, idx []int, peek bo
 	// the nodes for all or nothing (a peek consumes nothing to give back).
 	req := &sluicev1.CheckRequest{Checks: make([]*sluicev1.RateLimitCheck, len(idx)), AllOrNothing: !peek && extra == 0 && len(idx) > 1}
 	for j, i := range idx {
-		it := plan[i]
-		hits := it.hits
+		hits := plan[i].hits
 		if peek {
 			hits = 0
 		}
-		req.Checks[j] = &sluicev1.RateLimitCheck{
-			Name: it.name, Key: it.key, Hits: proto.Int64(hits),
-			Limit: int64(it.rule.RequestsPerUnit) + extra, WindowMs: it.window.Milliseconds(),
-			Algorithm:          sluicev1.Algorithm_ALGORITHM_FIXED_WINDOW,
-			OnOwnerUnavailable: it.policy,
-			Scope:              it.scope,
-		}
+		req.Checks[j] = s.sluiceCheck(plan[i], hits, extra)
 	}
 	if s.checker == nil {
 		return nil, status.Error(codes.Unavailable, "rls: no checker to decide the descriptors")
@@ -1000,6 +1123,20 @@ func (s *Service) checkWith(ctx context.Context, plan []item, idx []int, peek bo
 		}
 	}
 	return ds, nil
+}
+
+// sluiceCheck is the sluice check of the planned descriptor it, for hits
+// (0: a peek; negative: a refund of -hits), its limit raised by extra:
+// its rule's window, fixed, with the domain's on_owner_unavailable and
+// scope.
+func (s *Service) sluiceCheck(it item, hits, extra int64) *sluicev1.RateLimitCheck {
+	return &sluicev1.RateLimitCheck{
+		Name: it.name, Key: it.key, Hits: proto.Int64(hits),
+		Limit: int64(it.rule.RequestsPerUnit) + extra, WindowMs: it.window.Milliseconds(),
+		Algorithm:          sluicev1.Algorithm_ALGORITHM_FIXED_WINDOW,
+		OnOwnerUnavailable: it.policy,
+		Scope:              it.scope,
+	}
 }
 
 // limitStatus is the status of a limited descriptor: allowed or over

@@ -202,6 +202,7 @@ var (
 	descRLSLoads   = prometheus.NewDesc("sluice_rls_config_loads_total", "Loads of the RLS rule files, by result (ok; refused: the running rules stayed).", []string{"result"}, nil)
 	descRLSDomains = prometheus.NewDesc("sluice_rls_domains", "Domains of the RLS rules in force.", nil, nil)
 	descRLSRules   = prometheus.NewDesc("sluice_rls_rules", "RLS rules (rate_limit blocks) in force; 0: every Envoy request is OK.", nil, nil)
+	descRLSRefunds = prometheus.NewDesc("sluice_rls_refunds_total", "Envoy refund descriptors (is_negative_hits) answered, by result: given_back, nothing (nothing counted in the window in force), failed (the key's owner unreachable: the hits stay counted).", []string{"result"}, nil)
 	// Per rule, as envoyproxy/ratelimit's ratelimit.service.rate_limit.<key>.* stats: one series per rule, never per value.
 	rlsRuleLabels     = []string{"domain", "rule"}
 	descRLSRuleTotal  = prometheus.NewDesc("sluice_rls_rule_total_hits_total", "Hits asked of an RLS rule (its full key, e.g. rl.foo_bar; <domain>.(override) for limits carried by requests).", rlsRuleLabels, nil)
@@ -215,7 +216,7 @@ var (
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLocal, descForwarded, descFwdCalls, descFwdErrors, descNoConn,
 		descReceived, descReceivedRPCs, descMembers, descRingEpoch, descKeys, descSwept, descEvictedLive, descKeysRefused, descReloads, descLimits,
-		descRLS, descRLSPartial, descRLSShadow, descRLSLoads, descRLSDomains, descRLSRules, descRLSRuleTotal, descRLSRuleOver,
+		descRLS, descRLSPartial, descRLSShadow, descRLSLoads, descRLSDomains, descRLSRules, descRLSRefunds, descRLSRuleTotal, descRLSRuleOver,
 		descRLSRuleNear, descRLSRuleWithin, descRLSRuleShadow, descReplicas, descPoolSlice, descPoolUsed, descPoolFree,
 		descNodeInfo, descReady} {
 		ch <- d
@@ -295,6 +296,9 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(descRLSDomains, int64(st.Domains))
 		gauge(descRLSRules, int64(st.Rules))
+		counter(descRLSRefunds, st.RefundsGiven, "given_back")
+		counter(descRLSRefunds, st.RefundsEmpty, "nothing")
+		counter(descRLSRefunds, st.RefundsFailed, "failed")
 		for _, r := range rlsSvc.RuleStats() {
 			counter(descRLSRuleTotal, r.TotalHits, r.Domain, r.Rule)
 			counter(descRLSRuleOver, r.OverLimit, r.Domain, r.Rule)

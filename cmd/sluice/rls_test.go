@@ -73,6 +73,20 @@ func TestServeRLSConfig(t *testing.T) {
 		req.HitsAddend = 10
 		req.Descriptors[0].Entries[0].Value = "203.0.113.8"
 	}
+	// A refund (is_negative_hits) of the 10 hits: OK with all 10 back,
+	// counted in sluice_rls_refunds_total (given back; nothing when a
+	// minute began since the charge, whose count is then gone anyway).
+	refund := proto.Clone(req).(*rlsv3.RateLimitRequest)
+	refund.HitsAddend = 10
+	refund.Descriptors[0].IsNegativeHits = true
+	if r, err := c.ShouldRateLimit(context.Background(), refund); err != nil || r.OverallCode != rlsv3.RateLimitResponse_OK || r.Statuses[0].LimitRemaining != 10 {
+		t.Fatalf("refund: %v %v, want OK with 10 remaining", r, err)
+	}
+	metrics := httpBody(t, "http://"+m[0][2]+"/metrics")
+	if !regexp.MustCompile(`\nsluice_rls_refunds_total\{result="(given_back|nothing)"\} 1\n`).MatchString(metrics) ||
+		!strings.Contains(metrics, "\n"+`sluice_rls_refunds_total{result="failed"} 0`+"\n") {
+		t.Errorf("/metrics: no refund counted:\n%s", regexp.MustCompile(`(?m)^sluice_rls_refunds.*$`).FindAllString(metrics, -1))
+	}
 }
 
 // serve's envoyproxy/ratelimit settings reach the rate limit service from
@@ -187,23 +201,27 @@ func TestServeRLSPeerSettings(t *testing.T) {
 // rules of domains domains are in force.
 func wantRules(t *testing.T, addr string, rules, domains int) {
 	t.Helper()
-	hc := &http.Client{Transport: &http.Transport{}}
-	defer hc.CloseIdleConnections()
-	get := func(path string) string {
-		resp, err := hc.Get("http://" + addr + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return string(b)
-	}
+	get := func(path string) string { return httpBody(t, "http://"+addr+path) }
 	if got, want := get("/readyz"), fmt.Sprintf("ready\nrls rules: %d in %d domains\n", rules, domains); got != want {
 		t.Errorf("/readyz: %q, want %q", got, want)
 	}
 	if got, want := get("/metrics"), fmt.Sprintf("\nsluice_rls_rules %d\n", rules); !strings.Contains(got, want) {
 		t.Errorf("/metrics lacks %q", strings.TrimSpace(want))
 	}
+}
+
+// httpBody returns the body of GET url, on a connection closed after it.
+func httpBody(t *testing.T, url string) string {
+	t.Helper()
+	hc := &http.Client{Transport: &http.Transport{}}
+	defer hc.CloseIdleConnections()
+	resp, err := hc.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
 }
 
 // serve --rls-config given envoyproxy/ratelimit's runtime root (the
