@@ -101,6 +101,14 @@ cluster-up: build docker ## start three nodes in containers (docker-compose.yml)
 cluster-down: ## stop the containers of make cluster-up
 	$(CLUSTER_ENV) docker-compose down
 
+.PHONY: regions-up
+# REGIONS_WAN: a round trip in ms to put between the regions once they are up (tc
+# netem from the host: needs root; see deploy/compose/regions/regions.sh).
+REGIONS_WAN ?=
+regions-up: build docker ## start three regions in containers, a node each (deploy/compose/regions: us-east, eu-west, ap-south on 127.0.0.1:7670-7672, plaintext), REGIONS_WAN=100 adds a 100 ms round trip between them (root); stop with deploy/compose/regions/regions.sh down
+	SLUICE_IMAGE=$(IMAGE) SLUICE_BIN=$(BIN) ./deploy/compose/regions/regions.sh up
+	$(if $(REGIONS_WAN),./deploy/compose/regions/regions.sh wan on $(REGIONS_WAN))
+
 .PHONY: e2e
 E2E_IMAGE ?= sluice:e2e
 e2e: ## build bin/sluice and the image E2E_IMAGE (default sluice:e2e), then run the fault suite and the region tests in containers (e2e/, about 6 min)
