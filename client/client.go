@@ -36,7 +36,7 @@
 //
 // [Client.Refund] gives back hits a check consumed (the token-quota
 // pattern: charge an estimate, give back what was not used), at the key's
-// owner, never below zero.
+// owner, never below zero, on nodes started with serve --allow-refunds.
 //
 // A check moved to another node after a failed attempt may be counted
 // twice when the first node had counted it before failing (a node that
@@ -625,6 +625,14 @@ func (c *Client) Check(ctx context.Context, ch Check) (Decision, error) {
 // says. As for a check, a refund retried on another node after a failed
 // attempt may be given back twice (never below zero). Bad input is
 // ErrInvalid naming the field.
+//
+// Refunds are the operator's to allow: a node started without serve
+// --allow-refunds refuses them, ErrInvalid naming checks[0].hits and the
+// flag. With it, a token limited to name prefixes may not refund (the
+// nodes answer PERMISSION_DENIED: ErrUnavailable naming that code); a
+// token with the prefix "*" or a client certificate may. A refund let in
+// by a node with the flag whose key's owner runs without it is not
+// applied (ErrUnavailable, as for an owner that cannot be reached).
 func (c *Client) Refund(ctx context.Context, ch Check) (Decision, error) {
 	if ch.Peek {
 		return Decision{}, fmt.Errorf("%w: peek: a refund gives hits back; it cannot peek", ErrInvalid)

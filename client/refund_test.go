@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,7 +17,7 @@ import (
 // ErrInvalid; a refund nobody answers is ErrUnavailable even failing
 // open (it is never answered by the failure mode).
 func TestRefund(t *testing.T) {
-	nodes := testcluster.Start(t, 3, testcluster.Options{Limits: "limits:\n  api:\n    limit: 5\n    window: 1h\n"})
+	nodes := testcluster.Start(t, 3, testcluster.Options{Limits: "limits:\n  api:\n    limit: 5\n    window: 1h\n", AllowRefunds: true})
 	c := newClient(t, client.Config{Addrs: testcluster.Addrs(nodes), Timeout: 20 * time.Second})
 	ctx := context.Background()
 	inline := client.Check{Name: "tokens", Key: "team:7", Limit: &client.Limit{Limit: 10, Window: time.Hour}}
@@ -59,5 +60,27 @@ func TestRefund(t *testing.T) {
 	d, err := down.Refund(ctx, named)
 	if !errors.Is(err, client.ErrUnavailable) || d.Allowed || !d.Degraded || d.Cause == nil {
 		t.Fatalf("no node: %+v %v, want ErrUnavailable, not allowed", d, err)
+	}
+}
+
+// Refunds are the operator's to allow (serve --allow-refunds): on nodes
+// without it Refund is ErrInvalid naming checks[0].hits and the flag, and
+// gives nothing back.
+func TestRefundOff(t *testing.T) {
+	nodes := testcluster.Start(t, 1, testcluster.Options{})
+	c := newClient(t, client.Config{Addrs: testcluster.Addrs(nodes), Timeout: 20 * time.Second})
+	ctx := context.Background()
+	ch := client.Check{Name: "tokens", Key: "team:7", Limit: &client.Limit{Limit: 10, Window: time.Hour}, Hits: 8}
+	if d, err := c.Check(ctx, ch); err != nil || d.Remaining != 2 {
+		t.Fatalf("charge: %+v %v", d, err)
+	}
+	ch.Hits = 5
+	d, err := c.Refund(ctx, ch)
+	if !errors.Is(err, client.ErrInvalid) || !strings.Contains(err.Error(), "checks[0].hits: must be >= 0, got -5 (refunds are off: serve --allow-refunds)") || d.Allowed || d.Refunded {
+		t.Fatalf("a refund with refunds off: %+v %v, want ErrInvalid naming checks[0].hits and the flag", d, err)
+	}
+	ch.Peek = true
+	if d, err := c.Check(ctx, ch); err != nil || d.Remaining != 2 {
+		t.Fatalf("after it: %+v %v, want 2 remaining (nothing given back)", d, err)
 	}
 }

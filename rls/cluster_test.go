@@ -56,6 +56,7 @@ func startClusterOpts(t *testing.T, n int, cfg *rls.Config, opts rls.Options, cl
 			Name: fmt.Sprintf("node%d", i), GRPCAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
 			Join: join, Profile: cluster.Local, Clock: clock, Logger: testLogger(),
 			ForwardTimeout: 2 * time.Second, LeaveTimeout: time.Second, RLS: cfg, RLSOptions: opts,
+			AllowRefunds: opts.AllowRefunds, // the node's setting, which it gives its RLS face
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -34,12 +34,14 @@
 // of their own once the request is admitted, and only peeked at when it
 // is refused.
 //
-// A descriptor with is_negative_hits (Envoy 1.38 on) is a refund: a check
+// A descriptor with is_negative_hits (Envoy 1.38 on) is a refund when
+// [Options].AllowRefunds is on (serve --allow-refunds): a check
 // of negative hits that its key's owner gives back from the window in
 // force, never below zero, before the request's other descriptors are
 // decided; it never refuses its request (see [Service.ShouldRateLimit]).
 // Envoy sends no time with it, so hits charged in a window that has ended
-// are taken from the current one.
+// are taken from the current one. Off (the default), such a descriptor
+// only peeks, as before refunds.
 //
 // A rule file may set on_owner_unavailable (local, allow or deny) next to
 // its domain, sluice's one addition to the format: every check of the

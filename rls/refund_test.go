@@ -69,7 +69,7 @@ func TestRLSRefund(t *testing.T) {
 	}
 	clock := window.NewManualClock(time.Unix(3600*500_000, 0))
 	for _, peer := range []bool{false, true} {
-		n := startClusterOpts(t, 1, cfg, rls.Options{IncrementWhenOverLimit: peer}, clock)[0]
+		n := startClusterOpts(t, 1, cfg, rls.Options{IncrementWhenOverLimit: peer, AllowRefunds: true}, clock)[0]
 		type want struct {
 			code      rlsv3.RateLimitResponse_Code
 			remaining uint32
@@ -106,7 +106,7 @@ func TestRLSRefund(t *testing.T) {
 
 	// Charged 6 in one minute, given back in the next (after 2 more were
 	// charged there): taken from the current window, floored.
-	n := startCluster(t, 1, cfg, clock)[0]
+	n := startClusterOpts(t, 1, cfg, rls.Options{AllowRefunds: true}, clock)[0]
 	aiCall(t, n.rls, hitsDesc("small", "late", 6, false))
 	clock.Advance(time.Minute)
 	aiCall(t, n.rls, hitsDesc("small", "late", 2, false))
@@ -135,7 +135,7 @@ func TestRLSRefundTokenQuota(t *testing.T) {
 	for _, size := range []int{1, 3} {
 		t.Run(fmt.Sprintf("%d nodes", size), func(t *testing.T) {
 			clock := window.NewManualClock(time.Unix(3600*500_000, 0)) // one hour window throughout
-			nodes := startClusterOpts(t, size, cfg, rls.Options{}, clock)
+			nodes := startClusterOpts(t, size, cfg, rls.Options{AllowRefunds: true}, clock)
 			team := fmt.Sprintf("team-%d", size)
 			var (
 				mu                       sync.Mutex
@@ -227,7 +227,7 @@ func TestRLSRefundNotDelivered(t *testing.T) {
 	}
 	ch := newStoreChecker()
 	ch.failKey = `"gone"`
-	s := rls.NewService(cfg, ch, rls.Options{Clock: ch.clock, Logger: slog.New(slog.DiscardHandler)})
+	s := rls.NewService(cfg, ch, rls.Options{Clock: ch.clock, Logger: slog.New(slog.DiscardHandler), AllowRefunds: true})
 	r, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "ai", Descriptors: []*ratelimitv3.RateLimitDescriptor{
 		hitsDesc("small", "gone", 5, true), hitsDesc("small", "here", 4, false)}})
 	if err != nil {
@@ -238,5 +238,41 @@ func TestRLSRefundNotDelivered(t *testing.T) {
 	}
 	if st := s.Stats(); st.RefundsFailed != 1 || st.RefundsGiven != 0 || st.RefundsEmpty != 0 || st.Requests != 1 {
 		t.Fatalf("stats: %+v, want 1 refund failed", st)
+	}
+}
+
+// Refunds off (the node's default; serve --allow-refunds): a descriptor
+// with is_negative_hits is answered as before refunds, its hits taken as
+// 0: a peek that is one of the request's limits (OVER_LIMIT when the key
+// has no hit left), giving nothing back, counted in Stats.RefundsOff
+// (sluice_rls_refunds_total{result="off"}); a descriptor of 0 hits or
+// that matched no rule is no refund and is not counted.
+func TestRLSRefundOff(t *testing.T) {
+	cfg, err := rls.Parse(rls.File{Name: "ai.yaml", Data: []byte(refundRules)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := window.NewManualClock(time.Unix(3600*500_000, 0))
+	for _, peer := range []bool{false, true} {
+		n := startClusterOpts(t, 1, cfg, rls.Options{IncrementWhenOverLimit: peer}, clock)[0]
+		v := fmt.Sprint("off", peer)
+		aiCall(t, n.rls, hitsDesc("small", v, 7, false))
+		if r := aiCall(t, n.rls, hitsDesc("small", v, 5, true)); r.OverallCode != ok || r.Statuses[0].Code != ok || r.Statuses[0].LimitRemaining != 3 {
+			t.Fatalf("peer %v: a refund with refunds off: %v, want OK with 3 remaining (a peek)", peer, r)
+		}
+		aiCall(t, n.rls, hitsDesc("small", v, 3, false))
+		r := aiCall(t, n.rls, hitsDesc("small", v, 4, true), hitsDesc("nothing", v, 4, true), hitsDesc("small", v, 0, true))
+		switch {
+		case !peer && (r.OverallCode != over || r.Statuses[0].Code != over):
+			t.Fatalf("a refund of a spent key with refunds off: %v, want OVER_LIMIT (a peek, as before refunds)", r)
+		case peer && (r.OverallCode != ok || r.Statuses[0].LimitRemaining != 0):
+			t.Fatalf("peer counting: a refund of a spent key with refunds off: %v, want OK with 0 left (a peek at the limit)", r)
+		}
+		if d := aiCall(t, n.rls, hitsDesc("small", v, 0, false)); d.Statuses[0].LimitRemaining != 0 {
+			t.Fatalf("peer %v: %d remaining after the refused refunds, want 0 (nothing given back)", peer, d.Statuses[0].LimitRemaining)
+		}
+		if st := n.RLS().Stats(); st.RefundsOff != 2 || st.RefundsGiven+st.RefundsEmpty+st.RefundsFailed != 0 {
+			t.Errorf("peer %v: stats %+v, want 2 refunds off and no other", peer, st)
+		}
 	}
 }

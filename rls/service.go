@@ -121,6 +121,13 @@ type Options struct {
 	// hits as near the limit (NEAR_LIMIT_RATIO); 0 means
 	// DefaultNearLimitRatio.
 	NearLimitRatio float64
+	// AllowRefunds makes a descriptor with is_negative_hits a refund (see
+	// [Service.ShouldRateLimit]); the checker must take checks of
+	// negative hits (serve --allow-refunds, which sets it). Off (the
+	// default), such a descriptor is answered as before refunds: its
+	// hits are taken as 0, so it only peeks, and it is counted in
+	// Stats.RefundsOff.
+	AllowRefunds bool
 }
 
 // Stats counts what a [Service] answered since it started.
@@ -158,6 +165,10 @@ type Stats struct {
 	// not delivered (the key's owner unreachable: the hits stay counted;
 	// logged at warning). A refund is never counted in [RuleStats].
 	RefundsGiven, RefundsEmpty, RefundsFailed int64
+	// RefundsOff counts the descriptors with is_negative_hits that would
+	// have been refunds but only peeked, because Options.AllowRefunds is
+	// off.
+	RefundsOff int64
 }
 
 // RuleStat is what one rule counted, in hits, as envoyproxy/ratelimit's
@@ -205,6 +216,7 @@ type Service struct {
 
 	requests, overLimit, partial, shadowOK    atomic.Int64
 	refundsGiven, refundsEmpty, refundsFailed atomic.Int64
+	refundsOff                                atomic.Int64
 	rules                                     sync.Map // domain + "\x00" + full key -> *ruleCounters
 	byRule                                    sync.Map // *Rule -> *ruleCounters
 }
@@ -269,7 +281,8 @@ func (s *Service) Follow(src *Source) {
 func (s *Service) Stats() Stats {
 	st := Stats{Requests: s.requests.Load(), OverLimit: s.overLimit.Load(), PartialCharges: s.partial.Load(),
 		ShadowOK: s.shadowOK.Load(), Domains: len(s.Config().domains), Rules: len(s.Config().rules),
-		RefundsGiven: s.refundsGiven.Load(), RefundsEmpty: s.refundsEmpty.Load(), RefundsFailed: s.refundsFailed.Load()}
+		RefundsGiven: s.refundsGiven.Load(), RefundsEmpty: s.refundsEmpty.Load(), RefundsFailed: s.refundsFailed.Load(),
+		RefundsOff: s.refundsOff.Load()}
 	if src := s.src.Load(); src != nil {
 		st.ConfigLoads, st.ConfigLoadErrors = src.loads.Load(), src.failures.Load()
 	}
@@ -395,7 +408,11 @@ type item struct {
 // rule's limit and the hits remaining after it, and is no limit of the
 // request: it never refuses it, nor is undone when another descriptor
 // does. Its limit_remaining is what remained right after it, before the
-// request's own charges. One with 0 hits only peeks, as before.
+// request's own charges. One with 0 hits only peeks, as before. Refunds
+// are the operator's to allow (Options.AllowRefunds, serve
+// --allow-refunds): without them such a descriptor is answered as before
+// refunds, a peek (0 hits) that is one of the request's limits, and is
+// counted in Stats.RefundsOff.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	if req.GetDomain() == "" {
 		return nil, status.Error(codes.InvalidArgument, "domain: must not be empty")
@@ -575,11 +592,17 @@ func (s *Service) plan(cfg *Config, req *rlsv3.RateLimitRequest) ([]item, error)
 	policy := cfg.OnOwnerUnavailable(req.GetDomain())
 	scope := cfg.Scope(req.GetDomain())
 	plan := make([]item, len(descs))
+	offRefund := make([]bool, len(descs)) // a refund taken as a peek: refunds off
 	replacing := map[string]bool{}
 	for i, d := range descs {
 		hits := reqHits
 		if h := d.GetHitsAddend(); h != nil {
 			hits = int64(min(h.GetValue(), math.MaxUint32))
+		}
+		if d.GetIsNegativeHits() && !s.opts.AllowRefunds && hits > 0 {
+			// Refunds are off: as before refunds, the descriptor only
+			// peeks (counted in Stats.RefundsOff below).
+			hits, offRefund[i] = 0, true
 		}
 		if o := d.GetLimit(); o != nil {
 			if !knownDomain {
@@ -616,6 +639,9 @@ func (s *Service) plan(cfg *Config, req *rlsv3.RateLimitRequest) ([]item, error)
 	for i, it := range plan {
 		if (it.kind == kindCheck || it.kind == kindZero) && it.rule.Name != "" && replacing[it.rule.Name] {
 			plan[i] = item{kind: kindNone}
+		}
+		if offRefund[i] && (plan[i].kind == kindCheck || plan[i].kind == kindZero) {
+			s.refundsOff.Add(1)
 		}
 		if descs[i].GetIsNegativeHits() && plan[i].hits > 0 && (plan[i].kind == kindCheck || plan[i].kind == kindZero) {
 			// A refund (Envoy's is_negative_hits): given back, never a

@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -117,11 +118,20 @@ func (s *Server) allOrNothing(ctx context.Context, reqs []request, out []*sluice
 // It answers allowed (a refund is never refused),
 // refunded when it gave something back, and the hits remaining after it
 // (a peek, under the check's numbers).
+//
+// A client's refund is applied only where refunds are on
+// (ServerConfig.AllowRefunds): the node a client calls refuses one when
+// its own refunds are off (Check: INVALID_ARGUMENT), and the key's owner
+// checks again here, so that a node whose refunds are off never applies
+// one that a node with them on let in (see refundOff).
 func (s *Server) refund(storeKey []byte, r *request) *sluicev1.Decision {
 	c := r.check
 	now := s.store.Now()
 	at := time.Unix(0, r.pb.RefundAtNs)
 	client := r.pb.RefundAtNs == 0
+	if client && !s.allowRefunds {
+		return s.refundOff(r)
+	}
 	if client {
 		at = now
 		if r.full > c.Limit {
@@ -162,4 +172,24 @@ func (s *Server) refund(storeKey []byte, r *request) *sluicev1.Decision {
 	}
 	return &sluicev1.Decision{Allowed: true, Refunded: ok, Limit: c.Limit, Remaining: pd.Remaining,
 		ResetTime: unixMsCeil(pd.ResetTime), Owner: s.name}
+}
+
+// refundOffLogEvery spaces the warnings of refundOff.
+const refundOffLogEvery = time.Minute
+
+// refundOff answers a client's refund that reached this node, the key's
+// owner, whose refunds are off, from a node whose refunds are on (this
+// node's own Check refuses them): not applied, answered with an error
+// naming this node and the flag, counted in Stats.RefundsRefused
+// (sluice_refunds_refused_total) and logged at warning at most once a
+// minute, since it means the nodes' --allow-refunds differ.
+func (s *Server) refundOff(r *request) *sluicev1.Decision {
+	s.stats.refundsRefused.Add(1)
+	now := time.Now().UnixNano()
+	if last := s.refundOffLogged.Load(); now-last >= int64(refundOffLogEvery) && s.refundOffLogged.CompareAndSwap(last, now) {
+		s.log.Warn("a client's refund let in by another node was not applied: refunds are off on this node, the key's owner; give every node the same --allow-refunds",
+			"refused_so_far", s.stats.refundsRefused.Load())
+	}
+	return &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name,
+		Error: fmt.Sprintf("refund not applied: refunds are off at %s, the key's owner (serve --allow-refunds)", s.name)}
 }

@@ -29,7 +29,7 @@ func refundCheck(rc *sluicev1.RateLimitCheck, n int64) *sluicev1.RateLimitCheck 
 // no time); the most negative int64 is refused naming the field.
 func TestClientRefund(t *testing.T) {
 	clock := windowClock()
-	n := startInprocNode(t, "node1", clock)
+	n := startInproc(t, NodeConfig{Name: "node1", Clock: clock, AllowRefunds: true})[0]
 	c := n.client
 	type step struct {
 		hits              int64 // < 0: a refund
@@ -97,7 +97,7 @@ func TestClientRefund(t *testing.T) {
 // undone, the refund is not), and one that gives nothing back denies
 // nothing.
 func TestClientRefundAllOrNothing(t *testing.T) {
-	n := startInprocNode(t, "node1", windowClock())
+	n := startInproc(t, NodeConfig{Name: "node1", Clock: windowClock(), AllowRefunds: true})[0]
 	c := n.client
 	a := &sluicev1.RateLimitCheck{Name: "aon", Key: "a", Limit: 10, WindowMs: time.Hour.Milliseconds(), Hits: proto.Int64(5)}
 	b := &sluicev1.RateLimitCheck{Name: "aon", Key: "b", Limit: 1, WindowMs: time.Hour.Milliseconds(), Hits: proto.Int64(2)}
@@ -131,7 +131,7 @@ func TestClientRefundAllOrNothing(t *testing.T) {
 // (counted there), and a refund whose owner cannot be reached is
 // answered with an error, never applied by a stand-in.
 func TestClientRefundCluster(t *testing.T) {
-	nodes := startInprocCluster(t, 3, windowClock())
+	nodes := startRefundCluster(t, true, true, true)
 	key := keyOwnedBy(t, nodes[0], "cl", "node3")
 	rc := &sluicev1.RateLimitCheck{Name: "cl", Key: key, Limit: 10, WindowMs: time.Hour.Milliseconds(), Hits: proto.Int64(9)}
 	check(t, nodes[0].client, rc)

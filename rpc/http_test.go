@@ -94,7 +94,8 @@ func TestHTTPBadInput(t *testing.T) {
 		{`"limit":-1,"window_ms":1000`, "checks[0].limit"},
 		{`"limit":5,"window_ms":0`, "checks[0].window_ms"},
 		{`"limit":5,"window_ms":-5000`, "checks[0].window_ms"},
-		{`"limit":5,"window_ms":1000,"hits":"-9223372036854775808"`, "checks[0].hits"}, // -1 is a refund
+		{`"limit":5,"window_ms":1000,"hits":-1`, "checks[0].hits"}, // refunds are off (serve --allow-refunds)
+		{`"limit":5,"window_ms":1000,"hits":"-9223372036854775808"`, "checks[0].hits"},
 		{`"limit":5,"window_ms":1000,"burst":-1`, "checks[0].burst"},
 		{`"limit":5,"window_ms":1000,"algorithm":9`, "checks[0].algorithm"},
 		{`"limit":5,"window_ms":1000,"key":""`, "checks[0].key"},

@@ -80,7 +80,7 @@ func (c *inprocCluster) dialer() grpc.DialOption { return grpc.WithContextDialer
 // that sets one belongs on startNode.
 var inprocHonours = []string{"Name", "Clock", "TracerProvider", "Ring", "ForwardTimeout", "Batch", "HandOffTimeout",
 	"Replication", "SweepInterval", "MaxKeys", "OnKeyCap", "NameKeyShare", "GRPC", "HTTP", "HTTPAddr",
-	"Limits", "ServerOptions", "DialOptions", "Logger", "PeerIdentity", "hooks", "Region", "Regions", "LeaseBase"}
+	"Limits", "ServerOptions", "DialOptions", "Logger", "PeerIdentity", "hooks", "Region", "Regions", "LeaseBase", "AllowRefunds"}
 
 // start adds a node made from cfg as StartNode makes one (the store with
 // cfg's key cap and per-name share, the Server with cfg's limits and

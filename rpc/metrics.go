@@ -149,6 +149,7 @@ var (
 	descReloads      = prometheus.NewDesc("sluice_limits_reloads_total", "Reloads of the named limits file, by result (ok, refused).", []string{"result"}, nil)
 	descLimits       = prometheus.NewDesc("sluice_limits_configured", "Named limits in force.", nil, nil)
 	descNodeInfo     = prometheus.NewDesc("sluice_node_info", "Always 1; the labels name this node: member (its member name), region (--region) and version.", []string{"member", "region", "version"}, nil)
+	descRefundsOn    = prometheus.NewDesc("sluice_refunds_allowed", "1 when this node takes clients' refunds (negative hits, Envoy's is_negative_hits: serve --allow-refunds), else 0; every node of a cluster should say the same.", nil, nil)
 	descReady        = prometheus.NewDesc("sluice_ready", "1 while the node is ready (GET /readyz answers 200, gRPC health SERVING), else 0: joining, ring settling, refused by the cluster (its name is taken) or leaving.", nil, nil)
 	descHandOff      = []struct {
 		desc *prometheus.Desc
@@ -163,6 +164,7 @@ var (
 		{prometheus.NewDesc("sluice_stand_in_returned_keys_total", "Keys whose stand-in hits went to their owner (or into this node's window once it owned the key).", nil, nil), func(st Stats) int64 { return st.StandInReturned }},
 		{prometheus.NewDesc("sluice_expired_checks_total", "Forwarded checks not applied because they reached this node, their owner, after the sender's deadline (the sender answered them without it).", nil, nil), func(st Stats) int64 { return st.Expired }},
 		{prometheus.NewDesc("sluice_refunds_total", "Refunds applied here, as owner, that gave hits back: checks given back because another check of the same all-or-nothing request was denied, and clients' refunds (negative hits, Envoy's is_negative_hits).", nil, nil), func(st Stats) int64 { return st.Refunds }},
+		{prometheus.NewDesc("sluice_refunds_refused_total", "Clients' refunds (negative hits) another node let in that this node, the key's owner, did not apply because its refunds are off (serve --allow-refunds): the nodes' settings differ.", nil, nil), func(st Stats) int64 { return st.RefundsRefused }},
 		{prometheus.NewDesc("sluice_keys_moved_without_state_total", "Keys that changed owner without their state (a pull or hand-off failed or timed out): each may start afresh.", nil, nil), func(st Stats) int64 { return st.MovedWithoutState }},
 		{prometheus.NewDesc("sluice_keys_owner_lost_total", "Keys first touched here as new owner whose previous owner left without a hand-off and with no replica: they start afresh.", nil, nil), func(st Stats) int64 { return st.OwnerLost }},
 		{prometheus.NewDesc("sluice_replica_behind_total", "Key copies a replication send failed to deliver (sent again next interval).", nil, nil), func(st Stats) int64 { return st.ReplicaBehind }},
@@ -202,7 +204,7 @@ var (
 	descRLSLoads   = prometheus.NewDesc("sluice_rls_config_loads_total", "Loads of the RLS rule files, by result (ok; refused: the running rules stayed).", []string{"result"}, nil)
 	descRLSDomains = prometheus.NewDesc("sluice_rls_domains", "Domains of the RLS rules in force.", nil, nil)
 	descRLSRules   = prometheus.NewDesc("sluice_rls_rules", "RLS rules (rate_limit blocks) in force; 0: every Envoy request is OK.", nil, nil)
-	descRLSRefunds = prometheus.NewDesc("sluice_rls_refunds_total", "Envoy refund descriptors (is_negative_hits) answered, by result: given_back, nothing (nothing counted in the window in force), failed (the key's owner unreachable: the hits stay counted).", []string{"result"}, nil)
+	descRLSRefunds = prometheus.NewDesc("sluice_rls_refunds_total", "Envoy refund descriptors (is_negative_hits) answered, by result: given_back, nothing (nothing counted in the window in force), failed (the key's owner unreachable or its refunds off: the hits stay counted), off (this node's refunds are off, serve --allow-refunds: the descriptor only peeked, as before refunds).", []string{"result"}, nil)
 	// Per rule, as envoyproxy/ratelimit's ratelimit.service.rate_limit.<key>.* stats: one series per rule, never per value.
 	rlsRuleLabels     = []string{"domain", "rule"}
 	descRLSRuleTotal  = prometheus.NewDesc("sluice_rls_rule_total_hits_total", "Hits asked of an RLS rule (its full key, e.g. rl.foo_bar; <domain>.(override) for limits carried by requests).", rlsRuleLabels, nil)
@@ -218,7 +220,7 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 		descReceived, descReceivedRPCs, descMembers, descRingEpoch, descKeys, descSwept, descEvictedLive, descKeysRefused, descReloads, descLimits,
 		descRLS, descRLSPartial, descRLSShadow, descRLSLoads, descRLSDomains, descRLSRules, descRLSRefunds, descRLSRuleTotal, descRLSRuleOver,
 		descRLSRuleNear, descRLSRuleWithin, descRLSRuleShadow, descReplicas, descPoolSlice, descPoolUsed, descPoolFree,
-		descNodeInfo, descReady} {
+		descNodeInfo, descReady, descRefundsOn} {
 		ch <- d
 	}
 	for _, h := range descHandOff {
@@ -262,6 +264,11 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 			counter(h.desc, h.get(st))
 		}
 		gauge(descReplicas, int64(st.Replicas))
+		refundsOn := int64(0)
+		if st.AllowRefunds {
+			refundsOn = 1
+		}
+		gauge(descRefundsOn, refundsOn)
 		for name, p := range st.LeasePools {
 			counter(descPoolSlice, p.SliceHits, name)
 			counter(descPoolUsed, p.UsedHits, name)
@@ -299,6 +306,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descRLSRefunds, st.RefundsGiven, "given_back")
 		counter(descRLSRefunds, st.RefundsEmpty, "nothing")
 		counter(descRLSRefunds, st.RefundsFailed, "failed")
+		counter(descRLSRefunds, st.RefundsOff, "off")
 		for _, r := range rlsSvc.RuleStats() {
 			counter(descRLSRuleTotal, r.TotalHits, r.Domain, r.Rule)
 			counter(descRLSRuleOver, r.OverLimit, r.Domain, r.Rule)

@@ -175,8 +175,19 @@ type NodeConfig struct {
 	// ignored). (Optional)
 	RLSSource *rls.Source
 	// RLSOptions are the rate limit service's settings (see rls.Options;
-	// its Clock and Logger are the node's). (Optional)
+	// its Clock, Logger and AllowRefunds are the node's). (Optional)
 	RLSOptions rls.Options
+	// AllowRefunds lets callers give hits back: a check of negative hits
+	// on Check and POST /v1/check (client.Refund), and an Envoy
+	// descriptor with is_negative_hits (serve --allow-refunds). Off (the
+	// default), negative hits are refused with INVALID_ARGUMENT naming
+	// the field, an is_negative_hits descriptor only peeks, and the node,
+	// as a key's owner, applies no client's refund another node let in
+	// (see ServerConfig.AllowRefunds). On, a token refunds only with the
+	// prefix "*" (a token limited to prefixes must not lift its own
+	// limits); a client certificate may. Give every node the same
+	// setting (sluice_refunds_allowed says each node's). (Optional)
+	AllowRefunds bool
 	// TLSCert and TLSKey are PEM files of this node's peer certificate
 	// (its URI SAN spiffe://sluice/peer/NAME names this node, see
 	// internal/certs) and key; TLSCA is a PEM bundle of the CA(s) that
@@ -354,7 +365,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	n.join(ctx)
 	n.serveGRPC(ctx)
 	n.stateStarted()
-	log.Info("node started", "grpc_addr", n.grpcAddr, "gossip_addr", cl.GossipAddr(), "http_addr", n.httpAddr, "region", cfg.Region)
+	log.Info("node started", "grpc_addr", n.grpcAddr, "gossip_addr", cl.GossipAddr(), "http_addr", n.httpAddr, "region", cfg.Region, "allow_refunds", cfg.AllowRefunds)
 	return n, nil
 }
 

@@ -131,6 +131,15 @@ type ServerConfig struct {
 	// carried to its owner in the request (docs/tracing.md). nil: no
 	// spans, and requests carry no trace context. (Optional)
 	TracerProvider trace.TracerProvider
+	// AllowRefunds lets clients give hits back (a check of negative hits:
+	// a refund, see Server.refund; serve --allow-refunds). Off (the
+	// default), Check refuses negative hits with INVALID_ARGUMENT naming
+	// the field, and this node, as a key's owner, applies no client's
+	// refund that another node let in (answered with an error, counted in
+	// Stats.RefundsRefused). A node's own refunds of an all-or-nothing
+	// request are applied either way. Every node of a cluster should
+	// have the same setting. (Optional)
+	AllowRefunds bool
 
 	hooks *testHooks // tests' seams; nil: none
 }
@@ -164,6 +173,11 @@ type Server struct {
 	handOffTimeout time.Duration
 	replication    ReplicationConfig
 	peerCreds      func(name string) credentials.TransportCredentials
+	// allowRefunds: clients may give hits back (ServerConfig.AllowRefunds).
+	allowRefunds bool
+	// refundOffLogged is the Unix ns of the last warning of a client's
+	// refund refused here as owner (see refund).
+	refundOffLogged atomic.Int64
 
 	// pause watches this node's run for gaps (see pause.go).
 	pause *pause.Detector
@@ -254,6 +268,7 @@ type counters struct {
 	reforwarded, notOwnerApplied, viewMismatch, ringMismatch                                          atomic.Int64
 	degraded, replicaBehind, replicated                                                               atomic.Int64
 	standInAdmitted, standInReturned, standInForwarded, standInLeased, pausedDenied, expired, refunds atomic.Int64
+	refundsRefused                                                                                    atomic.Int64
 }
 
 // PeerStats counts the Forward calls made to one peer: of every kind
@@ -377,6 +392,13 @@ type Stats struct {
 	// checks given back because another check of the same request was
 	// denied (all or nothing), and clients' refunds (negative hits).
 	Refunds int64
+	// RefundsRefused: clients' refunds (negative hits) that another node
+	// let in and this node, the key's owner, did not apply because
+	// refunds are off here (ServerConfig.AllowRefunds): the nodes'
+	// --allow-refunds differ.
+	RefundsRefused int64
+	// AllowRefunds is this node's ServerConfig.AllowRefunds.
+	AllowRefunds bool
 	// Leases (several regions; leases.go): LeaseRequests this node sent
 	// for its region's slices; LeaseGrants its allocators sent, and
 	// LeaseGrantedHits the hits grants raised its region's slices by;
@@ -442,6 +464,8 @@ func (s *Server) Stats() Stats {
 		StandInReturned:     s.stats.standInReturned.Load() + s.handoff.Counters.StandInReturned.Load(),
 		Expired:             s.stats.expired.Load(),
 		Refunds:             s.stats.refunds.Load(),
+		RefundsRefused:      s.stats.refundsRefused.Load(),
+		AllowRefunds:        s.allowRefunds,
 	}
 	if l := s.leases; l != nil {
 		st.LeaseRequests, st.LeaseGrants, st.LeaseGrantedHits = l.st.requests.Load(), l.st.grants.Load(), l.st.grantedHits.Load()
@@ -518,9 +542,10 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		standInSignal: make(chan struct{}, 1),
 		custody: custody.New(custody.Config{Self: cfg.Name, Store: cfg.Store, HandOffTimeout: cfg.HandOffTimeout,
 			Logger: cfg.Logger, Hooks: cfg.hooks.custodyHooks()}),
-		dialOpts:  slices.Concat([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), codecDialOption}, WindowDialOptions(), cfg.DialOptions),
-		peerCreds: cfg.PeerCredentials,
-		pause:     pause.New(pauseThreshold(cfg.ForwardTimeout), time.Now()),
+		dialOpts:     slices.Concat([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), codecDialOption}, WindowDialOptions(), cfg.DialOptions),
+		peerCreds:    cfg.PeerCredentials,
+		allowRefunds: cfg.AllowRefunds,
+		pause:        pause.New(pauseThreshold(cfg.ForwardTimeout), time.Now()),
 	}
 	rings, err := ringview.New(cfg.Name, cfg.Ring)
 	if err != nil {
@@ -766,7 +791,7 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (*sluice
 	if s.joined != nil && !s.joined() { // alone, it would decide every key from a fresh window
 		return nil, status.Error(codes.Unavailable, "sluice: not joined yet; ask another node")
 	}
-	reqs, fe := parseChecks(req.GetChecks(), s.limits.Current(), false)
+	reqs, fe := parseBatch(req.GetChecks(), s.limits.Current(), false, s.allowRefunds)
 	if fe != nil {
 		if s.obs != nil {
 			for range min(len(req.GetChecks()), MaxBatch) {

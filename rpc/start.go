@@ -188,7 +188,7 @@ func newCore(cfg NodeConfig, sec secured, log *slog.Logger) (core, error) {
 		HandOffTimeout: cfg.HandOffTimeout, Replication: cfg.Replication,
 		PeerCredentials: security.PeerCredentials(sec.certs),
 		MaxInflight:     max(cfg.GRPC.MaxInflight, 0), PeerIdentity: peerIdentity, hooks: cfg.hooks,
-		TracerProvider: cfg.TracerProvider,
+		TracerProvider: cfg.TracerProvider, AllowRefunds: cfg.AllowRefunds,
 	})
 	if err != nil {
 		return core{}, err
@@ -257,6 +257,7 @@ func newGRPCServer(cfg NodeConfig, sec secured, auth *security.Authenticator, c 
 	if cfg.RLS != nil || cfg.RLSSource != nil {
 		opts := cfg.RLSOptions
 		opts.Clock, opts.Logger = cfg.Clock, log.With("component", "rls")
+		opts.AllowRefunds = cfg.AllowRefunds // the node's Check takes them or refuses them
 		rlsSvc = rls.NewService(cfg.RLS, c.server, opts)
 		if cfg.RLSSource != nil {
 			rlsSvc.Follow(cfg.RLSSource)
@@ -279,7 +280,7 @@ func newGRPCServer(cfg NodeConfig, sec secured, auth *security.Authenticator, c 
 // yet; cancel stops what the steps after it start.
 func newNode(cfg NodeConfig, log *slog.Logger, sec secured, lis listeners, c core, cl *cluster.Cluster, cancel context.CancelFunc) *Node {
 	auth := security.NewAuthenticator(security.AuthConfig{Mode: sec.mode, TLS: sec.certs != nil, Tokens: sec.tokens, IsMember: c.server.isMember, HasNumbers: hasNumbers,
-		AdminTokens: sec.admin})
+		AdminTokens: sec.admin, Refunds: cfg.AllowRefunds})
 	g := newGRPCServer(cfg, sec, auth, c, log)
 	n := &Node{cfg: cfg, lis: lis.grpc, grpcAddr: lis.advertised, grpc: g.server, health: g.health,
 		cluster: cl, server: c.server, store: c.store, metrics: c.metrics, log: log, cancel: cancel, failed: make(chan error, 1),

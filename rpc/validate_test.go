@@ -46,7 +46,8 @@ func TestBadInputIsRefusedByField(t *testing.T) {
 		{"window wrapping to positive ns", with(func(c *sluicev1.RateLimitCheck) { c.WindowMs = -18446744073709 }), "checks[0].window_ms"},
 		{"window min int64", with(func(c *sluicev1.RateLimitCheck) { c.WindowMs = math.MinInt64 }), "checks[0].window_ms"},
 		{"window over 366 days", with(func(c *sluicev1.RateLimitCheck) { c.WindowMs = math.MaxInt64 }), "checks[0].window_ms"},
-		{"hits min int64", with(func(c *sluicev1.RateLimitCheck) { c.Hits = proto.Int64(math.MinInt64) }), "checks[0].hits"}, // -1 is a refund
+		{"hits -1", with(func(c *sluicev1.RateLimitCheck) { c.Hits = proto.Int64(-1) }), "checks[0].hits"}, // refunds are off (serve --allow-refunds)
+		{"hits min int64", with(func(c *sluicev1.RateLimitCheck) { c.Hits = proto.Int64(math.MinInt64) }), "checks[0].hits"},
 		{"burst -1", with(func(c *sluicev1.RateLimitCheck) { c.Burst = -1 }), "checks[0].burst"},
 		{"unknown algorithm", with(func(c *sluicev1.RateLimitCheck) { c.Algorithm = 9 }), "checks[0].algorithm"},
 		{"negative algorithm", with(func(c *sluicev1.RateLimitCheck) { c.Algorithm = -1 }), "checks[0].algorithm"},

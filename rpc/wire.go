@@ -94,8 +94,21 @@ func (r *request) isRefund() bool { return r.refund || r.pb.RefundAtNs != 0 }
 // none configured). fromPeer says the batch was forwarded by a peer: a
 // check it marked named then takes this node's configured numbers for the
 // name when it has them, else those it carries. It returns a *fieldError
-// for the first bad field.
+// for the first bad field. A check of negative hits is a client's refund
+// (see parseBatch for a client's batch on a node whose refunds are off).
 func parseChecks(pbs []*sluicev1.RateLimitCheck, set *limits.Set, fromPeer bool) ([]request, *fieldError) {
+	return parseBatch(pbs, set, fromPeer, true)
+}
+
+// refundsOff is what a refused negative hits adds to its reason.
+const refundsOff = " (refunds are off: serve --allow-refunds)"
+
+// parseBatch is parseChecks; refunds says whether negative hits are a
+// client's refund (serve --allow-refunds): when false they are refused
+// as before refunds existed, "checks[i].hits: must be >= 0, got N"
+// (with refundsOff added). A peer's batch is parsed with refunds: its
+// owner decides whether it applies a refund (see Server.refund).
+func parseBatch(pbs []*sluicev1.RateLimitCheck, set *limits.Set, fromPeer, refunds bool) ([]request, *fieldError) {
 	switch {
 	case len(pbs) == 0:
 		return nil, &fieldError{"checks", "at least one check is required"}
@@ -104,7 +117,7 @@ func parseChecks(pbs []*sluicev1.RateLimitCheck, set *limits.Set, fromPeer bool)
 	}
 	out := make([]request, len(pbs))
 	for i, pb := range pbs {
-		r, fe := parseCheck(pb, set, fromPeer)
+		r, fe := parseOne(pb, set, fromPeer, refunds)
 		if fe != nil {
 			fe.field = fmt.Sprintf("checks[%d].%s", i, fe.field)
 			return nil, fe
@@ -121,7 +134,14 @@ func hasNumbers(c *sluicev1.RateLimitCheck) bool {
 }
 
 // parseCheck validates one check; the fieldError names the field alone.
+// Negative hits are a client's refund.
 func parseCheck(pb *sluicev1.RateLimitCheck, set *limits.Set, fromPeer bool) (request, *fieldError) {
+	return parseOne(pb, set, fromPeer, true)
+}
+
+// parseOne is parseCheck; refunds false refuses negative hits (see
+// parseBatch).
+func parseOne(pb *sluicev1.RateLimitCheck, set *limits.Set, fromPeer, refunds bool) (request, *fieldError) {
 	if pb == nil {
 		return request{}, &fieldError{"name", "must not be empty"}
 	}
@@ -220,9 +240,11 @@ func parseCheck(pb *sluicev1.RateLimitCheck, set *limits.Set, fromPeer bool) (re
 	if pb.Hits != nil {
 		hits = *pb.Hits
 	}
-	if hits < 0 {
+	if hits < 0 && refunds {
 		// A refund: -hits hits given back (see Server.refund). The
-		// numbers are those of the check that consumed them.
+		// numbers are those of the check that consumed them. (Refunds
+		// off, c.Validate refuses negative hits below, as it did before
+		// refunds existed.)
 		if hits == math.MinInt64 {
 			return request{}, &fieldError{"hits", fmt.Sprintf("a refund gives back at most %d hits, got %d", int64(math.MaxInt64), hits)}
 		}
@@ -243,6 +265,9 @@ func parseCheck(pb *sluicev1.RateLimitCheck, set *limits.Set, fromPeer bool) (re
 		reason := fe.Reason
 		if named && (fe.Field == "limit" || fe.Field == "window") {
 			reason += fmt.Sprintf(" (give limit and window_ms, or no numbers at all to take those of the configured limit %q)", pb.Name)
+		}
+		if fe.Field == "hits" && hits < 0 {
+			reason += refundsOff
 		}
 		return request{}, &fieldError{fe.Field, reason}
 	}

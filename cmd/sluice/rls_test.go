@@ -15,9 +15,13 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/sluicehq/sluice/rpc/sluicev1"
 )
 
 // serve --rls-config refuses a bad rule file, naming the file and line,
@@ -37,7 +41,13 @@ func TestServeRLSConfig(t *testing.T) {
 		"SLUICE_NAME": "rls-node", "SLUICE_GRPC_ADDR": "127.0.0.1:0", "SLUICE_GOSSIP_ADDR": "127.0.0.1:0", "SLUICE_HTTP_ADDR": "127.0.0.1:0",
 		"SLUICE_PROFILE": "local", "SLUICE_RLS_CONFIG": "../../examples/rls",
 	}
-	errBuf, m, stop := startServeLog(t, nil, env, regexp.MustCompile(`msg="node started" node=rls-node grpc_addr=(\S+) .*http_addr=(\S+)`))
+	// Refunds on from the config file (Envoy's is_negative_hits).
+	conf := filepath.Join(dir, "sluice.yaml")
+	if err := os.WriteFile(conf, []byte("allow-refunds: true\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	errBuf, m, stop := startServeLog(t, []string{"--config", conf}, env,
+		regexp.MustCompile(`msg="node started" node=rls-node grpc_addr=(\S+) .*http_addr=(\S+) .*allow_refunds=true`))
 	defer stop()
 	addr := m[0][1]
 	if !strings.Contains(errBuf.String(), `msg="rls rules loaded" node=rls-node component=rls domains=edge files=1 rules=5`) {
@@ -86,6 +96,9 @@ func TestServeRLSConfig(t *testing.T) {
 	if !regexp.MustCompile(`\nsluice_rls_refunds_total\{result="(given_back|nothing)"\} 1\n`).MatchString(metrics) ||
 		!strings.Contains(metrics, "\n"+`sluice_rls_refunds_total{result="failed"} 0`+"\n") {
 		t.Errorf("/metrics: no refund counted:\n%s", regexp.MustCompile(`(?m)^sluice_rls_refunds.*$`).FindAllString(metrics, -1))
+	}
+	if !strings.Contains(metrics, "\nsluice_refunds_allowed 1\n") || !strings.Contains(metrics, "\n"+`sluice_rls_refunds_total{result="off"} 0`+"\n") {
+		t.Errorf("/metrics: want sluice_refunds_allowed 1 and no refund off")
 	}
 }
 
@@ -159,6 +172,27 @@ func TestServeRLSPeerSettings(t *testing.T) {
 	peek.Descriptors[0].HitsAddend = wrapperspb.UInt64(0)
 	if r, err := c.ShouldRateLimit(context.Background(), peek); err != nil || r.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Fatalf("peek past the limit: %v %v", r, err)
+	}
+	// Refunds off (the default): is_negative_hits only peeks, as before
+	// refunds (over the limit still), counted as off; a check of
+	// negative hits is refused naming the field and the flag.
+	refund := proto.Clone(req).(*rlsv3.RateLimitRequest)
+	refund.Descriptors[0].HitsAddend = wrapperspb.UInt64(1)
+	refund.Descriptors[0].IsNegativeHits = true
+	if r, err := c.ShouldRateLimit(context.Background(), refund); err != nil || r.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("a refund with refunds off: %v %v, want the peek's OVER_LIMIT", r, err)
+	}
+	if r, err := c.ShouldRateLimit(context.Background(), peek); err != nil || r.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("peek after the refund: %v %v, want still over (nothing given back)", r, err)
+	}
+	metrics := httpBody(t, "http://"+m[2]+"/metrics")
+	if !strings.Contains(metrics, "\n"+`sluice_rls_refunds_total{result="off"} 1`+"\n") || !strings.Contains(metrics, "\nsluice_refunds_allowed 0\n") {
+		t.Errorf("/metrics: want a refund counted off and sluice_refunds_allowed 0:\n%s", regexp.MustCompile(`(?m)^sluice_(rls_)?refunds.*$`).FindAllString(metrics, -1))
+	}
+	_, err = sluicev1.NewRateLimitServiceClient(conn).Check(context.Background(), &sluicev1.CheckRequest{Checks: []*sluicev1.RateLimitCheck{
+		{Name: "api", Key: "k", Limit: 5, WindowMs: 60000, Hits: proto.Int64(-1)}}})
+	if want := "checks[0].hits: must be >= 0, got -1 (refunds are off: serve --allow-refunds)"; status.Code(err) != codes.InvalidArgument || status.Convert(err).Message() != want {
+		t.Errorf("a check of hits -1: %v, want INVALID_ARGUMENT %q", err, want)
 	}
 
 	hc := &http.Client{Transport: &http.Transport{}}

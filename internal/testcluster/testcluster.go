@@ -51,6 +51,9 @@ type Options struct {
 	// the ring: needed when the nodes take tokens and no certificate
 	// (client auth token, or TokenFile without a PKI). (Optional)
 	Token string
+	// AllowRefunds lets the nodes take clients' refunds
+	// (rpc.NodeConfig.AllowRefunds, serve --allow-refunds). (Optional)
+	AllowRefunds bool
 }
 
 // PKI is a development CA in a test's temporary directory, issuing peer
@@ -147,6 +150,7 @@ func Start(t testing.TB, n int, opt Options) []*rpc.Node {
 			Limits:         src,
 			ClientAuth:     opt.ClientAuth,
 			TokenFile:      opt.TokenFile,
+			AllowRefunds:   opt.AllowRefunds,
 		}
 		if opt.PKI != nil {
 			cfg.TLSCert, cfg.TLSKey = opt.PKI.Issue(t, certs.Peer, cfg.Name)

@@ -322,7 +322,9 @@ type RateLimitCheck struct {
 	// it gave something back and remaining the hits left after it; it is not
 	// one of an all_or_nothing request's limits (never undone with them), and
 	// a refund whose owner cannot be reached is answered with error set (it is
-	// never applied elsewhere).
+	// never applied elsewhere). Refunds are taken only by nodes started with
+	// serve --allow-refunds; elsewhere negative hits are INVALID_ARGUMENT, and
+	// a refund whose key's owner runs without it is answered with error set.
 	Hits *int64 `protobuf:"varint,3,opt,name=hits,proto3,oneof" json:"hits,omitempty"`
 	// Hits allowed per window, 1..2^53. A check that leaves limit,
 	// window_ms, burst and algorithm all unset takes the numbers of the limit

@@ -237,6 +237,13 @@ type AuthConfig struct {
 	// AdminTokens are the tokens of the admin API (see AuthorizeAdmin);
 	// nil: none. They check nothing. (Optional)
 	AdminTokens *AdminTokenSet
+	// Refunds says the node takes clients' refunds (a check of negative
+	// hits; serve --allow-refunds): a token may then send one only with
+	// the prefix "*", since a refund lifts what the key admits and a
+	// token limited to prefixes must not lift its own limits. Off, the
+	// node refuses negative hits itself (INVALID_ARGUMENT), whatever the
+	// caller. (Optional)
+	Refunds bool
 }
 
 // Authenticator checks the callers of a node: its gRPC interceptors and
@@ -382,6 +389,11 @@ func (a *Authenticator) authorize(method string, pr principal, req any) error {
 			// afresh), other clients' keys included.
 			if a.cfg.HasNumbers(c) {
 				return status.Errorf(codes.PermissionDenied, "checks[%d]: a token checks configured limits only: send no limit, window_ms, burst or algorithm (the limit %q takes its numbers from the node's limits file)", i, c.GetName())
+			}
+			// A refund gives hits back: a token limited to prefixes
+			// would lift its own limits.
+			if a.cfg.Refunds && c.GetHits() < 0 && !slices.Contains(pr.token.prefixes, "*") {
+				return status.Errorf(codes.PermissionDenied, "checks[%d].hits: a refund (negative hits) needs a token with the prefix \"*\" or a client certificate: a token limited to prefixes may not give hits back", i)
 			}
 		}
 		return nil
