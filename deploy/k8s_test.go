@@ -1015,13 +1015,13 @@ func TestChartValues(t *testing.T) {
 			want: func(w want) want { w.advertise = "hostNetwork"; return w }},
 		{name: "a region on pod IPs, wan",
 			args: []string{"--set-json", `regions={"region":"eu","list":"us=2,eu=1","seeds":["sluice-us-0.us.example:7946"],"peers":[{"ipBlock":{"cidr":"10.1.0.0/16"}}]}`,
-				"--set", "gossipProfile=wan"},
+				"--set", "gossipProfile=wan", "--set", "clusterLabel=sluice-prod"},
 			want: func(w want) want {
 				w.statefulSet, w.remoteSeeds, w.regionPeers = "sluice-eu", []string{"sluice-us-0.us.example:7946"}, true
 				return w
 			},
 			check: func(t *testing.T, m *manifests, p pod) {
-				for name, want := range map[string]string{"SLUICE_REGION": "eu", "SLUICE_REGIONS": "us=2,eu=1", "SLUICE_PROFILE": "wan", "SLUICE_CLUSTER_LABEL": "sluice/us=2,eu=1"} {
+				for name, want := range map[string]string{"SLUICE_REGION": "eu", "SLUICE_REGIONS": "us=2,eu=1", "SLUICE_PROFILE": "wan", "SLUICE_CLUSTER_LABEL": "sluice-prod"} {
 					if v := p.value(t, name); v != want {
 						t.Errorf("%s %q, want %q", name, v, want)
 					}
@@ -1073,6 +1073,7 @@ func TestChartRefuses(t *testing.T) {
 		{append(slices.Clone(imageArgs), "--set-json", `regions={"region":"ap","list":"us,eu","seeds":["a:1"],"peers":[{}]}`), `regions.region "ap" is not in regions.list`},
 		{append(slices.Clone(imageArgs), "--set-json", `regions={"region":"eu","list":"us,eu","peers":[{}]}`), "regions.seeds is required"},
 		{append(slices.Clone(imageArgs), "--set-json", `regions={"region":"eu","list":"us,eu","seeds":["a:1"]}`), "regions.peers is required"},
+		{append(slices.Clone(imageArgs), "--set-json", `regions={"region":"eu","list":"us, eu","seeds":["a:1"],"peers":[{}]}`), `clusterLabel is required with regions.region: gossip's cluster label, the same string in every region's release (put it in the values file the regions share, e.g. clusterLabel: sluice-prod); nodes whose labels differ never meet (a release installed before it was required has "sluice/us,eu")`},
 		{append(slices.Clone(imageArgs), "--set", "regions.region=EU"), "/regions/region"},
 		{append(slices.Clone(imageArgs), "--set-json", `regions={"region":"eu","list":"us,eu=x"}`), "/regions/list"},
 		{append(slices.Clone(imageArgs), "--set", "advertise.mode=loadBalancer"), "advertise.loadBalancer.addresses: 0 addresses for 3 replicas"},

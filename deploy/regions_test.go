@@ -39,6 +39,7 @@ type regionRender struct {
 	seeds                           []string // regions.seeds: after the release's own pods
 	peers                           networkingv1.NetworkPolicySpec
 	gossipPort, grpcPort            int32
+	sourceRanges                    map[string][]string // per-pod Service -> loadBalancerSourceRanges
 }
 
 // TestChartRegions renders the example's three releases, one per region
@@ -50,8 +51,9 @@ type regionRender struct {
 // advertises its own load balancer's IP, whose Service reaches it on
 // gossip (TCP and UDP) and the peer port, not-ready included; each
 // region's seeds are nodes of the other regions (every other region
-// named) at their advertised gossip addresses; each NetworkPolicy lets
-// the other regions' nodes in and out on those ports.
+// named) at their advertised gossip addresses; each NetworkPolicy, and
+// each load balancer's source ranges when set, let the other regions'
+// nodes in (and the NetworkPolicy out) on those ports.
 func TestChartRegions(t *testing.T) {
 	helm := helmBinary(t)
 	var renders []regionRender
@@ -125,6 +127,22 @@ func TestChartRegions(t *testing.T) {
 				t.Errorf("region %s names no node of region %s in its seeds %v", rr.region, other.region, rr.seeds)
 			}
 		}
+		// The load balancers' source ranges, when set: the other regions'
+		// nodes get through.
+		for svc, ranges := range rr.sourceRanges {
+			if len(ranges) == 0 {
+				continue
+			}
+			for addr, n := range gossipAt {
+				ip := net.ParseIP(n.advertise)
+				if !slices.ContainsFunc(ranges, func(c string) bool {
+					_, cidr, err := net.ParseCIDR(c)
+					return err == nil && cidr.Contains(ip)
+				}) {
+					t.Errorf("region %s: Service %s's loadBalancerSourceRanges %v shut out %s (%s)", rr.region, svc, ranges, n.name, addr)
+				}
+			}
+		}
 		// The NetworkPolicy: the other regions' nodes in and out on gossip
 		// and the peer port.
 		for addr, n := range gossipAt {
@@ -173,6 +191,7 @@ func renderRegion(t *testing.T, r string) regionRender {
 		gossipSecret: p.secretFile(t, p.c, p.value(t, "SLUICE_GOSSIP_KEY_FILE"), "gossip.keys"),
 		seeds:        strings.Split(p.value(t, "SLUICE_JOIN"), ",")[3:],
 		peers:        m.networkPolicies["sluice"].Spec,
+		sourceRanges: map[string][]string{},
 	}
 	if rr.region != r {
 		t.Errorf("region %s's release: SLUICE_REGION %q", r, rr.region)
@@ -225,6 +244,7 @@ func renderRegion(t *testing.T, r string) regionRender {
 				t.Errorf("Service %s has no port %d/%s to the pod's %s (sluice advertises the port it listens on)", pod, ports[want.target], want.proto, want.target)
 			}
 		}
+		rr.sourceRanges[pod] = svc.Spec.LoadBalancerSourceRanges
 		rr.nodes = append(rr.nodes, regionNode{region: r, name: pod, advertise: addr})
 	}
 	return rr

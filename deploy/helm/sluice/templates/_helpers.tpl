@@ -63,14 +63,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (printf "%s-tokens" (include "sluice.fullname" .)) .Values.tokens.secret -}}
 {{- end -}}
 
-{{/* Gossip's cluster label: clusterLabel, else <fullname>.<namespace>; with
-regions, <fullname>/<the region list without spaces>, the same in every
-region's release whatever its namespace. */}}
+{{/* Gossip's cluster label: clusterLabel, else <fullname>.<namespace>.
+With regions clusterLabel is required (sluice.validate): a default made of
+the release's names would differ between two regions' releases named
+apart, and nodes with another label never meet, with no error but memberlist's
+"discarding stream with unacceptable label" in their logs. */}}
 {{- define "sluice.clusterLabel" -}}
 {{- if .Values.clusterLabel -}}
 {{- .Values.clusterLabel -}}
-{{- else if include "sluice.regions" . -}}
-{{- printf "%s/%s" (include "sluice.fullname" .) (regexReplaceAll "\\s" .Values.regions.list "") -}}
 {{- else -}}
 {{- printf "%s.%s" (include "sluice.fullname" .) .Release.Namespace -}}
 {{- end -}}
@@ -203,6 +203,9 @@ Gi or Ti). */}}
 {{- end -}}
 {{- if and .Values.networkPolicy.enabled (not .Values.regions.peers) -}}
 {{- fail "regions.peers is required with regions.region and networkPolicy.enabled: the other regions' nodes as NetworkPolicyPeers (ipBlocks of the addresses they send from and are reached at), or the NetworkPolicy shuts them out; [{ipBlock: {cidr: 0.0.0.0/0}}] lets anyone reach gossip and the peer port (TLS and the gossip key still check them)" -}}
+{{- end -}}
+{{- if not .Values.clusterLabel -}}
+{{- fail (printf "clusterLabel is required with regions.region: gossip's cluster label, the same string in every region's release (put it in the values file the regions share, e.g. clusterLabel: sluice-prod); nodes whose labels differ never meet (a release installed before it was required has %q)" (printf "%s/%s" (include "sluice.fullname" .) (regexReplaceAll "\\s" .Values.regions.list ""))) -}}
 {{- end -}}
 {{- end -}}
 {{- if eq .Values.advertise.mode "loadBalancer" -}}
