@@ -31,10 +31,12 @@ const (
 
 // A check under a configured name that leaves on_owner_unavailable
 // unspecified is forwarded with the limit's policy (its key's override's),
-// whether it carries numbers or not; a policy of the check's own wins; a
-// name without a policy, or without a configured limit, stays unspecified
-// (local); a peer's check keeps the policy its sender resolved. The
-// client's message is never changed.
+// whether it carries numbers or not; a policy of the check's own wins only
+// when it is stricter (deny over local over allow: the operator's policy
+// is never weakened by a caller, issue 38); a name without a policy, or
+// without a configured limit, keeps the check's (unspecified: local); a
+// peer's check keeps the policy its sender resolved. The client's message
+// is never changed.
 func TestParseCheckTakesTheLimitsPolicy(t *testing.T) {
 	set := mustParseLimits(t, failModeLimits).Current()
 	inline := func(name, key string, p sluicev1.OwnerUnavailablePolicy) *sluicev1.RateLimitCheck {
@@ -53,8 +55,12 @@ func TestParseCheckTakesTheLimitsPolicy(t *testing.T) {
 		{"named, the limit says deny", named("login", "user:1"), false, policyDeny},
 		{"inline numbers under the name", inline("login", "user:1", policyUnspecified), false, policyDeny},
 		{"the override says allow", named("login", "internal:cron"), false, policyAllow},
-		{"the check's own policy wins", withPolicy(named("login", "user:1"), policyLocal), false, policyLocal},
-		{"the check's own policy wins, inline", inline("login", "user:1", policyAllow), false, policyAllow},
+		{"a weaker policy of the check's own loses (local under deny)", withPolicy(named("login", "user:1"), policyLocal), false, policyDeny},
+		{"a weaker policy of the check's own loses, inline (allow under deny)", inline("login", "user:1", policyAllow), false, policyDeny},
+		{"a stricter policy of the check's own wins (deny under allow)", withPolicy(named("login", "internal:cron"), policyDeny), false, policyDeny},
+		{"a stricter policy of the check's own wins (local under allow)", withPolicy(named("login", "internal:cron"), policyLocal), false, policyLocal},
+		{"the same policy", withPolicy(named("login", "user:1"), policyDeny), false, policyDeny},
+		{"a limit without a policy: the check's", withPolicy(named("api", "user:1"), policyAllow), false, policyAllow},
 		{"a limit without a policy", named("api", "user:1"), false, policyUnspecified},
 		{"no such limit", inline("other", "user:1", policyUnspecified), false, policyUnspecified},
 		{"from a peer: the sender's (none)", withNamed(named("login", "user:1")), true, policyUnspecified},
@@ -90,7 +96,9 @@ func withNamed(c *sluicev1.RateLimitCheck) *sluicev1.RateLimitCheck {
 
 // End to end: with the key's owner dead, the node the client called
 // answers a check of a limit configured deny (named or inline) denied and
-// degraded, and one whose own policy says allow, allowed and degraded.
+// degraded, and so one whose own policy says allow (a caller cannot turn
+// the operator's deny into fail-open, issue 38); under the override that
+// says allow, a check's own deny is denied.
 func TestNamedLimitPolicyWhenTheOwnerIsDown(t *testing.T) {
 	clock := windowClock()
 	nodes := startInproc(t, NodeConfig{Name: "node1", Clock: clock, Limits: mustParseLimits(t, failModeLimits)},
@@ -112,7 +120,8 @@ func TestNamedLimitPolicyWhenTheOwnerIsDown(t *testing.T) {
 	}{
 		{"named, deny", named("login", k), false},
 		{"inline under the name, deny", &sluicev1.RateLimitCheck{Name: "login", Key: k, Limit: 5, WindowMs: 60_000}, false},
-		{"the check's own allow", &sluicev1.RateLimitCheck{Name: "login", Key: k, OnOwnerUnavailable: policyAllow}, true},
+		{"the check's own allow under deny", &sluicev1.RateLimitCheck{Name: "login", Key: k, OnOwnerUnavailable: policyAllow}, false},
+		{"the check's own allow, inline, under deny", &sluicev1.RateLimitCheck{Name: "login", Key: k, Limit: 5, WindowMs: 60_000, OnOwnerUnavailable: policyAllow}, false},
 	} {
 		d := check(t, a.client, tc.check)
 		if !d.Degraded {

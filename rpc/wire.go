@@ -186,14 +186,16 @@ func parseOne(pb *sluicev1.RateLimitCheck, set *limits.Set, fromPeer, refunds bo
 		pb.Named = false // only nodes set it, on checks they filled in
 		copied = true
 	}
-	// A check under a configured name that leaves on_owner_unavailable
-	// unspecified takes the limit's policy (the key's override's, if
-	// any), with or without numbers of its own: the name says how its
-	// checks fail, and a caller that cares sends a policy. It is resolved
-	// here, on the node the client called (which answers when the owner
-	// cannot be reached), and forwarded in the check; a peer's check
+	// A check under a configured name takes the limit's policy (the key's
+	// override's, if any) when it leaves on_owner_unavailable unspecified
+	// or sends a weaker one, with or without numbers of its own: the
+	// operator says how the name's checks fail, and a caller may make that
+	// stricter (deny over local over allow), never weaker (issue 38: a
+	// caller's allow turned a configured deny into fail-open). It is
+	// resolved here, on the node the client called (which answers when the
+	// owner cannot be reached), and forwarded in the check; a peer's check
 	// keeps what its sender resolved.
-	if !fromPeer && configured && pb.OnOwnerUnavailable == sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_UNSPECIFIED {
+	if !fromPeer && configured {
 		var policy sluicev1.OwnerUnavailablePolicy
 		switch l.OnOwnerUnavailable {
 		case limits.OwnerUnavailableLocal:
@@ -203,7 +205,7 @@ func parseOne(pb *sluicev1.RateLimitCheck, set *limits.Set, fromPeer, refunds bo
 		case limits.OwnerUnavailableDeny:
 			policy = sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_DENY
 		}
-		if policy != sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_UNSPECIFIED {
+		if policy != sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_UNSPECIFIED && policyStrictness(policy) > policyStrictness(pb.OnOwnerUnavailable) {
 			if !copied { // never change the caller's message
 				pb = proto.CloneOf(pb)
 			}
@@ -320,4 +322,20 @@ func withNumbers(pb *sluicev1.RateLimitCheck, l limits.Limit) *sluicev1.RateLimi
 	pb.Algorithm = sluicev1.Algorithm(l.Algorithm)
 	pb.Named = true
 	return pb
+}
+
+// policyStrictness orders the on_owner_unavailable policies by how little
+// they admit while a key's owner cannot be reached: unspecified (the
+// caller left it to the limit) 0, allow 1, local (the stand-in's count)
+// 2, deny 3.
+func policyStrictness(p sluicev1.OwnerUnavailablePolicy) int {
+	switch p {
+	case sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_ALLOW:
+		return 1
+	case sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_LOCAL:
+		return 2
+	case sluicev1.OwnerUnavailablePolicy_OWNER_UNAVAILABLE_DENY:
+		return 3
+	}
+	return 0
 }
