@@ -7,7 +7,9 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -36,8 +38,11 @@ import (
 // TLS) and no client authentication at all (client auth none) answers
 // the admin API to callers on loopback only, and only to those that do
 // not say they forward someone else's request (X-Forwarded-For,
-// Forwarded; a local reverse proxy would otherwise open it to whoever
-// reaches the proxy). Everyone else is refused with PermissionDenied
+// Forwarded, X-Real-IP and the other headers of forwardHeaders; a local
+// reverse proxy would otherwise open it to whoever reaches the proxy), and
+// on HTTP only to requests whose Host names this machine and that carry no
+// Origin of another site (a browser on the operator's machine, or a page
+// whose name resolves to 127.0.0.1, would otherwise reach it cross-site). Everyone else is refused with PermissionDenied
 // naming what is needed.
 //
 // The admin service authorises each call itself (AuthorizeAdmin), with or
@@ -186,12 +191,62 @@ func (a *Authenticator) AdminHTTPHandler(h http.Handler) http.Handler {
 		c.certKind, c.certName, _ = verifiedCert(r.TLS)
 		loop := isLoopbackHost(r.RemoteAddr)
 		c.secure = r.TLS != nil || loop
-		c.local = loop && r.Header.Get("X-Forwarded-For") == "" && r.Header.Get("Forwarded") == ""
+		c.local = loop && localRequest(r)
 		if v := r.Header.Get("Authorization"); v != "" {
 			c.bearer, c.badAuth = bearerOrBad(v)
 		}
 		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), adminCallerKey{}, c)))
 	})
+}
+
+// forwardHeaders are the headers a proxy sets to say it forwards someone
+// else's request: present at all (even empty), the request is not taken
+// for a local caller's.
+var forwardHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto",
+	"X-Real-Ip", "X-Client-Ip", "True-Client-Ip", "Cf-Connecting-Ip", "X-Cluster-Client-Ip", "Via"}
+
+// localRequest reports whether r, which came from loopback, is a local
+// caller's own: no proxy says it forwards it (forwardHeaders), its Host
+// names this machine (localhost or a loopback address: a page of another
+// site whose name resolves to 127.0.0.1, DNS rebinding, sends its own
+// name), and it carries no Origin of another site (a browser on this
+// machine sends the page's origin with a cross-site request; sluice's
+// tools and curl send none).
+func localRequest(r *http.Request) bool {
+	for _, h := range forwardHeaders {
+		if _, ok := r.Header[h]; ok {
+			return false
+		}
+	}
+	if !loopbackName(r.Host) {
+		return false
+	}
+	if o, ok := r.Header["Origin"]; ok {
+		if len(o) != 1 {
+			return false
+		}
+		u, err := url.Parse(o[0])
+		if err != nil || u.Host == "" || !loopbackName(u.Host) {
+			return false
+		}
+	}
+	return true
+}
+
+// loopbackName reports whether hostport (a Host header, or an origin's
+// host) names this machine: localhost (or a name under .localhost) or a
+// loopback address, with or without a port.
+func loopbackName(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // bearerOrBad returns the token of an "Authorization: Bearer TOKEN"
@@ -273,7 +328,7 @@ func (a *Authenticator) AuthorizeAdmin(ctx context.Context) (string, error) {
 	case c.certKind != "":
 		why = fmt.Sprintf("a %s certificate (%s) is not an admin's: ", c.certKind, c.certName)
 	case a.openAdmin():
-		why = "with no admin credential configured the admin API answers callers on loopback only, and none forwarding another's request: "
+		why = "with no admin credential configured the admin API answers callers on loopback only, and none forwarding another's request or sent by another site (Origin, Host): "
 	case a.cfg.AdminTokens == nil && !a.cfg.TLS:
 		why = fmt.Sprintf("the node authenticates clients (client auth %s), so the admin API needs a credential of its own: ", a.cfg.Mode)
 	}

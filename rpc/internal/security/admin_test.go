@@ -199,6 +199,8 @@ func TestAdminHTTPHandler(t *testing.T) {
 		{"open, another host", adminAuth(t, ClientAuthNone, false, false), "192.0.2.1:5000", nil, nil, codes.PermissionDenied},
 		{"open, loopback, X-Forwarded-For", adminAuth(t, ClientAuthNone, false, false), "127.0.0.1:5000", nil, http.Header{"X-Forwarded-For": {"198.51.100.7"}}, codes.PermissionDenied},
 		{"open, loopback, Forwarded", adminAuth(t, ClientAuthNone, false, false), "127.0.0.1:5000", nil, http.Header{"Forwarded": {"for=198.51.100.7"}}, codes.PermissionDenied},
+		{"open, loopback, another site's Origin", adminAuth(t, ClientAuthNone, false, false), "127.0.0.1:5000", nil, http.Header{"Origin": {"https://evil.example"}}, codes.PermissionDenied},
+		{"admin token from loopback, another site's Origin", adminAuth(t, ClientAuthToken, false, true), "127.0.0.1:5000", nil, http.Header{"Authorization": {"Bearer " + tokenAdmin}, "Origin": {"https://evil.example"}}, codes.OK},
 		{"admin token from loopback", adminAuth(t, ClientAuthToken, false, true), "127.0.0.1:5000", nil, http.Header{"Authorization": {"Bearer " + tokenAdmin}}, codes.OK},
 		{"check token", adminAuth(t, ClientAuthToken, false, true), "127.0.0.1:5000", nil, http.Header{"Authorization": {"Bearer " + tokenAll}}, codes.PermissionDenied},
 		{"admin certificate", adminAuth(t, ClientAuthMTLS, true, false), "192.0.2.1:5000", verified(leaf(t, certs.Admin, "ops")), nil, codes.OK},
@@ -209,7 +211,7 @@ func TestAdminHTTPHandler(t *testing.T) {
 			_, err = tc.a.AuthorizeAdmin(r.Context())
 		}))
 		r := httptest.NewRequest("POST", AdminHTTPPrefix+"key/reset", nil)
-		r.RemoteAddr, r.TLS = tc.remote, tc.tls
+		r.RemoteAddr, r.TLS, r.Host = tc.remote, tc.tls, "127.0.0.1:7080"
 		for k, v := range tc.header {
 			r.Header[k] = v
 		}
@@ -258,5 +260,42 @@ func TestInterceptorsAndTheAdminAPI(t *testing.T) {
 	}
 	if err := a.authorize(peerMethod, principal{kind: certs.Peer, name: "node2", cert: true}, nil); err != nil {
 		t.Fatalf("KeyAdmin with a member's peer certificate: %v", err)
+	}
+}
+
+// The loopback admin API without credentials answers a local caller's own
+// requests only (issue 38: a cross-site POST with Origin
+// https://evil.example and Host evil.example:PORT reset a key): not one a
+// proxy says it forwards (any of its headers, even empty), not one whose
+// Host names another site (DNS rebinding), not one with another site's
+// Origin.
+func TestLocalAdminRequestsAreTheLocalCallersOwn(t *testing.T) {
+	for _, tc := range []struct {
+		what    string
+		host    string
+		headers map[string]string
+		local   bool
+	}{
+		{"sluice's tools: 127.0.0.1", "127.0.0.1:7080", nil, true},
+		{"localhost", "localhost:7080", nil, true},
+		{"IPv6 loopback", "[::1]:7080", nil, true},
+		{"a loopback origin", "127.0.0.1:7080", map[string]string{"Origin": "http://localhost:3000"}, true},
+		{"another site's origin", "127.0.0.1:7080", map[string]string{"Origin": "https://evil.example"}, false},
+		{"a null origin", "127.0.0.1:7080", map[string]string{"Origin": "null"}, false},
+		{"DNS rebinding: another site's host", "evil.example:7080", nil, false},
+		{"the issue's request", "evil.example:7080", map[string]string{"Origin": "https://evil.example", "Content-Type": "text/plain"}, false},
+		{"X-Forwarded-For", "127.0.0.1:7080", map[string]string{"X-Forwarded-For": "203.0.113.9"}, false},
+		{"an empty X-Forwarded-For", "127.0.0.1:7080", map[string]string{"X-Forwarded-For": ""}, false},
+		{"X-Real-IP", "127.0.0.1:7080", map[string]string{"X-Real-IP": "203.0.113.9"}, false},
+		{"Forwarded", "127.0.0.1:7080", map[string]string{"Forwarded": "for=203.0.113.9"}, false},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "http://"+tc.host+"/v1/admin/key/reset", strings.NewReader("{}"))
+		r.Host = tc.host
+		for k, v := range tc.headers {
+			r.Header.Set(k, v)
+		}
+		if got := localRequest(r); got != tc.local {
+			t.Errorf("%s: local %v, want %v", tc.what, got, tc.local)
+		}
 	}
 }
