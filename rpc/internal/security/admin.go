@@ -233,6 +233,17 @@ func localRequest(r *http.Request) bool {
 	return true
 }
 
+// forwardedMD reports whether gRPC metadata md carries any of
+// forwardHeaders (a proxy says it forwards the call).
+func forwardedMD(md metadata.MD) bool {
+	for _, h := range forwardHeaders {
+		if _, ok := md[strings.ToLower(h)]; ok {
+			return true
+		}
+	}
+	return false
+}
+
 // loopbackName reports whether hostport (a Host header, or an origin's
 // host) names this machine: localhost (or a name under .localhost) or a
 // loopback address, with or without a port.
@@ -268,7 +279,7 @@ func grpcAdminCaller(ctx context.Context) adminCaller {
 		c.secure = c.secure || c.local
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
-	if len(md.Get("x-forwarded-for")) > 0 || len(md.Get("forwarded")) > 0 {
+	if forwardedMD(md) {
 		c.local = false
 	}
 	if vs := md.Get("authorization"); len(vs) > 0 {
