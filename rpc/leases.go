@@ -277,11 +277,7 @@ func newLeases(s *Server, base float64) *leases {
 	}
 	l.rtt.Store(int64(200 * time.Millisecond))
 	now := s.store.Now().UnixNano()
-	h := &leaseHistory{ownChanged: now, anyChanged: now, started: now, live: map[string]bool{}, goneAt: map[string]int64{}}
-	for _, r := range s.regions.Regions() {
-		h.goneAt[r.Name] = now
-	}
-	l.hist.Store(h)
+	l.hist.Store(l.freshHistory(now, nil, nil, map[string]bool{}))
 	l.blindBefore.Store(now)
 	l.since.Store(time.Unix(0, now).UnixMilli())
 	l.hot = map[*holderEntry]struct{}{}
@@ -2476,6 +2472,18 @@ func otherMembers(rings map[string]*ring.Ring, ms []cluster.Member) []cluster.Me
 	return out
 }
 
+// freshHistory is the allocator view's history of a process that starts
+// at now (ns on the store's clock), as a start and a pause make it: its
+// ring changed, every region may have changed, and each is taken as gone
+// at now (so every allocator learns first); ring, prev and live are kept.
+func (l *leases) freshHistory(now int64, r, prev *ring.Ring, live map[string]bool) *leaseHistory {
+	h := &leaseHistory{ownChanged: now, anyChanged: now, started: now, ring: r, prev: prev, live: live, goneAt: map[string]int64{}}
+	for _, reg := range l.s.regions.Regions() {
+		h.goneAt[reg.Name] = now
+	}
+	return h
+}
+
 // paused makes this node's leases start again as a restarted process's
 // do, keeping its windows (see Server.paused): while it did not run,
 // another region's node may have allocated its keys and handed the records
@@ -2489,12 +2497,7 @@ func otherMembers(rings map[string]*ring.Ring, ms []cluster.Member) []cluster.Me
 func (l *leases) paused() {
 	now := l.s.store.Now().UnixNano()
 	old := l.hist.Load()
-	h := &leaseHistory{ownChanged: now, anyChanged: now, started: now, ring: old.ring, prev: old.prev,
-		live: maps.Clone(old.live), goneAt: map[string]int64{}}
-	for _, r := range l.s.regions.Regions() {
-		h.goneAt[r.Name] = now
-	}
-	l.hist.Store(h)
+	l.hist.Store(l.freshHistory(now, old.ring, old.prev, maps.Clone(old.live)))
 	l.amu.Lock()
 	l.allocs = map[allocKey]*allocEntry{}
 	l.stands = map[string]*standEntry{}

@@ -3,8 +3,6 @@ package rpc
 import (
 	"context"
 	"time"
-
-	"github.com/sluicehq/sluice/rpc/sluicev1"
 )
 
 // A paused process (issue 36): a node that stopped running for a while (a
@@ -84,15 +82,4 @@ func (s *Server) paused(gap time.Duration) {
 func (s *Server) staleCopies(now time.Time) bool {
 	since, ok := s.pause.Since(now)
 	return ok && since < 2*s.replication.Interval+s.forwardTimeout
-}
-
-// staleDenial answers a check of a key this node owns but may hold stale
-// state of (it paused, and the pull of the key did not reach every other
-// member): denied, degraded, counting nothing; retry after the forward
-// timeout, by when the members should answer.
-func (s *Server) staleDenial(r request) *sluicev1.Decision {
-	s.stats.pausedDenied.Add(1)
-	now := s.store.Now()
-	return &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name, Degraded: true,
-		RetryAfter: msCeil(s.forwardTimeout), ResetTime: unixMsCeil(now.Add(s.forwardTimeout))}
 }

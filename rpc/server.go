@@ -1099,7 +1099,10 @@ func (s *Server) decideOwned(ctx context.Context, v *view, storeKey []byte, r re
 				return &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name, Error: "the key's state is not here yet; refund not applied"}
 			}
 			if mi.Stale {
-				return s.staleDenial(r)
+				// It paused, and a member did not answer the key's pull:
+				// unknown means spent.
+				s.stats.pausedDenied.Add(1)
+				return s.unknownDenial(r, s.store.Now())
 			}
 			if d := s.unsettledDecide(ctx, v, mi, storeKey, r); d != nil {
 				return d

@@ -91,7 +91,7 @@ func (s *Server) standInDecide(key []byte, r request, owner string) *sluicev1.De
 		// This node stopped running a moment ago: its copies may be
 		// behind what their owners admitted meanwhile.
 		s.stats.pausedDenied.Add(1)
-		return s.blindStandIn(r, s.store.Now())
+		return s.unknownDenial(r, s.store.Now())
 	}
 	if r.leased {
 		// Unknown means spent: the region's slice of a leased global key
@@ -102,7 +102,7 @@ func (s *Server) standInDecide(key []byte, r request, owner string) *sluicev1.De
 		// answers again or its successor takes the key (and asks the
 		// allocator what the region holds: a blind holder, blindWin).
 		s.stats.standInLeased.Add(1)
-		return s.leasedStandIn(r, s.store.Now())
+		return s.unknownDenial(r, s.store.Now())
 	}
 	k := string(key)
 	s.fbMu.Lock()
@@ -157,12 +157,16 @@ func (s *Server) standInDecide(key []byte, r request, owner string) *sluicev1.De
 	return pd
 }
 
-// leasedStandIn is the answer to r, a leased global check whose owner in
-// this region cannot be reached: denied, degraded, counting nothing, with
-// slice 0 (the stand-in holds none of the region's slice). retry_after is
-// the forward timeout: the owner is expected back by then, or declared
-// dead and its keys taken by a member that asks the allocator.
-func (s *Server) leasedStandIn(r request, now time.Time) *sluicev1.Decision {
+// unknownDenial is the answer to r when this node cannot know what its
+// key's count is (unknown means spent): denied, degraded, counting
+// nothing, retry after the forward timeout (by when the owner should
+// answer again, or the cluster have moved the key), resetting then too.
+// Its callers: a stand-in of a leased global key (a stand-in holds none of
+// the region's lease, and the allocator may have lowered the region below
+// its base), a stand-in right after this node paused (its copies may be
+// stale, staleCopies), and a key this node owns but may hold stale state
+// of after a pause whose pull did not reach every member (pause.go).
+func (s *Server) unknownDenial(r request, now time.Time) *sluicev1.Decision {
 	return &sluicev1.Decision{Limit: r.check.Limit, Owner: s.name, Degraded: true,
 		RetryAfter: msCeil(s.forwardTimeout), ResetTime: unixMsCeil(now.Add(s.forwardTimeout))}
 }
